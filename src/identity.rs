@@ -1,0 +1,152 @@
+//! File identities: the `(st_dev, st_ino)` pair that names one generation of a file, and the WAL
+//! descriptor the guard keeps so a retired generation stays readable after its name is gone.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The identity of one inode: what a pathname resolved to when the guard pinned it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "[u64; 2]", into = "[u64; 2]")]
+pub struct FileId {
+    /// `st_dev` of the file.
+    pub dev: u64,
+    /// `st_ino` of the file.
+    pub ino: u64,
+}
+
+impl From<[u64; 2]> for FileId {
+    fn from([dev, ino]: [u64; 2]) -> Self {
+        FileId { dev, ino }
+    }
+}
+
+impl From<FileId> for [u64; 2] {
+    fn from(id: FileId) -> Self {
+        [id.dev, id.ino]
+    }
+}
+
+impl fmt::Display for FileId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dev {} ino {}", self.dev, self.ino)
+    }
+}
+
+impl FileId {
+    // st_dev / st_ino are narrower than u64 on some platforms.
+    #[allow(clippy::unnecessary_cast)]
+    fn of(st: &rustix::fs::Stat) -> FileId {
+        FileId {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+        }
+    }
+}
+
+/// What `path` resolves to now; `Ok(None)` when nothing is there.
+pub fn identity_of_path(path: &Path) -> io::Result<Option<FileId>> {
+    match rustix::fs::stat(path) {
+        Ok(st) => Ok(Some(FileId::of(&st))),
+        Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What an open descriptor refers to.
+pub fn identity_of_fd<F: AsFd>(fd: F) -> io::Result<FileId> {
+    Ok(FileId::of(&rustix::fs::fstat(fd)?))
+}
+
+/// A descriptor of the guard's own on one WAL inode, and the identity it was pinned with.
+///
+/// SQLite takes no POSIX lock on the WAL, so holding and closing a descriptor of our own on it
+/// cannot drop a lock anybody relies on (unlike a second descriptor on the main file or `-shm`).
+#[derive(Debug)]
+pub struct PinnedWal {
+    file: File,
+    id: FileId,
+}
+
+impl PinnedWal {
+    /// Opens `path` read-only and pins whatever inode it resolves to now.
+    pub fn open(path: &Path) -> io::Result<PinnedWal> {
+        let file = File::open(path)?;
+        let id = identity_of_fd(&file)?;
+        Ok(PinnedWal { file, id })
+    }
+
+    /// The pinned identity.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// The held descriptor: reads through it reach the pinned inode whatever its name is now.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// How many names the pinned inode still has (0 once unlinked).
+    pub fn link_count(&self) -> io::Result<u64> {
+        Ok(rustix::fs::fstat(&self.file)?.st_nlink as u64)
+    }
+}
+
+/// The inode behind the shared-memory mapping that contains `addr`, read from
+/// `/proc/self/maps`. This is exact where a `stat` of the `-shm` pathname is not: the unix VFS
+/// shares one mapping per database inode in a process, so a second connection may be attached to
+/// a `-shm` that was unlinked before it opened.
+pub fn identity_of_mapping(addr: usize) -> Option<FileId> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| parse_maps_line(line, addr))
+}
+
+fn parse_maps_line(line: &str, addr: usize) -> Option<FileId> {
+    let mut fields = line.split_whitespace();
+    let (lo, hi) = fields.next()?.split_once('-')?;
+    let (lo, hi) = (
+        usize::from_str_radix(lo, 16).ok()?,
+        usize::from_str_radix(hi, 16).ok()?,
+    );
+    if addr < lo || addr >= hi {
+        return None;
+    }
+    let _perms = fields.next()?;
+    let _offset = fields.next()?;
+    let (major, minor) = fields.next()?.split_once(':')?;
+    let ino: u64 = fields.next()?.parse().ok()?;
+    if ino == 0 {
+        return None;
+    }
+    let dev = rustix::fs::makedev(
+        u32::from_str_radix(major, 16).ok()?,
+        u32::from_str_radix(minor, 16).ok()?,
+    );
+    Some(FileId {
+        dev: dev as u64,
+        ino,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_line_inside_the_range_yields_the_inode() {
+        let line = "7f00a000-7f00b000 rw-s 00000000 fd:01 123456   /tmp/x/state.db-shm";
+        let id = parse_maps_line(line, 0x7f00a010).expect("inside");
+        assert_eq!(id.ino, 123456);
+        assert_eq!(id.dev, rustix::fs::makedev(0xfd, 0x01) as u64);
+    }
+
+    #[test]
+    fn maps_line_outside_the_range_yields_nothing() {
+        let line = "7f00a000-7f00b000 rw-s 00000000 fd:01 123456   /tmp/x/state.db-shm";
+        assert!(parse_maps_line(line, 0x7f00b000).is_none());
+    }
+}

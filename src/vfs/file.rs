@@ -1,0 +1,692 @@
+//! The io methods. Each guarded file is a `GuardFile`: SQLite's `sqlite3_file` header, then a
+//! pointer to the wrapped VFS's file object, which lives on the heap so that a retired, uncaptured
+//! main file can outlive SQLite's close of it (its descriptor is the only way left to the main
+//! image, and closing it would drop the process's locks on that inode).
+
+use std::alloc::{self, Layout};
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::io;
+use std::mem::size_of;
+use std::path::PathBuf;
+use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use rusqlite::ffi;
+
+use super::state::{DbState, Site};
+use super::{cstr_lossy, ffi_guard, sqlite_string};
+use crate::capture::{ImageSource, Trigger};
+use crate::identity::identity_of_mapping;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Main,
+    Wal,
+    Other,
+}
+
+/// The guard's file object. `#[repr(C)]` and starting with `sqlite3_file`, as SQLite requires.
+#[repr(C)]
+pub(super) struct GuardFile {
+    base: ffi::sqlite3_file,
+    sub: SubFile,
+    kind: Kind,
+    state: Option<Arc<DbState>>,
+}
+
+/// The wrapped VFS's file object, in memory of our own.
+struct SubFile {
+    ptr: *mut ffi::sqlite3_file,
+    layout: Layout,
+}
+
+// SAFETY: the wrapped unix file object is used by one thread at a time (SQLite's connection
+// mutex, or the pending-capture list's mutex once SQLite has let go of it).
+unsafe impl Send for SubFile {}
+
+impl SubFile {
+    fn alloc(size: usize) -> Option<SubFile> {
+        let layout = Layout::from_size_align(size.max(size_of::<ffi::sqlite3_file>()), 8).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut ffi::sqlite3_file;
+        (!ptr.is_null()).then_some(SubFile { ptr, layout })
+    }
+
+    fn methods(&self) -> &ffi::sqlite3_io_methods {
+        // SAFETY: a SubFile only escapes `open` once the wrapped xOpen succeeded, which sets a
+        // non-NULL, static method table.
+        unsafe { &*(*self.ptr).pMethods }
+    }
+
+    /// Closes the wrapped file (if it was opened) and frees its memory.
+    fn close(self) -> c_int {
+        // SAFETY: `ptr` is our allocation; pMethods is NULL or the wrapped VFS's table.
+        let rc = unsafe {
+            let methods = (*self.ptr).pMethods;
+            match methods.as_ref().and_then(|m| m.xClose) {
+                Some(x) => x(self.ptr),
+                None => ffi::SQLITE_OK,
+            }
+        };
+        // SAFETY: allocated in `alloc` with this layout, and closed above.
+        unsafe { alloc::dealloc(self.ptr as *mut u8, self.layout) };
+        rc
+    }
+}
+
+/// Reads the main image through the wrapped file object, never through a descriptor of our own.
+struct MainImage(*mut ffi::sqlite3_file);
+
+// SAFETY: see SubFile; the image is read under the state's mutex only.
+unsafe impl Send for MainImage {}
+
+impl ImageSource for MainImage {
+    fn size(&self) -> io::Result<u64> {
+        let mut size: ffi::sqlite3_int64 = 0;
+        // SAFETY: the pointer is the open wrapped main file (the state drops this image before
+        // the file is closed).
+        let rc = unsafe {
+            match (*(*self.0).pMethods).xFileSize {
+                Some(x) => x(self.0, &mut size),
+                None => ffi::SQLITE_IOERR_FSTAT,
+            }
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(io::Error::other(format!("xFileSize returned {rc}")));
+        }
+        Ok(size as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        // SAFETY: as in `size`; `buf` is valid for `buf.len()` bytes.
+        let rc = unsafe {
+            match (*(*self.0).pMethods).xRead {
+                Some(x) => x(
+                    self.0,
+                    buf.as_mut_ptr() as *mut c_void,
+                    buf.len() as c_int,
+                    offset as ffi::sqlite3_int64,
+                ),
+                None => ffi::SQLITE_IOERR_READ,
+            }
+        };
+        if rc != ffi::SQLITE_OK {
+            return Err(io::Error::other(format!(
+                "xRead of {} bytes at {offset} returned {rc}",
+                buf.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Retired main files SQLite has closed but whose generation is not captured yet.
+static PENDING: Mutex<Vec<(Arc<DbState>, SubFile)>> = Mutex::new(Vec::new());
+static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Retries the capture of every held retired generation; returns how many are still uncaptured.
+pub(crate) fn retry_pending_captures() -> usize {
+    if PENDING_COUNT.load(Ordering::Acquire) == 0 {
+        return 0;
+    }
+    let mut pending = PENDING.lock();
+    let mut kept = Vec::new();
+    for (state, sub) in pending.drain(..) {
+        match state.ensure_captured(Trigger::Close) {
+            Ok(_) => {
+                state.main_closed();
+                sub.close();
+            }
+            Err(_) => kept.push((state, sub)),
+        }
+    }
+    *pending = kept;
+    PENDING_COUNT.store(pending.len(), Ordering::Release);
+    pending.len()
+}
+
+/// Opens `z_name` through the wrapped VFS and wraps it.
+///
+/// # Safety
+/// Arguments as SQLite passes them to `xOpen`: `f` points at `szOsFile` writable bytes.
+pub(super) unsafe fn open(
+    sub_vfs: *mut ffi::sqlite3_vfs,
+    z_name: ffi::sqlite3_filename,
+    f: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    // SAFETY: `f` is writable; a NULL pMethods tells SQLite not to call xClose on failure.
+    unsafe { (*f).pMethods = ptr::null() };
+    retry_pending_captures();
+    // SAFETY: the wrapped VFS is registered for the life of the process.
+    let svfs = unsafe { &*sub_vfs };
+    let Some(sub) = SubFile::alloc(svfs.szOsFile as usize) else {
+        return ffi::SQLITE_NOMEM;
+    };
+    let Some(x_open) = svfs.xOpen else {
+        sub.close();
+        return ffi::SQLITE_CANTOPEN;
+    };
+    // SAFETY: SQLite's own arguments, with our allocation of the wrapped VFS's size.
+    let rc = unsafe { x_open(sub_vfs, z_name, sub.ptr, flags, out_flags) };
+    // SAFETY: `sub.ptr` is our zeroed allocation; xOpen set pMethods or left it NULL.
+    if rc != ffi::SQLITE_OK || unsafe { (*sub.ptr).pMethods.is_null() } {
+        sub.close();
+        return if rc == ffi::SQLITE_OK {
+            ffi::SQLITE_CANTOPEN
+        } else {
+            rc
+        };
+    }
+
+    // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
+    let path = unsafe { cstr_lossy(z_name) }.map(PathBuf::from);
+    let (kind, state) = match path {
+        Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
+            let state = DbState::new(path);
+            state.set_main_image(Some(Box::new(MainImage(sub.ptr))));
+            (Kind::Main, Some(state))
+        }
+        Some(path) if flags & ffi::SQLITE_OPEN_WAL != 0 => {
+            // SAFETY: for a WAL, SQLite passes the name it derived from the main file's, which
+            // is what sqlite3_database_file_object expects.
+            let main = unsafe { ffi::sqlite3_database_file_object(z_name) };
+            // SAFETY: `main` is NULL or the main database's file object, open while its WAL is.
+            match unsafe { guard_state(main) } {
+                Some(state) => {
+                    state.pin_wal(&path);
+                    (Kind::Wal, Some(state))
+                }
+                None => (Kind::Other, None),
+            }
+        }
+        _ => (Kind::Other, None),
+    };
+    let table = match sub.methods().iVersion {
+        1 => &IO_V1,
+        2 => &IO_V2,
+        _ => &IO_V3,
+    };
+    // SAFETY: `f` has room for a GuardFile (szOsFile) and is suitably aligned by SQLite.
+    unsafe {
+        ptr::write(
+            f as *mut GuardFile,
+            GuardFile {
+                base: ffi::sqlite3_file { pMethods: table },
+                sub,
+                kind,
+                state,
+            },
+        )
+    };
+    ffi::SQLITE_OK
+}
+
+/// The state of a main file object if it is one of ours.
+///
+/// # Safety
+/// `f` is NULL or a live `sqlite3_file`.
+unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<DbState>> {
+    if f.is_null() {
+        return None;
+    }
+    // SAFETY: `f` is live; its pMethods identifies its type.
+    let methods = unsafe { (*f).pMethods };
+    let ours = [&IO_V1, &IO_V2, &IO_V3]
+        .iter()
+        .any(|t| ptr::eq(*t as *const _, methods));
+    if !ours {
+        return None;
+    }
+    // SAFETY: our method tables are only ever installed on GuardFiles.
+    unsafe { (*(f as *const GuardFile)).state.clone() }
+}
+
+/// # Safety
+/// `f` is a live GuardFile (SQLite only calls our methods on files we opened).
+unsafe fn guard<'a>(f: *mut ffi::sqlite3_file) -> &'a GuardFile {
+    // SAFETY: as the caller promises.
+    unsafe { &*(f as *const GuardFile) }
+}
+
+macro_rules! sub_call {
+    ($gf:expr, $slot:ident, $missing:expr $(, $arg:expr)*) => {{
+        let gf: &GuardFile = $gf;
+        match gf.sub.methods().$slot {
+            // SAFETY: the wrapped file is open and the slot belongs to its own method table.
+            Some(x) => unsafe { x(gf.sub.ptr $(, $arg)*) },
+            None => $missing,
+        }
+    }};
+}
+
+unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_CLOSE, || {
+        // SAFETY: SQLite closes each file it opened exactly once; we take ownership of our
+        // fields and leave pMethods NULL behind.
+        let GuardFile {
+            sub, kind, state, ..
+        } = unsafe { ptr::read(f as *mut GuardFile) };
+        // SAFETY: `f` stays valid memory until SQLite frees it after this call.
+        unsafe { (*f).pMethods = ptr::null() };
+        let rc = match (kind, state) {
+            (Kind::Main, Some(state)) if state.must_hold_main() => {
+                // Locks go (nobody may wait on a retired handle) but the descriptor stays.
+                if let Some(unlock) = sub.methods().xUnlock {
+                    // SAFETY: the wrapped file is open.
+                    unsafe { unlock(sub.ptr, ffi::SQLITE_LOCK_NONE) };
+                }
+                log::error!(
+                    "hermes-guard: {} closed with its retired generation uncaptured; its \
+                     descriptor is held and the capture is retried at the next open or close \
+                     (or hermes_guard::retry_pending_captures)",
+                    state.db_path().display()
+                );
+                let mut pending = PENDING.lock();
+                pending.push((state, sub));
+                PENDING_COUNT.store(pending.len(), Ordering::Release);
+                ffi::SQLITE_OK
+            }
+            (Kind::Main, Some(state)) => {
+                state.main_closed();
+                sub.close()
+            }
+            (Kind::Wal, Some(state)) => {
+                let rc = sub.close();
+                state.wal_closed();
+                rc
+            }
+            _ => sub.close(),
+        };
+        if kind == Kind::Main {
+            retry_pending_captures();
+        }
+        rc
+    })
+}
+
+unsafe extern "C" fn x_read(
+    f: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xRead, ffi::SQLITE_IOERR_READ, buf, amt, ofst)
+}
+
+unsafe extern "C" fn x_write(
+    f: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_WRITE, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        let Some(state) = &gf.state else {
+            return sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst);
+        };
+        match gf.kind {
+            Kind::Wal => {
+                if let Err(code) = state.before_write(Site::WalWrite) {
+                    return code;
+                }
+                let rc = sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst);
+                // SAFETY: `buf` holds `amt` bytes.
+                if rc == ffi::SQLITE_OK && amt == 24 && unsafe { is_commit_frame_header(buf) } {
+                    state.end_of(Site::WalWrite);
+                }
+                rc
+            }
+            _ => {
+                // In WAL mode the main file is written only by checkpoints.
+                if state.wal_pinned() || state.is_retired() {
+                    if let Err(code) = state.before_write(Site::MainWrite) {
+                        return code;
+                    }
+                }
+                sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
+            }
+        }
+    })
+}
+
+/// A 24-byte WAL write is a frame header; a non-zero "database size after commit" marks the
+/// last frame of a transaction.
+///
+/// # Safety
+/// `buf` points at 24 readable bytes.
+unsafe fn is_commit_frame_header(buf: *const c_void) -> bool {
+    // SAFETY: as the caller promises.
+    let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 24) };
+    header[4..8] != [0, 0, 0, 0]
+}
+
+unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        if let Some(state) = &gf.state {
+            let site = if gf.kind == Kind::Wal {
+                Site::WalWrite
+            } else {
+                Site::MainWrite
+            };
+            if let Err(code) = state.before_write(site) {
+                return code;
+            }
+        }
+        sub_call!(gf, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
+    })
+}
+
+unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    let rc = sub_call!(gf, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
+    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        // A checkpoint ends with a sync of the main file: the next one checks afresh.
+        state.end_of(Site::MainWrite);
+    }
+    rc
+}
+
+unsafe extern "C" fn x_file_size(
+    f: *mut ffi::sqlite3_file,
+    size: *mut ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
+}
+
+unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_LOCK, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+            // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
+            // enter locking_mode=EXCLUSIVE; rollback mode takes RESERVED for every write.
+            let check = if state.wal_pinned() {
+                level == ffi::SQLITE_LOCK_EXCLUSIVE
+            } else {
+                level == ffi::SQLITE_LOCK_RESERVED
+            };
+            if check || (state.is_retired() && level >= ffi::SQLITE_LOCK_RESERVED) {
+                if let Err(code) = state.check(Site::MainWrite) {
+                    return code;
+                }
+            }
+        }
+        sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
+    })
+}
+
+unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level)
+}
+
+unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(
+        gf,
+        xCheckReservedLock,
+        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
+        out
+    )
+}
+
+unsafe extern "C" fn x_file_control(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_ERROR, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        match (op, gf.kind, &gf.state) {
+            (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
+                let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+                // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
+                unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
+            }
+            (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
+                let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+                // SQLite asks this just before its close-time checkpoint: a retired generation
+                // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
+                if state.observe().is_some() {
+                    let _ = state.ensure_captured(Trigger::Close);
+                    // SAFETY: for HAS_MOVED, `arg` is an `int *`.
+                    unsafe { *(arg as *mut c_int) = 1 };
+                    return ffi::SQLITE_OK;
+                }
+                rc
+            }
+            (ffi::SQLITE_FCNTL_PRAGMA, Kind::Main, Some(state)) => {
+                // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
+                match unsafe { pragma(state, arg as *mut *mut c_char) } {
+                    Some(rc) => rc,
+                    None => sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+                }
+            }
+            _ => sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+        }
+    })
+}
+
+/// `hermes-guard/<wrapped VFS's answer>`, the convention of shims such as cksumvfs.
+///
+/// # Safety
+/// `out` is the `char **` of a VFSNAME file control.
+unsafe fn chain_vfs_name(out: *mut *mut c_char, rc: c_int) -> c_int {
+    // SAFETY: as the caller promises; the old string came from sqlite3_malloc.
+    unsafe {
+        let below = if rc == ffi::SQLITE_OK {
+            cstr_lossy(*out)
+        } else {
+            None
+        };
+        if rc == ffi::SQLITE_OK && !(*out).is_null() {
+            ffi::sqlite3_free(*out as *mut c_void);
+        }
+        let name = match below {
+            Some(b) => format!("{}/{b}", super::VFS_NAME),
+            None => super::VFS_NAME.to_string(),
+        };
+        *out = sqlite_string(&name);
+    }
+    ffi::SQLITE_OK
+}
+
+/// `PRAGMA hermes_guard_status` and `PRAGMA hermes_guard_capture`; `None` for any other pragma.
+///
+/// # Safety
+/// `az` is SQLite's `char *azArg[3]` for a PRAGMA file control.
+unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
+    // SAFETY: azArg[1] is the pragma's name, NUL-terminated.
+    let name = unsafe { CStr::from_ptr(*az.add(1)) }.to_bytes();
+    let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
+        Ok(())
+    } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
+        state.ensure_captured(Trigger::Close).map(|_| ())
+    } else {
+        return None;
+    };
+    let (rc, text) = match reply
+        .and_then(|()| serde_json::to_string(&state.status()).map_err(|e| e.to_string()))
+    {
+        Ok(json) => (ffi::SQLITE_OK, json),
+        Err(message) => (ffi::SQLITE_ERROR, message),
+    };
+    // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees it.
+    unsafe { *az = sqlite_string(&text) };
+    Some(rc)
+}
+
+unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xSectorSize, 4096)
+}
+
+unsafe extern "C" fn x_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xDeviceCharacteristics, 0)
+}
+
+unsafe extern "C" fn x_shm_map(
+    f: *mut ffi::sqlite3_file,
+    region: c_int,
+    size: c_int,
+    extend: c_int,
+    pp: *mut *mut c_void,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        let rc = sub_call!(
+            gf,
+            xShmMap,
+            ffi::SQLITE_IOERR_SHMMAP,
+            region,
+            size,
+            extend,
+            pp
+        );
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (gf.kind, &gf.state, rc, region) {
+            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
+            let addr = unsafe { *pp } as usize;
+            if addr != 0 && !state.shm_pinned() {
+                state.pin_shm(identity_of_mapping(addr));
+            }
+        }
+        rc
+    })
+}
+
+unsafe extern "C" fn x_shm_lock(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_SHMLOCK, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        let site = match (gf.kind, &gf.state, ofst, n) {
+            (Kind::Main, Some(state), 0, 1) => Some((state, Site::WalWrite)),
+            (Kind::Main, Some(state), 1, 1) => Some((state, Site::MainWrite)),
+            _ => None,
+        };
+        let Some((state, site)) = site else {
+            return sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
+        };
+        const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+        const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+        // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
+        // checkpoints); the checkpoint lock opens every checkpoint.
+        if flags == LOCK_EXCLUSIVE {
+            if let Err(code) = state.check(site) {
+                return code;
+            }
+        }
+        let rc = sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
+        if (flags == LOCK_EXCLUSIVE && rc != ffi::SQLITE_OK) || flags == UNLOCK_EXCLUSIVE {
+            state.end_of(site);
+        }
+        rc
+    })
+}
+
+unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xShmBarrier, ())
+}
+
+unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let gf = unsafe { guard(f) };
+        let mut delete = delete;
+        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+            if delete != 0 && !state.may_delete_shm() {
+                log::warn!(
+                    "hermes-guard: not unlinking {}-shm at close: it is not the one this \
+                     connection mapped",
+                    state.db_path().display()
+                );
+                delete = 0;
+            }
+        }
+        sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete)
+    })
+}
+
+unsafe extern "C" fn x_fetch(
+    f: *mut ffi::sqlite3_file,
+    ofst: ffi::sqlite3_int64,
+    amt: c_int,
+    pp: *mut *mut c_void,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xFetch, ffi::SQLITE_IOERR_MMAP, ofst, amt, pp)
+}
+
+unsafe extern "C" fn x_unfetch(
+    f: *mut ffi::sqlite3_file,
+    ofst: ffi::sqlite3_int64,
+    p: *mut c_void,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    sub_call!(gf, xUnfetch, ffi::SQLITE_IOERR_MMAP, ofst, p)
+}
+
+/// One table per wrapped `iVersion`: declaring a version the wrapped file cannot serve would
+/// make SQLite call a method the wrapped file lacks.
+const fn io_methods(version: c_int) -> ffi::sqlite3_io_methods {
+    ffi::sqlite3_io_methods {
+        iVersion: version,
+        xClose: Some(x_close),
+        xRead: Some(x_read),
+        xWrite: Some(x_write),
+        xTruncate: Some(x_truncate),
+        xSync: Some(x_sync),
+        xFileSize: Some(x_file_size),
+        xLock: Some(x_lock),
+        xUnlock: Some(x_unlock),
+        xCheckReservedLock: Some(x_check_reserved_lock),
+        xFileControl: Some(x_file_control),
+        xSectorSize: Some(x_sector_size),
+        xDeviceCharacteristics: Some(x_device_characteristics),
+        xShmMap: if version >= 2 { Some(x_shm_map) } else { None },
+        xShmLock: if version >= 2 { Some(x_shm_lock) } else { None },
+        xShmBarrier: if version >= 2 {
+            Some(x_shm_barrier)
+        } else {
+            None
+        },
+        xShmUnmap: if version >= 2 {
+            Some(x_shm_unmap)
+        } else {
+            None
+        },
+        xFetch: if version >= 3 { Some(x_fetch) } else { None },
+        xUnfetch: if version >= 3 { Some(x_unfetch) } else { None },
+    }
+}
+
+static IO_V1: ffi::sqlite3_io_methods = io_methods(1);
+static IO_V2: ffi::sqlite3_io_methods = io_methods(2);
+static IO_V3: ffi::sqlite3_io_methods = io_methods(3);

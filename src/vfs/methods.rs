@@ -1,0 +1,124 @@
+//! The `sqlite3_vfs` methods: `xOpen` wraps the file, `xDelete` refuses to delete a WAL that is
+//! no longer the one its connection pinned, everything else is handed to the wrapped VFS.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::mem::size_of;
+use std::path::PathBuf;
+use std::ptr;
+
+use rusqlite::ffi;
+
+use super::file::{self, GuardFile};
+use super::state::may_delete;
+use super::{ffi_guard, VFS_NAME_C};
+
+/// Builds the guard's `sqlite3_vfs` over `sub`.
+pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
+    // SAFETY: `sub` is a registered VFS, valid for the life of the process.
+    let s = unsafe { &*sub };
+    ffi::sqlite3_vfs {
+        iVersion: s.iVersion.min(3),
+        // The wrapped file lives on the heap (see file.rs), so SQLite allocates only ours.
+        szOsFile: size_of::<GuardFile>().next_multiple_of(8) as c_int,
+        mxPathname: s.mxPathname,
+        pNext: ptr::null_mut(),
+        zName: VFS_NAME_C.as_ptr(),
+        pAppData: sub as *mut c_void,
+        xOpen: Some(x_open),
+        xDelete: Some(x_delete),
+        xAccess: Some(x_access),
+        xFullPathname: Some(x_full_pathname),
+        xDlOpen: Some(x_dl_open),
+        xDlError: Some(x_dl_error),
+        xDlSym: Some(x_dl_sym),
+        xDlClose: Some(x_dl_close),
+        xRandomness: Some(x_randomness),
+        xSleep: Some(x_sleep),
+        xCurrentTime: Some(x_current_time),
+        xGetLastError: Some(x_get_last_error),
+        xCurrentTimeInt64: s.xCurrentTimeInt64.map(|_| x_current_time_int64 as _),
+        xSetSystemCall: s.xSetSystemCall.map(|_| x_set_system_call as _),
+        xGetSystemCall: s.xGetSystemCall.map(|_| x_get_system_call as _),
+        xNextSystemCall: s.xNextSystemCall.map(|_| x_next_system_call as _),
+    }
+}
+
+/// # Safety
+/// `vfs` is the guard's registered VFS.
+unsafe fn sub(vfs: *mut ffi::sqlite3_vfs) -> &'static ffi::sqlite3_vfs {
+    // SAFETY: pAppData was set to the wrapped VFS at registration and never changes.
+    unsafe { &*((*vfs).pAppData as *const ffi::sqlite3_vfs) }
+}
+
+/// # Safety
+/// `vfs` is the guard's registered VFS.
+unsafe fn sub_ptr(vfs: *mut ffi::sqlite3_vfs) -> *mut ffi::sqlite3_vfs {
+    // SAFETY: as in `sub`.
+    unsafe { (*vfs).pAppData as *mut ffi::sqlite3_vfs }
+}
+
+unsafe extern "C" fn x_open(
+    vfs: *mut ffi::sqlite3_vfs,
+    z_name: ffi::sqlite3_filename,
+    f: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_CANTOPEN, || {
+        // SAFETY: SQLite passes the VFS it registered, a file buffer of szOsFile bytes and a
+        // filename that is NULL or valid until the file is closed.
+        unsafe { file::open(sub_ptr(vfs), z_name, f, flags, out_flags) }
+    })
+}
+
+unsafe extern "C" fn x_delete(
+    vfs: *mut ffi::sqlite3_vfs,
+    z_name: *const c_char,
+    sync_dir: c_int,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_DELETE, || {
+        if !z_name.is_null() {
+            // SAFETY: SQLite passes a NUL-terminated pathname.
+            let path = PathBuf::from(unsafe { CStr::from_ptr(z_name) }.to_string_lossy().as_ref());
+            if !may_delete(&path) {
+                return ffi::SQLITE_OK;
+            }
+        }
+        // SAFETY: pass-through to the wrapped VFS with SQLite's own arguments.
+        unsafe {
+            match sub(vfs).xDelete {
+                Some(x) => x(sub_ptr(vfs), z_name, sync_dir),
+                None => ffi::SQLITE_IOERR_DELETE,
+            }
+        }
+    })
+}
+
+macro_rules! pass_through {
+    ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty, $missing:expr) => {
+        unsafe extern "C" fn $name(vfs: *mut ffi::sqlite3_vfs, $($arg: $ty),*) -> $ret {
+            // SAFETY: pass-through to the wrapped VFS with SQLite's own arguments.
+            unsafe {
+                match sub(vfs).$slot {
+                    Some(x) => x(sub_ptr(vfs), $($arg),*),
+                    None => $missing,
+                }
+            }
+        }
+    };
+}
+
+pass_through!(x_access, xAccess, (z: *const c_char, flags: c_int, out: *mut c_int) -> c_int, ffi::SQLITE_IOERR_ACCESS);
+pass_through!(x_full_pathname, xFullPathname, (z: *const c_char, n: c_int, out: *mut c_char) -> c_int, ffi::SQLITE_CANTOPEN);
+pass_through!(x_dl_open, xDlOpen, (z: *const c_char) -> *mut c_void, ptr::null_mut());
+pass_through!(x_dl_error, xDlError, (n: c_int, out: *mut c_char) -> (), ());
+pass_through!(x_dl_sym, xDlSym, (h: *mut c_void, z: *const c_char) -> Option<unsafe extern "C" fn(*mut ffi::sqlite3_vfs, *mut c_void, *const c_char)>, None);
+pass_through!(x_dl_close, xDlClose, (h: *mut c_void) -> (), ());
+pass_through!(x_randomness, xRandomness, (n: c_int, out: *mut c_char) -> c_int, 0);
+pass_through!(x_sleep, xSleep, (us: c_int) -> c_int, 0);
+pass_through!(x_current_time, xCurrentTime, (out: *mut f64) -> c_int, ffi::SQLITE_ERROR);
+pass_through!(x_get_last_error, xGetLastError, (n: c_int, out: *mut c_char) -> c_int, 0);
+pass_through!(x_current_time_int64, xCurrentTimeInt64, (out: *mut ffi::sqlite3_int64) -> c_int, ffi::SQLITE_ERROR);
+pass_through!(x_set_system_call, xSetSystemCall, (z: *const c_char, p: ffi::sqlite3_syscall_ptr) -> c_int, ffi::SQLITE_NOTFOUND);
+pass_through!(x_get_system_call, xGetSystemCall, (z: *const c_char) -> ffi::sqlite3_syscall_ptr, None);
+pass_through!(x_next_system_call, xNextSystemCall, (z: *const c_char) -> *const c_char, ptr::null());

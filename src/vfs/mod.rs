@@ -1,0 +1,124 @@
+//! The shim: a `sqlite3_vfs` named `hermes-guard` that wraps the VFS that was default when it was
+//! registered (the unix VFS) and hands every call down to it, intercepting only what it must to
+//! pin, check, refuse, capture and keep close away from a newer generation.
+//!
+//! All of the crate's `unsafe` lives under this module.
+
+mod file;
+mod methods;
+pub(crate) mod state;
+
+use std::ffi::{c_char, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use parking_lot::Mutex;
+use rusqlite::ffi;
+
+use crate::error::GuardError;
+
+/// Name under which the VFS is registered.
+pub const VFS_NAME: &str = "hermes-guard";
+const VFS_NAME_C: &CStr = c"hermes-guard";
+
+/// The registered VFS. Leaked on purpose: SQLite keeps pointers to it for the process's life.
+struct Registered(*mut ffi::sqlite3_vfs);
+// SAFETY: the pointer is to a leaked, never-mutated-after-registration sqlite3_vfs; SQLite itself
+// shares it between threads.
+unsafe impl Send for Registered {}
+
+static REGISTERED: Mutex<Option<Registered>> = Mutex::new(None);
+
+/// Registers `hermes-guard` over the current default VFS. Idempotent and thread-safe.
+pub fn register() -> Result<(), GuardError> {
+    register_impl(false)
+}
+
+/// Registers `hermes-guard` and makes it the default VFS of the process.
+pub fn register_as_default() -> Result<(), GuardError> {
+    register_impl(true)
+}
+
+fn register_impl(make_default: bool) -> Result<(), GuardError> {
+    let mut registered = REGISTERED.lock();
+    if registered.is_none() {
+        // SAFETY: a NULL name asks for the default VFS; SQLite initialises itself if needed.
+        let sub = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
+        if sub.is_null() {
+            return Err(GuardError::Register("SQLite has no default VFS".into()));
+        }
+        // SAFETY: `sub` is a registered VFS, valid for the life of the process.
+        let sub_name = unsafe { CStr::from_ptr((*sub).zName) };
+        if sub_name == VFS_NAME_C {
+            return Err(GuardError::Register(
+                "the default VFS is already a hermes-guard from another copy of the library".into(),
+            ));
+        }
+        let vfs = Box::into_raw(Box::new(methods::guard_vfs(sub)));
+        // SAFETY: `vfs` is a complete sqlite3_vfs that lives forever (leaked).
+        let rc = unsafe { ffi::sqlite3_vfs_register(vfs, 0) };
+        if rc != ffi::SQLITE_OK {
+            // SAFETY: SQLite refused it, so it holds no pointer to `vfs`.
+            drop(unsafe { Box::from_raw(vfs) });
+            return Err(GuardError::Register(format!(
+                "sqlite3_vfs_register returned {rc}"
+            )));
+        }
+        *registered = Some(Registered(vfs));
+    }
+    if make_default {
+        let vfs = registered.as_ref().map(|r| r.0).expect("registered above");
+        // SAFETY: re-registering a registered VFS with makeDflt=1 only relinks it at the head.
+        let rc = unsafe { ffi::sqlite3_vfs_register(vfs, 1) };
+        if rc != ffi::SQLITE_OK {
+            return Err(GuardError::Register(format!(
+                "sqlite3_vfs_register(makeDflt) returned {rc}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f`, turning a panic into `on_panic`: unwinding across the FFI boundary would abort.
+fn ffi_guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            log::error!("hermes-guard: internal panic caught at the FFI boundary: {what}");
+            on_panic
+        }
+    }
+}
+
+/// Copies `s` into memory from `sqlite3_malloc`, as SQLite expects of file-control answers.
+fn sqlite_string(s: &str) -> *mut c_char {
+    let bytes = s.as_bytes();
+    // SAFETY: plain allocation; checked for NULL below.
+    let p = unsafe { ffi::sqlite3_malloc64(bytes.len() as u64 + 1) } as *mut u8;
+    if p.is_null() {
+        return ptr::null_mut();
+    }
+    // SAFETY: `p` has room for len + 1 bytes and does not overlap `bytes`.
+    unsafe {
+        ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+        *p.add(bytes.len()) = 0;
+    }
+    p as *mut c_char
+}
+
+/// # Safety
+/// `p` is NULL or a NUL-terminated string valid for the call.
+unsafe fn cstr_lossy(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller promises a NUL-terminated string.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+pub(crate) use file::retry_pending_captures;

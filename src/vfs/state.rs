@@ -1,0 +1,402 @@
+//! The guard's state for one open database file: the pinned generation, the retirement verdict and
+//! the capture. Shared (by `Arc`) between the main file object and its WAL's file object. Safe
+//! code: the shim hands it plain values.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
+use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::status::{GuardStatus, RetireReason};
+
+/// The extended code of every refusal.
+pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
+
+/// Where a retirement check runs; decides which "already checked" flag it sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Site {
+    /// The WAL write lock or the WAL's first write of a transaction.
+    WalWrite,
+    /// The checkpoint lock, or a main-file write, truncate or EXCLUSIVE lock.
+    MainWrite,
+}
+
+pub(crate) struct DbState {
+    db_path: PathBuf,
+    wal_path: PathBuf,
+    shm_path: PathBuf,
+    /// Mirrors `inner.retirement.is_some()` so the write path can refuse without the mutex.
+    retired: AtomicBool,
+    /// Mirrors `inner.wal.is_some()`.
+    wal_pinned: AtomicBool,
+    /// A check passed for the current WAL write transaction.
+    wal_checked: AtomicBool,
+    /// A check passed for the current checkpoint (main-file writes).
+    main_checked: AtomicBool,
+    refusals: AtomicU64,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    main_id: Option<FileId>,
+    wal: Option<PinnedWal>,
+    shm_id: Option<FileId>,
+    reason: Option<RetireReason>,
+    capture: Option<PathBuf>,
+    capture_error: Option<String>,
+    main_image: Option<Box<dyn ImageSource + Send>>,
+}
+
+/// Pinned WAL descriptors by identity, so a capture can be asked for by identity and never by
+/// pathname.
+static HELD: Mutex<Option<HashMap<FileId, Weak<DbState>>>> = Mutex::new(None);
+
+/// WALs closed but not yet deleted: `xDelete(<db>-wal)` follows the WAL's close, and must only
+/// remove the inode that was pinned.
+static CLOSING_WALS: Mutex<Option<HashMap<PathBuf, FileId>>> = Mutex::new(None);
+
+impl DbState {
+    pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
+        let main_id = match identity_of_path(&db_path) {
+            Ok(id) => id,
+            Err(e) => {
+                log::error!(
+                    "hermes-guard: cannot stat {} to pin it: {e}; its replacement will go unseen",
+                    db_path.display()
+                );
+                None
+            }
+        };
+        Arc::new(DbState {
+            wal_path: sidecar(&db_path, "-wal"),
+            shm_path: sidecar(&db_path, "-shm"),
+            db_path,
+            retired: AtomicBool::new(false),
+            wal_pinned: AtomicBool::new(false),
+            wal_checked: AtomicBool::new(false),
+            main_checked: AtomicBool::new(false),
+            refusals: AtomicU64::new(0),
+            inner: Mutex::new(Inner {
+                main_id,
+                ..Inner::default()
+            }),
+        })
+    }
+
+    pub(crate) fn db_path(&self) -> &Path {
+        &self.db_path
+    }
+
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn wal_pinned(&self) -> bool {
+        self.wal_pinned.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_main_image(&self, image: Option<Box<dyn ImageSource + Send>>) {
+        self.inner.lock().main_image = image;
+    }
+
+    /// Called when SQLite has opened `<db>-wal` for this database.
+    pub(crate) fn pin_wal(self: &Arc<Self>, wal_path: &Path) {
+        match PinnedWal::open(wal_path) {
+            Ok(wal) => {
+                let id = wal.id();
+                let mut inner = self.inner.lock();
+                if let Some(old) = inner.wal.replace(wal) {
+                    forget_held(old.id());
+                }
+                self.wal_pinned.store(true, Ordering::Release);
+                drop(inner);
+                HELD.lock()
+                    .get_or_insert_with(HashMap::new)
+                    .insert(id, Arc::downgrade(self));
+            }
+            Err(e) => log::error!(
+                "hermes-guard: cannot open {} to pin the WAL generation: {e}; \
+                 a later loss of it cannot be captured",
+                wal_path.display()
+            ),
+        }
+    }
+
+    /// Called when SQLite closes the WAL file object.
+    pub(crate) fn wal_closed(&self) {
+        let mut inner = self.inner.lock();
+        let Some(id) = inner.wal.as_ref().map(PinnedWal::id) else {
+            return;
+        };
+        CLOSING_WALS
+            .lock()
+            .get_or_insert_with(HashMap::new)
+            .insert(self.wal_path.clone(), id);
+        if inner.reason.is_some() && inner.capture.is_none() {
+            // The descriptor is the only way left to the retired frames: keep it for the retry.
+            return;
+        }
+        inner.wal = None;
+        self.wal_pinned.store(false, Ordering::Release);
+        drop(inner);
+        forget_held(id);
+    }
+
+    /// Called when the shared-memory region is first mapped.
+    pub(crate) fn pin_shm(&self, mapped: Option<FileId>) {
+        let mut inner = self.inner.lock();
+        if inner.shm_id.is_none() {
+            inner.shm_id = mapped.or_else(|| identity_of_path(&self.shm_path).ok().flatten());
+        }
+    }
+
+    pub(crate) fn shm_pinned(&self) -> bool {
+        self.inner.lock().shm_id.is_some()
+    }
+
+    /// A write is about to happen at `site`; `Err(code)` refuses it.
+    #[inline]
+    pub(crate) fn before_write(&self, site: Site) -> Result<(), i32> {
+        if self.is_retired() {
+            return Err(self.refuse());
+        }
+        let flag = match site {
+            Site::WalWrite => &self.wal_checked,
+            Site::MainWrite => &self.main_checked,
+        };
+        if flag.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.check(site)
+    }
+
+    /// A transaction or checkpoint boundary: run the check now regardless of the flags.
+    pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
+        if self.observe().is_some() {
+            return Err(self.refuse());
+        }
+        match site {
+            Site::WalWrite => self.wal_checked.store(true, Ordering::Release),
+            Site::MainWrite => self.main_checked.store(true, Ordering::Release),
+        }
+        Ok(())
+    }
+
+    /// The transaction that `site` covers has ended: the next write checks again.
+    #[inline]
+    pub(crate) fn end_of(&self, site: Site) {
+        match site {
+            Site::WalWrite => {
+                self.wal_checked.store(false, Ordering::Release);
+                // New frames mean a later checkpoint has new pages to copy.
+                self.main_checked.store(false, Ordering::Release);
+            }
+            Site::MainWrite => self.main_checked.store(false, Ordering::Release),
+        }
+    }
+
+    /// Compares each pinned identity with what its pathname resolves to now; retires the
+    /// generation (sticky) at the first mismatch. Up to three `stat` calls.
+    pub(crate) fn observe(&self) -> Option<RetireReason> {
+        let mut inner = self.inner.lock();
+        if inner.reason.is_some() {
+            return inner.reason;
+        }
+        let moved = |pinned: Option<FileId>, path: &Path| match pinned {
+            None => false,
+            // A stat that fails for another reason (EACCES, EIO) proves nothing either way.
+            Some(id) => identity_of_path(path).is_ok_and(|now| now != Some(id)),
+        };
+        let reason = if moved(inner.main_id, &self.db_path) {
+            RetireReason::MainReplaced
+        } else if moved(inner.wal.as_ref().map(PinnedWal::id), &self.wal_path) {
+            RetireReason::WalLost
+        } else if moved(inner.shm_id, &self.shm_path) {
+            RetireReason::ShmLost
+        } else {
+            return None;
+        };
+        inner.reason = Some(reason);
+        self.retired.store(true, Ordering::Release);
+        log::error!(
+            "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
+            self.db_path.display(),
+            reason.describe()
+        );
+        Some(reason)
+    }
+
+    /// Counts a refusal, captures the generation if that has not happened yet, and returns the
+    /// code to hand back to SQLite.
+    fn refuse(&self) -> i32 {
+        self.refusals.fetch_add(1, Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        if inner.capture.is_none() && inner.wal.is_some() {
+            let _ = self.capture_locked(&mut inner, Trigger::Halt);
+        }
+        REFUSED
+    }
+
+    /// Makes sure a retired generation is captured; `Ok(None)` when not retired.
+    pub(crate) fn ensure_captured(&self, trigger: Trigger) -> Result<Option<PathBuf>, String> {
+        if self.observe().is_none() {
+            return Ok(None);
+        }
+        let mut inner = self.inner.lock();
+        if inner.wal.is_none() && inner.capture.is_none() {
+            // No WAL was ever open (rollback mode, or the loss came first): there are no
+            // retired frames to save.
+            return Ok(None);
+        }
+        self.capture_locked(&mut inner, trigger)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether the main file object must be kept open after SQLite closes it, because it is the
+    /// only way left to the main image of an uncaptured retired generation.
+    pub(crate) fn must_hold_main(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.reason.is_some() && inner.capture.is_none() && inner.wal.is_some()
+    }
+
+    /// Called when the main file object is finally closed.
+    pub(crate) fn main_closed(&self) {
+        let mut inner = self.inner.lock();
+        inner.main_image = None;
+        if let Some(wal) = inner.wal.take() {
+            forget_held(wal.id());
+        }
+        self.wal_pinned.store(false, Ordering::Release);
+        drop(inner);
+        if let Some(map) = CLOSING_WALS.lock().as_mut() {
+            map.remove(&self.wal_path);
+        }
+    }
+
+    fn capture_locked(&self, inner: &mut Inner, trigger: Trigger) -> Result<PathBuf, CaptureError> {
+        if let Some(done) = &inner.capture {
+            return Ok(done.clone());
+        }
+        let result = match (&inner.wal, &inner.main_image) {
+            (None, _) => Err(CaptureError::NoPinnedIdentity {
+                database: self.db_path.clone(),
+            }),
+            (Some(wal), None) => Err(CaptureError::NotHeld {
+                database: self.db_path.clone(),
+                identity: wal.id(),
+            }),
+            (Some(wal), Some(main)) => capture::write_capture(&CaptureInput {
+                database: &self.db_path,
+                wal,
+                main: main.as_ref(),
+                main_id: inner.main_id,
+                shm_id: inner.shm_id,
+                trigger,
+                reason: inner.reason,
+            }),
+        };
+        match &result {
+            Ok(dir) => {
+                inner.capture = Some(dir.clone());
+                inner.capture_error = None;
+            }
+            Err(e) => {
+                log::error!(
+                    "hermes-guard: could not capture the retired generation of {}: {e}; the WAL \
+                     descriptor stays open and the next close retries",
+                    self.db_path.display()
+                );
+                inner.capture_error = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    pub(crate) fn status(&self) -> GuardStatus {
+        self.observe();
+        let inner = self.inner.lock();
+        GuardStatus {
+            database: self.db_path.clone(),
+            retired: inner.reason.is_some(),
+            reason: inner.reason,
+            main: inner.main_id,
+            wal: inner.wal.as_ref().map(PinnedWal::id),
+            shm: inner.shm_id,
+            capture: inner.capture.clone(),
+            capture_error: inner.capture_error.clone(),
+            refusals: self.refusals.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether `<db>-shm` may be unlinked by this connection's close: only while it still
+    /// resolves to the mapping this connection pinned.
+    pub(crate) fn may_delete_shm(&self) -> bool {
+        if self.is_retired() {
+            return false;
+        }
+        let pinned = self.inner.lock().shm_id;
+        pinned.is_none() || identity_of_path(&self.shm_path).ok().flatten() == pinned
+    }
+}
+
+fn forget_held(id: FileId) {
+    if let Some(map) = HELD.lock().as_mut() {
+        map.remove(&id);
+    }
+}
+
+/// Whether the VFS may delete `path`: a WAL just closed by a guarded connection may be deleted
+/// only while the pathname still resolves to the inode that connection pinned.
+pub(crate) fn may_delete(path: &Path) -> bool {
+    let pinned = CLOSING_WALS.lock().as_mut().and_then(|m| m.remove(path));
+    match pinned {
+        None => true,
+        Some(id) => {
+            let now = identity_of_path(path).ok().flatten();
+            if now == Some(id) {
+                true
+            } else {
+                log::warn!(
+                    "hermes-guard: not deleting {}: it is no longer the WAL ({id}) this connection \
+                     wrote (it now resolves to {now:?})",
+                    path.display()
+                );
+                false
+            }
+        }
+    }
+}
+
+/// Captures the generation whose WAL has `identity`, from the descriptor this process holds.
+pub(crate) fn capture_by_identity(
+    database: &Path,
+    identity: Option<FileId>,
+    trigger: Trigger,
+) -> Result<PathBuf, CaptureError> {
+    let Some(identity) = identity else {
+        return Err(CaptureError::NoPinnedIdentity {
+            database: database.to_path_buf(),
+        });
+    };
+    let state = HELD
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&identity))
+        .and_then(Weak::upgrade);
+    let not_held = || CaptureError::NotHeld {
+        database: database.to_path_buf(),
+        identity,
+    };
+    let state = state.ok_or_else(not_held)?;
+    let mut inner = state.inner.lock();
+    if inner.wal.as_ref().map(PinnedWal::id) != Some(identity) {
+        return Err(not_held());
+    }
+    state.capture_locked(&mut inner, trigger)
+}
