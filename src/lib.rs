@@ -21,7 +21,9 @@
 pub mod capture;
 mod error;
 pub mod identity;
+pub mod registry;
 mod status;
+pub mod store;
 mod vfs;
 pub mod walfile;
 

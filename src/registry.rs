@@ -1,0 +1,1 @@
+//! The shared registry of open SessionDb generations.

@@ -1,0 +1,1 @@
+//! SessionDb: sessions, messages and full-text search on a guarded database.
