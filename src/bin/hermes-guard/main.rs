@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hermes-guard", version, about = "A SQLite VFS that makes a lost WAL generation loud and lossless")]
+#[command(
+    name = "hermes-guard",
+    version,
+    about = "A SQLite VFS that makes a lost WAL generation loud and lossless"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

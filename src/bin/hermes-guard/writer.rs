@@ -1,9 +1,176 @@
-//! The writer child process.
+//! `hermes-guard writer`: a writer process driven over stdin, reporting JSON lines on stdout.
+//!
+//! The loss this crate guards against needs two processes: one whose sidecars are taken away
+//! while it holds them, and another that writes a newer generation at the same path. The demo and
+//! the multi-process tests run the first as this child, so it can be made to write, close and
+//! exit on cue.
+//!
+//! Roles:
+//! - `gateway`: seeds and checkpoints history, commits `--wal-rows` rows that live only in its
+//!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`.
+//! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
+//!   closes and prints `{"event":"done",...}`.
+
+use std::io::{self, BufRead, Write};
+use std::path::PathBuf;
+
+use rusqlite::{Connection, OpenFlags};
+use serde_json::{json, Value};
+
+/// Which VFS a child opens its database through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Vfs {
+    /// The stock unix VFS.
+    Stock,
+    /// hermes-guard.
+    Guard,
+}
+
+/// What the child does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Role {
+    /// The long-lived writer whose sidecars get lost.
+    Gateway,
+    /// Another process writing a newer generation at the same path.
+    Second,
+}
 
 /// Arguments of the writer child.
 #[derive(clap::Args)]
-pub struct WriterArgs {}
+pub struct WriterArgs {
+    /// Database path.
+    #[arg(long)]
+    db: PathBuf,
+    /// VFS to open it through.
+    #[arg(long, value_enum)]
+    vfs: Vfs,
+    /// Role of this process.
+    #[arg(long, value_enum, default_value = "gateway")]
+    role: Role,
+    /// Rows committed only in the WAL (gateway).
+    #[arg(long, default_value_t = 4)]
+    wal_rows: u32,
+    /// Rows of the newer generation (second).
+    #[arg(long, default_value_t = 400)]
+    rows: u32,
+}
 
-pub fn run(_args: WriterArgs) -> Result<(), Box<dyn std::error::Error>> {
-    Err("not yet".into())
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS messages (\
+    id INTEGER PRIMARY KEY, session TEXT NOT NULL, content TEXT NOT NULL)";
+
+/// Opens `db` in WAL mode through `vfs`.
+pub fn open(db: &std::path::Path, vfs: Vfs) -> Result<Connection> {
+    let conn = match vfs {
+        Vfs::Guard => {
+            hermes_guard::register()?;
+            Connection::open_with_flags_and_vfs(db, OpenFlags::default(), hermes_guard::VFS_NAME)?
+        }
+        Vfs::Stock => Connection::open_with_flags_and_vfs(db, OpenFlags::default(), "unix")?,
+    };
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+    if mode != "wal" {
+        return Err(format!("{} did not enter WAL mode (got {mode})", db.display()).into());
+    }
+    conn.execute_batch(SCHEMA)?;
+    Ok(conn)
+}
+
+fn emit(value: Value) -> Result<()> {
+    let mut out = io::stdout().lock();
+    writeln!(out, "{value}")?;
+    out.flush()?;
+    Ok(())
+}
+
+pub fn run(args: WriterArgs) -> Result<()> {
+    match args.role {
+        Role::Gateway => gateway(&args),
+        Role::Second => second(&args),
+    }
+}
+
+fn gateway(args: &WriterArgs) -> Result<()> {
+    let conn = open(&args.db, args.vfs)?;
+    conn.execute_batch("PRAGMA wal_autocheckpoint=0")?;
+    {
+        let tx = conn.unchecked_transaction()?;
+        for i in 0..20 {
+            tx.execute(
+                "INSERT INTO messages (session, content) VALUES ('gw-0', ?1)",
+                [format!("history {i}")],
+            )?;
+        }
+        tx.commit()?;
+    }
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    for i in 0..args.wal_rows {
+        conn.execute(
+            "INSERT INTO messages (session, content) VALUES ('gw-0', ?1)",
+            [format!("uncheckpointed {i}")],
+        )?;
+    }
+    let wal = hermes_guard::identity::identity_of_path(&hermes_guard::capture::sidecar(
+        &args.db, "-wal",
+    ))?;
+    emit(json!({"event": "ready", "pid": std::process::id(), "wal_identity": wal}))?;
+
+    let mut conn = Some(conn);
+    for line in io::stdin().lock().lines() {
+        let line = line?;
+        match line.trim() {
+            "write" => {
+                let c = conn.as_ref().ok_or("write after close")?;
+                let result = c.execute(
+                    "INSERT INTO messages (session, content) VALUES ('gw-0', 'after the loss')",
+                    [],
+                );
+                let artifact = match args.vfs {
+                    Vfs::Guard => hermes_guard::status(c)?.capture,
+                    Vfs::Stock => None,
+                };
+                emit(json!({
+                    "event": "write",
+                    "refused": result.is_err(),
+                    "error": result.as_ref().err().map(|e| e.to_string()),
+                    "extended_code": result.as_ref().err().and_then(|e| e.sqlite_error()).map(|e| e.extended_code),
+                    "artifact": artifact,
+                }))?;
+            }
+            "close" => {
+                let c = conn.take().ok_or("close after close")?;
+                let error = match args.vfs {
+                    Vfs::Guard => hermes_guard::close(c).err().map(|(_, e)| e.to_string()),
+                    Vfs::Stock => c.close().err().map(|(_, e)| e.to_string()),
+                };
+                emit(json!({"event": "closed", "error": error}))?;
+            }
+            "quit" => break,
+            other => {
+                emit(json!({"event": "error", "error": format!("unknown command {other:?}")}))?
+            }
+        }
+    }
+    drop(conn);
+    Ok(())
+}
+
+fn second(args: &WriterArgs) -> Result<()> {
+    let conn = open(&args.db, args.vfs)?;
+    {
+        let tx = conn.unchecked_transaction()?;
+        for i in 0..args.rows {
+            tx.execute(
+                "INSERT INTO messages (session, content) VALUES ('second', ?1)",
+                [format!("second generation {i}")],
+            )?;
+        }
+        tx.commit()?;
+    }
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+    let total: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+    conn.close().map_err(|(_, e)| e)?;
+    emit(json!({"event": "done", "rows": total}))
 }
