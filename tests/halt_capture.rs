@@ -35,7 +35,7 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
     );
     let captured = std::fs::read(artifact.join("state.db-wal")).unwrap();
     assert!(!captured.is_empty());
-    assert_eq!(captured, original);
+    assert_same_bytes(&captured, &original, "captured WAL");
     assert_eq!(
         manifest["wal"]["sha256"],
         format!("{:x}", Sha256::digest(&captured))
@@ -68,4 +68,58 @@ fn halt_captures_the_exact_retired_generation_after_unlink() {
 #[test]
 fn halt_captures_the_exact_retired_generation_after_rename() {
     halt_captures_the_exact_retired_generation(true);
+}
+
+#[test]
+fn exclusive_locking_mode_is_refused_at_the_first_wal_write() {
+    // No -shm and no xShmLock in this mode: only the WAL's own writes show the transaction.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    conn.execute_batch("PRAGMA locking_mode=EXCLUSIVE").unwrap();
+    let sentinel = wal_only_sentinel(&conn);
+    let wal_id = identity(&sidecar(&path, "-wal"));
+    std::fs::remove_file(sidecar(&path, "-wal")).unwrap();
+    let original = descriptor_contents(wal_id);
+
+    let err = insert(&conn, "after the loss").unwrap_err();
+    assert!(is_refusal(&err), "{err}");
+    assert_same_bytes(
+        &descriptor_contents(wal_id),
+        &original,
+        "retired WAL after refusal",
+    );
+    let artifact = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+}
+
+#[test]
+fn a_checkpoint_of_a_retired_generation_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    wal_only_sentinel(&conn);
+    let main_before = std::fs::read(&path).unwrap();
+    lose_sidecars(&path, false);
+
+    for mode in ["PASSIVE", "FULL", "RESTART", "TRUNCATE"] {
+        let result = conn.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()));
+        assert!(
+            result.is_err_and(|e| is_refusal(&e)),
+            "{mode} checkpoint was not refused"
+        );
+    }
+    assert_same_bytes(
+        &std::fs::read(&path).unwrap(),
+        &main_before,
+        "main file after refused checkpoints",
+    );
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    assert_same_bytes(
+        &std::fs::read(&path).unwrap(),
+        &main_before,
+        "main file after close",
+    );
 }

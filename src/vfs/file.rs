@@ -337,9 +337,10 @@ unsafe extern "C" fn x_write(
                     return code;
                 }
                 let rc = sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst);
-                // SAFETY: `buf` holds `amt` bytes.
-                if rc == ffi::SQLITE_OK && amt == 24 && unsafe { is_commit_frame_header(buf) } {
-                    state.end_of(Site::WalWrite);
+                if rc == ffi::SQLITE_OK {
+                    // SAFETY: `buf` holds `amt` bytes.
+                    let commit = amt == 24 && unsafe { is_commit_frame_header(buf) };
+                    state.wal_written(ofst, amt, commit);
                 }
                 rc
             }

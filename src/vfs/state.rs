@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -37,6 +37,9 @@ pub(crate) struct DbState {
     wal_checked: AtomicBool,
     /// A check passed for the current checkpoint (main-file writes).
     main_checked: AtomicBool,
+    /// Offset of the page that follows the last commit-frame header written, or -1: once that
+    /// page is written the transaction is over.
+    commit_page_at: AtomicI64,
     refusals: AtomicU64,
     inner: Mutex<Inner>,
 }
@@ -80,6 +83,7 @@ impl DbState {
             wal_pinned: AtomicBool::new(false),
             wal_checked: AtomicBool::new(false),
             main_checked: AtomicBool::new(false),
+            commit_page_at: AtomicI64::new(-1),
             refusals: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 main_id,
@@ -197,6 +201,20 @@ impl DbState {
                 self.main_checked.store(false, Ordering::Release);
             }
             Site::MainWrite => self.main_checked.store(false, Ordering::Release),
+        }
+    }
+
+    /// A WAL write of `amt` bytes at `ofst` succeeded. A commit frame is a 24-byte header (with
+    /// a non-zero "database size after commit") followed by its page: the transaction ends when
+    /// that page is written, and the next WAL write belongs to a new one.
+    #[inline]
+    pub(crate) fn wal_written(&self, ofst: i64, amt: i32, commit_header: bool) {
+        if commit_header {
+            self.commit_page_at
+                .store(ofst + i64::from(amt), Ordering::Release);
+        } else if self.commit_page_at.load(Ordering::Acquire) == ofst {
+            self.commit_page_at.store(-1, Ordering::Release);
+            self.end_of(Site::WalWrite);
         }
     }
 

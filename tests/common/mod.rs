@@ -145,6 +145,19 @@ pub fn recover(artifact: &Path, name: &str, workdir: &Path) -> Connection {
     Connection::open(workdir.join(name)).unwrap()
 }
 
+/// Asserts two byte strings are equal without printing megabytes when they are not.
+#[track_caller]
+pub fn assert_same_bytes(a: &[u8], b: &[u8], what: &str) {
+    if a != b {
+        let first = a.iter().zip(b).position(|(x, y)| x != y);
+        panic!(
+            "{what}: {} bytes vs {} bytes, first difference at {first:?}",
+            a.len(),
+            b.len()
+        );
+    }
+}
+
 pub fn is_refusal(err: &rusqlite::Error) -> bool {
     matches!(err.sqlite_error(), Some(e) if e.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED)
 }
@@ -158,4 +171,79 @@ pub fn artifacts(dir: &Path) -> Vec<PathBuf> {
         .collect();
     found.sort();
     found
+}
+
+/// The `hermes-guard writer` child process, driven over its stdin/stdout like the seeds'
+/// gateway writer.
+pub struct Gateway {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Gateway {
+    /// Starts a gateway on `db` (`vfs` is `guard` or `stock`) and waits for it to be ready.
+    pub fn start(db: &Path, vfs: &str) -> (Gateway, serde_json::Value) {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
+            .args(["writer", "--role", "gateway", "--vfs", vfs, "--db"])
+            .arg(db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut gw = Gateway {
+            child,
+            stdin,
+            lines,
+        };
+        let ready = gw.next_event("ready");
+        (gw, ready)
+    }
+
+    pub fn next_event(&mut self, event: &str) -> serde_json::Value {
+        let line = self
+            .lines
+            .next()
+            .unwrap_or_else(|| panic!("the gateway exited before {event:?}"))
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["event"], event, "unexpected event {line}");
+        value
+    }
+
+    pub fn send(&mut self, command: &str) {
+        use std::io::Write;
+        writeln!(self.stdin, "{command}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Sends `quit` and waits for a normal exit.
+    pub fn quit(mut self) -> std::process::ExitStatus {
+        self.send("quit");
+        drop(self.stdin);
+        self.child.wait().unwrap()
+    }
+}
+
+/// Another process commits `rows` rows at `db` and checkpoints; returns the row count it saw.
+pub fn write_second_generation(db: &Path, vfs: &str, rows: u32) -> i64 {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
+        .args(["writer", "--role", "second", "--vfs", vfs, "--rows"])
+        .arg(rows.to_string())
+        .arg("--db")
+        .arg(db)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "second writer failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8(out.stdout).unwrap();
+    let done: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    done["rows"].as_i64().unwrap()
 }

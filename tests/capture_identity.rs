@@ -1,0 +1,102 @@
+//! The capture is located by the pinned inode, never by pathname.
+
+mod common;
+
+use std::fs;
+
+use common::*;
+use hermes_guard::{CaptureError, FileId, Trigger};
+
+#[test]
+fn capture_selects_the_recorded_inode_not_the_pathname() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    let wal = sidecar(&path, "-wal");
+    let wal_id = identity(&wal);
+    lose_sidecars(&path, false);
+    let original = descriptor_contents(wal_id);
+
+    // Another owner's WAL, deleted under the same pathname as our lost one.
+    let other_path = dir.path().join("other.db");
+    let other = open_stock(&other_path);
+    insert(&other, "another owner committed this").unwrap();
+    fs::rename(sidecar(&other_path, "-wal"), &wal).unwrap();
+    let other_id = identity(&wal);
+    fs::remove_file(&wal).unwrap();
+    assert_ne!(other_id, wal_id);
+    let other_before = descriptor_contents(other_id);
+
+    let err = insert(&conn, "after the loss").unwrap_err();
+    assert!(is_refusal(&err), "{err}");
+
+    let artifact = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    assert_same_bytes(
+        &fs::read(artifact.join("state.db-wal")).unwrap(),
+        &original,
+        "captured WAL",
+    );
+    assert_eq!(
+        manifest(&artifact)["wal"]["identity"],
+        serde_json::json!([wal_id.dev, wal_id.ino])
+    );
+    assert_same_bytes(
+        &descriptor_contents(other_id),
+        &other_before,
+        "the other owner's WAL",
+    );
+    let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    drop(other);
+}
+
+#[test]
+fn capture_refuses_to_guess_by_pathname() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    wal_only_sentinel(&conn);
+
+    let err = hermes_guard::capture_retired_wal_generation(&path, None, Trigger::Halt).unwrap_err();
+    assert!(matches!(err, CaptureError::NoPinnedIdentity { .. }));
+    assert!(err.to_string().contains("pathname"), "{err}");
+
+    let err = hermes_guard::capture_retired_wal_generation(
+        &path,
+        Some(FileId { dev: 1, ino: 1 }),
+        Trigger::Halt,
+    )
+    .unwrap_err();
+    assert!(matches!(err, CaptureError::NotHeld { .. }));
+    assert!(err.to_string().contains("no longer holds"), "{err}");
+
+    assert!(
+        artifacts(dir.path()).is_empty(),
+        "a refused capture writes nothing"
+    );
+    drop(conn);
+}
+
+#[test]
+fn capture_by_identity_uses_the_held_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    let wal_id = identity(&sidecar(&path, "-wal"));
+    lose_sidecars(&path, false);
+
+    let artifact =
+        hermes_guard::capture_retired_wal_generation(&path, Some(wal_id), Trigger::Halt).unwrap();
+    let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+    let staging_left: Vec<_> = fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".partial"))
+        .collect();
+    assert!(staging_left.is_empty(), "staging directory left behind");
+    drop(conn);
+}

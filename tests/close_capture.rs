@@ -1,0 +1,98 @@
+//! Close: the loss first seen at close is captured there, and a close that cannot capture does
+//! not settle.
+
+mod common;
+
+use common::*;
+use hermes_guard::GuardError;
+
+#[test]
+fn close_captures_when_the_loss_is_first_seen_at_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    lose_sidecars(&path, false);
+
+    // No write in between: the close itself must notice the loss and capture.
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+
+    let found = artifacts(dir.path());
+    assert_eq!(found.len(), 1, "exactly one capture: {found:?}");
+    assert_eq!(manifest(&found[0])["trigger"], "close");
+    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+    assert!(integrity_ok(&recovered));
+}
+
+#[test]
+fn dropping_a_connection_captures_at_close_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    lose_sidecars(&path, true);
+
+    // A plain drop goes through sqlite3_close, whose pager asks the VFS whether the file moved.
+    drop(conn);
+
+    let found = artifacts(dir.path());
+    assert_eq!(found.len(), 1, "exactly one capture: {found:?}");
+    assert_eq!(manifest(&found[0])["trigger"], "close");
+    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+}
+
+#[test]
+fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    lose_sidecars(&path, false);
+
+    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    let (conn, err) = hermes_guard::close(conn).expect_err("close must not settle uncaptured");
+    assert!(
+        matches!(&err, GuardError::CaptureFailed { message, .. } if message.contains("no space left on device")),
+        "{err}"
+    );
+    let status = hermes_guard::status(&conn).unwrap();
+    assert!(status.retired && status.capture.is_none());
+    assert!(status.capture_error.unwrap().contains("no space left"));
+    assert!(
+        artifacts(dir.path()).is_empty(),
+        "a failed capture leaves nothing behind"
+    );
+    // The handle stays open and usable for reads of what it already sees.
+    assert_eq!(count_like(&conn, &sentinel), 1);
+
+    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    let found = artifacts(dir.path());
+    assert_eq!(found.len(), 1);
+    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+}
+
+#[test]
+fn a_refused_write_keeps_refusing_and_is_captured_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    wal_only_sentinel(&conn);
+    lose_sidecars(&path, false);
+
+    for _ in 0..5 {
+        let err = insert(&conn, "after the loss").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+    }
+    let status = hermes_guard::status(&conn).unwrap();
+    assert_eq!(status.refusals, 5);
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    assert_eq!(
+        artifacts(dir.path()).len(),
+        1,
+        "captured once per generation"
+    );
+}
