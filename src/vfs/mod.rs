@@ -7,6 +7,7 @@
 mod file;
 mod methods;
 pub(crate) mod state;
+mod watch;
 
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -9,6 +9,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::watch::DirWatch;
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::status::{GuardStatus, RetireReason};
@@ -41,6 +42,11 @@ pub(crate) struct DbState {
     /// page is written the transaction is over.
     commit_page_at: AtomicI64,
     refusals: AtomicU64,
+    /// The database directory's watch, and its generation at the last full check that passed:
+    /// while they match, no name in the directory has changed and a transaction start needs no
+    /// `stat`.
+    watch: Option<DirWatch>,
+    verified_generation: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -65,6 +71,8 @@ static CLOSING_WALS: Mutex<Option<HashMap<PathBuf, FileId>>> = Mutex::new(None);
 
 impl DbState {
     pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
+        // Watch first, pin second: a change after the pin is then always seen.
+        let watch = db_path.parent().and_then(DirWatch::new);
         let main_id = match identity_of_path(&db_path) {
             Ok(id) => id,
             Err(e) => {
@@ -85,6 +93,8 @@ impl DbState {
             main_checked: AtomicBool::new(false),
             commit_page_at: AtomicI64::new(-1),
             refusals: AtomicU64::new(0),
+            watch,
+            verified_generation: AtomicU64::new(u64::MAX),
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -180,9 +190,22 @@ impl DbState {
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
+    /// Transaction starts skip the `stat` calls while the directory watch vouches that nothing
+    /// changed since the last full check; checkpoints and close always stat.
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
-        if self.observe().is_some() {
-            return Err(self.refuse());
+        let generation = match (&self.watch, site) {
+            (Some(watch), Site::WalWrite) => watch.current(),
+            _ => None,
+        };
+        let vouched =
+            generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
+        if !vouched || self.is_retired() {
+            if self.observe().is_some() {
+                return Err(self.refuse());
+            }
+            if let Some(g) = generation {
+                self.verified_generation.store(g, Ordering::Release);
+            }
         }
         match site {
             Site::WalWrite => self.wal_checked.store(true, Ordering::Release),

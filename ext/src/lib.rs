@@ -1,0 +1,367 @@
+//! hermes-guard as a SQLite loadable extension: `libhermes_guard.so`, for the sqlite3 shell,
+//! Python (apsw) and every other host that links a modern SQLite and can load extensions.
+//!
+//! Loading it registers the `hermes-guard` VFS over the host's default VFS, for the life of the
+//! process, and adds three SQL functions to every connection opened afterwards (and to the one
+//! that loaded it):
+//!
+//! - `hermes_guard_status([schema])`: the guard's status of `schema` (default `main`) as JSON;
+//! - `hermes_guard_capture([schema])`: makes sure a retired generation is captured, then the
+//!   status; fails when the capture cannot be written;
+//! - `hermes_guard_retry_pending()`: retries the captures of closed, still uncaptured generations
+//!   and returns how many remain.
+//!
+//! Entry points: `sqlite3_hermesguard_init` (the one SQLite derives from the file name) makes the
+//! guard the default VFS only when `HERMES_GUARD_DEFAULT=1`; `sqlite3_hermesguard_default_init`
+//! always does.
+//!
+//! This crate has no shim of its own: the library's `src/vfs/` and the safe modules it uses are
+//! compiled here a second time, against rusqlite's `loadable_extension` build, which sends every
+//! `ffi::sqlite3_*` call through the host's `sqlite3_api_routines`.
+
+// The library's own files. The extension uses a subset of what they offer the library.
+#[allow(dead_code)]
+#[path = "../../src/capture.rs"]
+mod capture;
+#[allow(dead_code)]
+#[path = "../../src/error.rs"]
+mod error;
+#[allow(dead_code)]
+#[path = "../../src/identity.rs"]
+mod identity;
+#[allow(dead_code)]
+#[path = "../../src/status.rs"]
+mod status;
+#[allow(dead_code)]
+#[path = "../../src/vfs/mod.rs"]
+mod vfs;
+#[allow(dead_code)]
+#[path = "../../src/walfile.rs"]
+mod walfile;
+
+mod version;
+
+use std::ffi::{c_char, c_int, CString};
+use std::io::Write;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr;
+
+use rusqlite::functions::{Context, FunctionFlags};
+use rusqlite::{ffi, Connection};
+
+pub use version::{check_host_version, MIN_SQLITE_VERSION_NUMBER};
+
+/// Set to `1` to make `hermes-guard` the default VFS when the extension is loaded through
+/// `sqlite3_hermesguard_init`, for hosts that cannot name another entry point.
+pub const DEFAULT_ENV: &str = "HERMES_GUARD_DEFAULT";
+
+/// Entry point SQLite derives from `libhermes_guard.so`. Registers the VFS (the default one too
+/// when `HERMES_GUARD_DEFAULT=1`) and the SQL functions; the extension stays loaded.
+///
+/// # Safety
+/// Called by SQLite's `sqlite3_load_extension` with its own arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sqlite3_hermesguard_init(
+    db: *mut ffi::sqlite3,
+    pz_err_msg: *mut *mut c_char,
+    p_api: *mut ffi::sqlite3_api_routines,
+) -> c_int {
+    // SAFETY: SQLite's own arguments, passed on unchanged.
+    unsafe { entry(db, pz_err_msg, p_api, None) }
+}
+
+/// Entry point that also makes `hermes-guard` the default VFS of the process, so connections
+/// opened afterwards without naming a VFS are guarded. Load it by name, e.g.
+/// `.load ./libhermes_guard sqlite3_hermesguard_default_init`.
+///
+/// # Safety
+/// Called by SQLite's `sqlite3_load_extension` with its own arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sqlite3_hermesguard_default_init(
+    db: *mut ffi::sqlite3,
+    pz_err_msg: *mut *mut c_char,
+    p_api: *mut ffi::sqlite3_api_routines,
+) -> c_int {
+    // SAFETY: SQLite's own arguments, passed on unchanged.
+    unsafe { entry(db, pz_err_msg, p_api, Some(true)) }
+}
+
+/// # Safety
+/// `db`, `pz_err_msg` and `p_api` as SQLite passes them to an extension's entry point.
+unsafe fn entry(
+    db: *mut ffi::sqlite3,
+    pz_err_msg: *mut *mut c_char,
+    p_api: *mut ffi::sqlite3_api_routines,
+    make_default: Option<bool>,
+) -> c_int {
+    if p_api.is_null() {
+        // Only a statically linked build passes no API table, and this crate is not one.
+        return ffi::SQLITE_ERROR;
+    }
+    // SAFETY: `p_api` is the host's API table, valid for this call.
+    let outcome = catch_unwind(AssertUnwindSafe(|| unsafe {
+        init(db, p_api, make_default)
+    }));
+    let message = match outcome {
+        Ok(Ok(())) => return ffi::SQLITE_OK_LOAD_PERMANENTLY,
+        Ok(Err(message)) => message,
+        Err(_) => "hermes-guard: internal panic while loading the extension".to_owned(),
+    };
+    // SAFETY: as for `init`; `pz_err_msg` is NULL or where SQLite takes the message from.
+    unsafe { set_error(p_api, pz_err_msg, &message) };
+    ffi::SQLITE_ERROR
+}
+
+/// # Safety
+/// `p_api` is the host's API table; `db` the connection loading the extension.
+unsafe fn init(
+    db: *mut ffi::sqlite3,
+    p_api: *mut ffi::sqlite3_api_routines,
+    make_default: Option<bool>,
+) -> Result<(), String> {
+    // An older host's API table is shorter than the one rusqlite's bindings describe: its
+    // version must be known before rusqlite reads the table, from a slot every host has had.
+    // SAFETY: `libversion_number` is among the first slots of every version of the table.
+    let host_version = match unsafe { (*p_api).libversion_number } {
+        // SAFETY: the host's own sqlite3_libversion_number.
+        Some(libversion_number) => unsafe { libversion_number() },
+        None => {
+            return Err("hermes-guard: the host SQLite gave no sqlite3_libversion_number".into())
+        }
+    };
+    check_host_version(host_version)?;
+    // SAFETY: the host is at least as new as the bindings, so the table has every slot read.
+    unsafe { ffi::rusqlite_extension_init2(p_api) }
+        .map_err(|e| format!("hermes-guard: cannot use the host's SQLite API: {e}"))?;
+    install_logger();
+
+    let make_default = match make_default {
+        Some(forced) => forced,
+        None => default_from_env(std::env::var_os(DEFAULT_ENV))?,
+    };
+    let registered = if make_default {
+        vfs::register_as_default()
+    } else {
+        vfs::register()
+    };
+    registered.map_err(|e| e.to_string())?;
+
+    // SAFETY: `db` is the connection loading us, open for this call; the Connection made from it
+    // does not own it and is dropped before we return.
+    let conn = unsafe { Connection::from_handle(db) }.map_err(|e| e.to_string())?;
+    register_functions(&conn).map_err(|e| format!("hermes-guard: {e}"))?;
+    // Every connection opened from now on gets the functions too. The pointer stays valid:
+    // the extension is loaded permanently.
+    // SAFETY: SQLite calls auto-extensions with the entry-point signature `auto_init` has.
+    let rc = unsafe {
+        ffi::sqlite3_auto_extension(Some(std::mem::transmute::<
+            unsafe extern "C" fn(
+                *mut ffi::sqlite3,
+                *mut *mut c_char,
+                *const ffi::sqlite3_api_routines,
+            ) -> c_int,
+            unsafe extern "C" fn(),
+        >(auto_init)))
+    };
+    if rc != ffi::SQLITE_OK {
+        return Err(format!(
+            "hermes-guard: sqlite3_auto_extension returned {rc}"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the environment asks for the guard to be the default VFS.
+fn default_from_env(value: Option<std::ffi::OsString>) -> Result<bool, String> {
+    match value.as_deref().map(|v| v.to_str()) {
+        None => Ok(false),
+        Some(Some("" | "0")) => Ok(false),
+        Some(Some("1")) => Ok(true),
+        Some(other) => Err(format!(
+            "hermes-guard: {DEFAULT_ENV} must be 0 or 1, not {:?}",
+            other.unwrap_or("<not UTF-8>")
+        )),
+    }
+}
+
+/// Registers the SQL functions on each connection opened after the extension was loaded.
+unsafe extern "C" fn auto_init(
+    db: *mut ffi::sqlite3,
+    _pz_err_msg: *mut *mut c_char,
+    _p_api: *const ffi::sqlite3_api_routines,
+) -> c_int {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: `db` is the connection being opened, valid for this call; not owned here.
+        let conn = unsafe { Connection::from_handle(db) }?;
+        register_functions(&conn)
+    }));
+    match outcome {
+        Ok(Ok(())) => {}
+        // Failing here would fail the open of a database that may not even be guarded; the
+        // missing function says "no such function" when it is asked for.
+        Ok(Err(e)) => log::warn!("hermes-guard: SQL functions not registered on a connection: {e}"),
+        Err(_) => log::error!("hermes-guard: internal panic registering the SQL functions"),
+    }
+    ffi::SQLITE_OK
+}
+
+fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
+    // They stat and write files: callable from top-level SQL only, never from a schema's
+    // triggers or views.
+    let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DIRECTONLY;
+    for n_arg in [0, 1] {
+        conn.create_scalar_function(c"hermes_guard_status", n_arg, flags, |ctx| {
+            guard_pragma(ctx, "hermes_guard_status")
+        })?;
+        conn.create_scalar_function(c"hermes_guard_capture", n_arg, flags, |ctx| {
+            guard_pragma(ctx, "hermes_guard_capture")
+        })?;
+    }
+    conn.create_scalar_function(c"hermes_guard_retry_pending", 0, flags, |_| {
+        Ok(vfs::retry_pending_captures() as i64)
+    })?;
+    Ok(())
+}
+
+/// Runs the guard's pragma on the calling connection's schema (argument 0, default `main`).
+fn guard_pragma(ctx: &Context<'_>, pragma: &str) -> rusqlite::Result<String> {
+    let schema: String = if ctx.is_empty() {
+        "main".to_owned()
+    } else {
+        ctx.get(0)?
+    };
+    // SAFETY: the connection running this function, used only for nested queries inside the
+    // call, as SQLite allows.
+    let conn = unsafe { ctx.get_connection() }?;
+    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
+    let reply = conn.query_row(&format!("PRAGMA {quoted}.{pragma}"), [], |r| {
+        r.get::<_, String>(0)
+    });
+    match reply {
+        Ok(json) => Ok(json),
+        Err(rusqlite::Error::QueryReturnedNoRows) => {
+            // An unknown schema fails the PRAGMA itself; this one exists but is not guarded.
+            let file: String = conn
+                .query_row(
+                    "SELECT file FROM pragma_database_list WHERE name = ?1",
+                    [&schema],
+                    |r| r.get(0),
+                )
+                .unwrap_or_default();
+            let file = if file.is_empty() {
+                "in memory or temporary".to_owned()
+            } else {
+                file
+            };
+            Err(user_error(format!(
+                "{pragma}: schema {schema:?} ({file}) is not opened through the hermes-guard VFS; \
+                 open it as file:<path>?vfs=hermes-guard once the extension is loaded"
+            )))
+        }
+        Err(rusqlite::Error::SqliteFailure(_, Some(message))) => {
+            Err(user_error(format!("{pragma}: {message}")))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn user_error(message: String) -> rusqlite::Error {
+    rusqlite::Error::UserFunctionError(message.into())
+}
+
+/// Hands `message` to SQLite as the load error, in memory from the host's allocator.
+///
+/// # Safety
+/// `p_api` is the host's API table; `pz_err_msg` is NULL or writable.
+unsafe fn set_error(
+    p_api: *mut ffi::sqlite3_api_routines,
+    pz_err_msg: *mut *mut c_char,
+    message: &str,
+) {
+    if pz_err_msg.is_null() {
+        return;
+    }
+    // rusqlite's malloc may not be initialised yet (the version check runs first): use the
+    // host's, from a slot every version of the table has.
+    // SAFETY: `p_api` is the host's API table.
+    let Some(malloc) = (unsafe { (*p_api).malloc }) else {
+        return;
+    };
+    let bytes = message.as_bytes();
+    let Ok(size) = c_int::try_from(bytes.len() + 1) else {
+        return;
+    };
+    // SAFETY: the host's sqlite3_malloc; SQLite frees *pzErrMsg with sqlite3_free.
+    let p = unsafe { malloc(size) } as *mut u8;
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: `p` has room for len + 1 bytes and does not overlap `bytes`; `pz_err_msg` is
+    // writable.
+    unsafe {
+        ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
+        *p.add(bytes.len()) = 0;
+        *pz_err_msg = p as *mut c_char;
+    }
+}
+
+/// The shim logs with `log`; in a host process that means SQLite's own error log
+/// (`sqlite3_log`, seen by `SQLITE_CONFIG_LOG`, the shell's `.log`, apsw's log hook), and errors
+/// — a retired generation, a capture that could not be written — on stderr as well, because a
+/// host rarely listens to SQLite's log and those must not pass unseen.
+struct SqliteLog;
+
+impl log::Log for SqliteLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        let message = record.args().to_string();
+        let code = if record.level() == log::Level::Error {
+            let _ = writeln!(std::io::stderr(), "{message}");
+            ffi::SQLITE_ERROR
+        } else {
+            ffi::SQLITE_WARNING
+        };
+        let Ok(text) = CString::new(message.replace('\0', "\\0")) else {
+            return;
+        };
+        // SAFETY: the API table is initialised before the logger is installed; "%s" takes the
+        // one NUL-terminated string passed.
+        unsafe { ffi::sqlite3_log(code, c"%s".as_ptr(), text.as_ptr()) };
+    }
+
+    fn flush(&self) {}
+}
+
+static LOGGER: SqliteLog = SqliteLog;
+
+fn install_logger() {
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_off_unless_asked_for() {
+        assert_eq!(default_from_env(None), Ok(false));
+        assert_eq!(default_from_env(Some("".into())), Ok(false));
+        assert_eq!(default_from_env(Some("0".into())), Ok(false));
+        assert_eq!(default_from_env(Some("1".into())), Ok(true));
+    }
+
+    #[test]
+    fn a_default_setting_that_is_neither_0_nor_1_is_an_error_that_names_the_variable() {
+        let err = default_from_env(Some("yes".into())).unwrap_err();
+        assert!(err.contains("HERMES_GUARD_DEFAULT must be 0 or 1"), "{err}");
+        assert!(err.contains("\"yes\""), "{err}");
+    }
+}
