@@ -629,7 +629,11 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
                 delete = 0;
             }
         }
-        sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete)
+        let rc = sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete);
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (gf.kind, &gf.state, rc) {
+            state.shm_unmapped();
+        }
+        rc
     })
 }
 

@@ -169,6 +169,15 @@ impl DbState {
         }
     }
 
+    /// The shared memory was unmapped (its WAL closed: a close, or a switch out of WAL mode).
+    /// The next mapping is a new generation, pinned afresh; a retired one keeps its pin.
+    pub(crate) fn shm_unmapped(&self) {
+        let mut inner = self.inner.lock();
+        if inner.reason.is_none() {
+            inner.shm_id = None;
+        }
+    }
+
     pub(crate) fn shm_pinned(&self) -> bool {
         self.inner.lock().shm_id.is_some()
     }
