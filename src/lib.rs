@@ -34,7 +34,9 @@ use rusqlite::Connection;
 pub use capture::{CaptureError, Trigger};
 pub use error::GuardError;
 pub use identity::FileId;
+pub use registry::{Registry, RegistryStats, SharedSessionDb};
 pub use status::{ErrorClass, GuardStatus, RetireReason};
+pub use store::{SessionDb, StoreError, StoreOptions};
 pub use vfs::{register, register_as_default, VFS_NAME};
 
 /// The guard's status for the `main` database of `conn`. Runs the retirement check now.

@@ -1,1 +1,486 @@
 //! The shared registry of open SessionDb generations.
+//!
+//! [`Registry::acquire`] lends one shared [`SessionDb`] per *generation* of a path: the main
+//! file's `(dev, ino)` as the lent handle opened it. When the file at the path is replaced (a
+//! snapshot restore, a recovery), that generation is *retired*: the holders keep a valid handle
+//! whose writes fail with [`StoreError::StateDbReplaced`], new callers get a fresh generation, a
+//! retired generation is never lent again, and each generation's final release tears down
+//! exactly that generation — never one that others still hold.
+//!
+//! A lost `-wal`/`-shm` leaves the main file in place, so it does not change the generation:
+//! its holders (old and new) all get [`StoreError::DeletedWalGeneration`] from writes until the
+//! last of them releases it; the next acquire then opens afresh. Lending a fresh connection
+//! earlier would not help: SQLite's unix VFS shares one `-shm` mapping per main-file inode among
+//! all connections of a process, so a new connection opened while the lost one is still open
+//! attaches to the lost mapping and fails its first read.
+//!
+//! A lent handle is a [`SharedSessionDb`]: it derefs to the [`SessionDb`], and releases its
+//! reference when dropped, closed or [released](SharedSessionDb::release). The teardown of a
+//! final release (a PASSIVE checkpoint, then the guarded close) runs outside the registry's lock,
+//! so one database's slow close never stalls acquisition of any other.
+//!
+//! The process-wide registry is [`global`], behind the free functions [`acquire`], [`release`],
+//! [`release_or_close`], [`close_all`] and [`stats`]. A [`Registry`] value is an independent
+//! registry (tests make one each; `with_opener`/`with_teardown` inject the open and teardown
+//! steps, as the Python tests monkeypatch `_open_session_db` and `_teardown`).
+
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use crate::identity::{identity_of_path, FileId};
+use crate::store::{SessionDb, StoreError};
+
+/// How the registry opens a generation.
+pub type Opener = dyn Fn(&Path) -> Result<SessionDb, StoreError> + Send + Sync;
+/// How the registry tears a generation down after its final release.
+pub type Teardown = dyn Fn(&SessionDb) -> Result<(), StoreError> + Send + Sync;
+
+/// How many times an acquire opens the path when it keeps being replaced under the open.
+const OPEN_ATTEMPTS: u32 = 8;
+
+/// What the registry holds now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegistryStats {
+    /// Generations that new acquires are lent (at most one per path).
+    pub live_generations: usize,
+    /// Retired generations still held by someone.
+    pub retired_generations: usize,
+    /// References held, over live and retired generations.
+    pub references: usize,
+    /// Generations whose final teardown could not capture their retired generation: kept open
+    /// so the retired bytes stay recoverable, retried by [`Registry::close_all`].
+    pub unsettled_generations: usize,
+}
+
+/// A registry of shared [`SessionDb`] generations. Cloning gives another handle to the same
+/// registry.
+#[derive(Clone)]
+pub struct Registry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    opener: Arc<Opener>,
+    teardown: Arc<Teardown>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The generation lent for each path.
+    live: HashMap<PathBuf, Generation>,
+    /// Retired generations with holders left, by serial.
+    retired: HashMap<u64, Generation>,
+    /// Torn down but not closed: their retired generation is not captured yet.
+    unsettled: Vec<Arc<SessionDb>>,
+    next_serial: u64,
+}
+
+struct Generation {
+    serial: u64,
+    identity: FileId,
+    db: Arc<SessionDb>,
+    refs: usize,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new()
+    }
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+/// The registry's own teardown of a generation: a PASSIVE checkpoint when it is live, then the
+/// guarded close (which captures a retired generation first and refuses to close without it).
+pub fn default_teardown(db: &SessionDb) -> Result<(), StoreError> {
+    db.close_unshared()
+}
+
+impl Registry {
+    /// An empty registry that opens with [`SessionDb::open`] and tears down with
+    /// [`default_teardown`].
+    pub fn new() -> Registry {
+        Registry::from_hooks(
+            Arc::new(|path: &Path| SessionDb::open(path)),
+            Arc::new(default_teardown),
+        )
+    }
+
+    /// An empty registry like this one but opening generations with `opener`.
+    pub fn with_opener(
+        self,
+        opener: impl Fn(&Path) -> Result<SessionDb, StoreError> + Send + Sync + 'static,
+    ) -> Registry {
+        Registry::from_hooks(Arc::new(opener), self.inner.teardown.clone())
+    }
+
+    /// An empty registry like this one but tearing generations down with `teardown`.
+    pub fn with_teardown(
+        self,
+        teardown: impl Fn(&SessionDb) -> Result<(), StoreError> + Send + Sync + 'static,
+    ) -> Registry {
+        Registry::from_hooks(self.inner.opener.clone(), Arc::new(teardown))
+    }
+
+    fn from_hooks(opener: Arc<Opener>, teardown: Arc<Teardown>) -> Registry {
+        Registry {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                opener,
+                teardown,
+            }),
+        }
+    }
+
+    /// Lends the live generation of `path`, opening one if there is none or if the one there is
+    /// retired (the file at the path was replaced, or a holder saw its generation lost).
+    ///
+    /// Concurrent first acquires end up sharing one generation: each may open, but only one
+    /// open is installed and the others are torn down. If the open fails, the registry keeps no
+    /// entry for the path, and the next acquire opens afresh.
+    pub fn acquire(&self, path: impl AsRef<Path>) -> Result<SharedSessionDb, StoreError> {
+        let path = std::path::absolute(path.as_ref()).map_err(|source| StoreError::Io {
+            database: path.as_ref().to_path_buf(),
+            operation: "making the path absolute",
+            source,
+        })?;
+        for _ in 0..OPEN_ATTEMPTS {
+            if let Some(handle) = self.lend_live(&mut self.inner.state.lock(), &path)? {
+                return Ok(handle);
+            }
+            // Opening can be slow (schema migration, a busy database): not under the lock.
+            let db = Arc::new((self.inner.opener)(&path)?);
+            let mut state = self.inner.state.lock();
+            if let Some(handle) = self.lend_live(&mut state, &path)? {
+                drop(state);
+                log::debug!("{}: lost the open race; closing ours", path.display());
+                self.teardown_loser(&db);
+                return Ok(handle);
+            }
+            let current = self.identity(&path)?;
+            match db.generation() {
+                Some(identity) if Some(identity) == current => {
+                    let serial = state.next_serial;
+                    state.next_serial += 1;
+                    db.mark_shared();
+                    state.live.insert(
+                        path.clone(),
+                        Generation {
+                            serial,
+                            identity,
+                            db: db.clone(),
+                            refs: 1,
+                        },
+                    );
+                    return Ok(SharedSessionDb {
+                        registry: self.inner.clone(),
+                        path,
+                        serial,
+                        identity,
+                        db,
+                        released: false,
+                    });
+                }
+                _ => {
+                    drop(state);
+                    log::debug!("{}: replaced while opening; opening again", path.display());
+                    self.teardown_loser(&db);
+                }
+            }
+        }
+        Err(StoreError::Unstable {
+            database: path,
+            attempts: OPEN_ATTEMPTS,
+        })
+    }
+
+    /// With the lock held: lends the live generation of `path` if it is still the file at the
+    /// path and not retired; otherwise retires it (its holders keep it) and returns `None`.
+    fn lend_live(
+        &self,
+        state: &mut State,
+        path: &Path,
+    ) -> Result<Option<SharedSessionDb>, StoreError> {
+        let Entry::Occupied(mut entry) = state.live.entry(path.to_path_buf()) else {
+            return Ok(None);
+        };
+        let current = self.identity(path)?;
+        let generation = entry.get_mut();
+        if current == Some(generation.identity) {
+            generation.refs += 1;
+            return Ok(Some(SharedSessionDb {
+                registry: self.inner.clone(),
+                path: path.to_path_buf(),
+                serial: generation.serial,
+                identity: generation.identity,
+                db: generation.db.clone(),
+                released: false,
+            }));
+        }
+        let generation = entry.remove();
+        log::info!(
+            "{}: retiring the shared generation {} ({} holder(s) keep it): {}",
+            path.display(),
+            generation.identity,
+            generation.refs,
+            match current {
+                Some(now) => format!("the path now holds {now}"),
+                None => "the file is gone".to_owned(),
+            }
+        );
+        state.retired.insert(generation.serial, generation);
+        Ok(None)
+    }
+
+    fn identity(&self, path: &Path) -> Result<Option<FileId>, StoreError> {
+        identity_of_path(path).map_err(|source| StoreError::Io {
+            database: path.to_path_buf(),
+            operation: "stat",
+            source,
+        })
+    }
+
+    fn teardown_loser(&self, db: &Arc<SessionDb>) {
+        if let Err(e) = (self.inner.teardown)(db) {
+            log_teardown_error(&e);
+        }
+    }
+
+    /// Closes every generation, live and retired, including those whose teardown could not
+    /// capture before. For process shutdown: holders of handles still out get
+    /// [`StoreError::Closed`] from them afterwards. Returns how many generations are still
+    /// unsettled (their capture failed again; each was logged at ERROR and is kept open).
+    pub fn close_all(&self) -> usize {
+        let dbs: Vec<Arc<SessionDb>> = {
+            let mut state = self.inner.state.lock();
+            let live = state.live.drain().map(|(_, g)| g.db);
+            let mut dbs: Vec<_> = live.collect();
+            dbs.extend(state.retired.drain().map(|(_, g)| g.db));
+            dbs.append(&mut state.unsettled);
+            dbs
+        };
+        for db in dbs {
+            self.inner.settle(db);
+        }
+        self.inner.state.lock().unsettled.len()
+    }
+
+    /// What the registry holds now.
+    pub fn stats(&self) -> RegistryStats {
+        let state = self.inner.state.lock();
+        RegistryStats {
+            live_generations: state.live.len(),
+            retired_generations: state.retired.len(),
+            references: state
+                .live
+                .values()
+                .chain(state.retired.values())
+                .map(|g| g.refs)
+                .sum(),
+            unsettled_generations: state.unsettled.len(),
+        }
+    }
+
+    /// The identity of the generation lent for `path` now, if any.
+    pub fn live_generation(&self, path: impl AsRef<Path>) -> Option<FileId> {
+        let path = std::path::absolute(path.as_ref()).ok()?;
+        self.inner.state.lock().live.get(&path).map(|g| g.identity)
+    }
+}
+
+impl Inner {
+    /// Drops one reference of generation `serial`; the database to tear down if it was the last.
+    /// `None` when the registry no longer has the generation (after `close_all`).
+    fn release_ref(&self, path: &Path, serial: u64) -> Option<Option<Arc<SessionDb>>> {
+        let mut state = self.state.lock();
+        let state = &mut *state;
+        let (generation, live) = match state.live.get_mut(path) {
+            Some(g) if g.serial == serial => (g, true),
+            _ => (state.retired.get_mut(&serial)?, false),
+        };
+        generation.refs -= 1;
+        if generation.refs > 0 {
+            return Some(None);
+        }
+        let generation = if live {
+            state.live.remove(path)
+        } else {
+            state.retired.remove(&serial)
+        };
+        Some(generation.map(|g| g.db))
+    }
+
+    /// Tears `db` down; on a capture failure keeps it, open, among the unsettled.
+    fn teardown(&self, db: Arc<SessionDb>) -> Result<(), StoreError> {
+        let result = (self.teardown)(&db);
+        if let Err(StoreError::RetiredGenerationCapture { .. }) = &result {
+            self.state.lock().unsettled.push(db);
+        }
+        result
+    }
+
+    fn settle(&self, db: Arc<SessionDb>) {
+        if let Err(e) = self.teardown(db) {
+            log_teardown_error(&e);
+        }
+    }
+}
+
+fn log_teardown_error(e: &StoreError) {
+    match e {
+        StoreError::RetiredGenerationCapture { .. } => log::error!("{e}"),
+        _ => log::debug!("closing a shared session store: {e}"),
+    }
+}
+
+/// One reference to a generation lent by a [`Registry`]. Derefs to the [`SessionDb`]; dropping
+/// it, [closing](SharedSessionDb::close) it or [releasing](SharedSessionDb::release) it gives
+/// back exactly this reference, and the last one tears the generation down.
+pub struct SharedSessionDb {
+    registry: Arc<Inner>,
+    path: PathBuf,
+    serial: u64,
+    identity: FileId,
+    db: Arc<SessionDb>,
+    released: bool,
+}
+
+impl fmt::Debug for SharedSessionDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedSessionDb")
+            .field("path", &self.path)
+            .field("generation", &self.identity)
+            .field("serial", &self.serial)
+            .finish()
+    }
+}
+
+impl Deref for SharedSessionDb {
+    type Target = SessionDb;
+
+    fn deref(&self) -> &SessionDb {
+        &self.db
+    }
+}
+
+impl SharedSessionDb {
+    /// The generation this handle belongs to: the main file's identity when it was opened.
+    pub fn generation(&self) -> FileId {
+        self.identity
+    }
+
+    /// Whether both handles share one `SessionDb` (one generation).
+    pub fn same_generation(&self, other: &SharedSessionDb) -> bool {
+        Arc::ptr_eq(&self.db, &other.db)
+    }
+
+    /// Releases this reference; the last one tears the generation down (outside the registry's
+    /// lock). True when the registry still had the generation (false after `close_all`). A
+    /// teardown error is logged: a capture failure at ERROR (the generation is then kept open
+    /// and retried by `close_all`), anything else at DEBUG.
+    pub fn release(mut self) -> bool {
+        match self.release_inner() {
+            (found, Err(e)) => {
+                log_teardown_error(&e);
+                found
+            }
+            (found, Ok(())) => found,
+        }
+    }
+
+    /// Releases this reference, like [`release`](SharedSessionDb::release), but returns the
+    /// teardown's error when this was the last reference: notably
+    /// [`StoreError::RetiredGenerationCapture`], after which the registry keeps the generation
+    /// open and [`Registry::close_all`] retries. Never closes what other holders still use.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        self.release_inner().1
+    }
+
+    fn release_inner(&mut self) -> (bool, Result<(), StoreError>) {
+        if std::mem::replace(&mut self.released, true) {
+            return (false, Ok(()));
+        }
+        match self.registry.release_ref(&self.path, self.serial) {
+            None => (false, Ok(())),
+            Some(None) => (true, Ok(())),
+            Some(Some(db)) => (true, self.registry.teardown(db)),
+        }
+    }
+}
+
+impl Drop for SharedSessionDb {
+    fn drop(&mut self) {
+        if let (_, Err(e)) = self.release_inner() {
+            log_teardown_error(&e);
+        }
+    }
+}
+
+/// Whatever a caller holds that should be given back without failing: a lent handle is
+/// released, a `SessionDb` of its own is closed.
+pub trait ReleaseOrClose {
+    /// Gives it back; never fails. A capture failure is logged at ERROR, other errors at DEBUG.
+    fn release_or_close(self);
+}
+
+impl ReleaseOrClose for SharedSessionDb {
+    fn release_or_close(self) {
+        if let Err(e) = self.close() {
+            log_teardown_error(&e);
+        }
+    }
+}
+
+impl ReleaseOrClose for &SessionDb {
+    fn release_or_close(self) {
+        if let Err(e) = self.close() {
+            log_teardown_error(&e);
+        }
+    }
+}
+
+/// The process-wide registry.
+pub fn global() -> &'static Registry {
+    static GLOBAL: OnceLock<Registry> = OnceLock::new();
+    GLOBAL.get_or_init(Registry::new)
+}
+
+/// [`Registry::acquire`] on the [`global`] registry.
+pub fn acquire(path: impl AsRef<Path>) -> Result<SharedSessionDb, StoreError> {
+    global().acquire(path)
+}
+
+/// Releases `handle`'s reference (see [`SharedSessionDb::release`]).
+pub fn release(handle: SharedSessionDb) -> bool {
+    handle.release()
+}
+
+/// Gives back a lent handle or closes an own `SessionDb`, never failing: for shutdown paths.
+/// A capture failure is logged at ERROR (and the handle stays open for a retry), other errors at
+/// DEBUG.
+pub fn release_or_close(db: impl ReleaseOrClose) {
+    db.release_or_close();
+}
+
+/// [`Registry::close_all`] on the [`global`] registry.
+pub fn close_all() -> usize {
+    global().close_all()
+}
+
+/// [`Registry::stats`] on the [`global`] registry.
+pub fn stats() -> RegistryStats {
+    global().stats()
+}

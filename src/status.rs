@@ -65,17 +65,86 @@ pub enum ErrorClass {
 
 impl ErrorClass {
     /// Classifies from the error and, when known, the connection's retirement reason.
+    ///
+    /// A refusal is `SQLITE_READONLY_DBMOVED`. A retired connection can also fail before the
+    /// guard is asked — e.g. a second connection in the same process attaches to the unix VFS's
+    /// shared mapping of an unlinked `-shm` and gets `SQLITE_IOERR_SHORT_READ` — so file-level
+    /// failures on a connection known to be retired are classified by its reason too.
     pub fn from_parts(err: &rusqlite::Error, reason: Option<RetireReason>) -> ErrorClass {
-        let moved = matches!(
-            err.sqlite_error(),
-            Some(e) if e.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED
+        use rusqlite::ffi;
+        let Some(e) = err.sqlite_error() else {
+            return ErrorClass::Other;
+        };
+        let refused = e.extended_code == ffi::SQLITE_READONLY_DBMOVED;
+        let file_level = matches!(
+            e.extended_code & 0xff,
+            ffi::SQLITE_IOERR
+                | ffi::SQLITE_CORRUPT
+                | ffi::SQLITE_NOTADB
+                | ffi::SQLITE_PROTOCOL
+                | ffi::SQLITE_CANTOPEN
+                | ffi::SQLITE_READONLY
         );
-        match (moved, reason) {
-            (false, _) => ErrorClass::Other,
-            (true, Some(RetireReason::WalLost | RetireReason::ShmLost)) => {
+        match reason {
+            Some(RetireReason::WalLost | RetireReason::ShmLost) if refused || file_level => {
                 ErrorClass::WalGenerationLost
             }
-            (true, _) => ErrorClass::DatabaseReplaced,
+            Some(RetireReason::MainReplaced) if refused || file_level => {
+                ErrorClass::DatabaseReplaced
+            }
+            None if refused => ErrorClass::DatabaseReplaced,
+            _ => ErrorClass::Other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sqlite_error(extended: i32) -> rusqlite::Error {
+        rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(extended), None)
+    }
+
+    #[test]
+    fn a_refusal_is_classified_by_the_retirement_reason() {
+        let refused = sqlite_error(rusqlite::ffi::SQLITE_READONLY_DBMOVED);
+        assert_eq!(
+            ErrorClass::from_parts(&refused, Some(RetireReason::WalLost)),
+            ErrorClass::WalGenerationLost
+        );
+        assert_eq!(
+            ErrorClass::from_parts(&refused, Some(RetireReason::ShmLost)),
+            ErrorClass::WalGenerationLost
+        );
+        assert_eq!(
+            ErrorClass::from_parts(&refused, Some(RetireReason::MainReplaced)),
+            ErrorClass::DatabaseReplaced
+        );
+    }
+
+    #[test]
+    fn sqlites_own_dbmoved_without_a_guard_reason_means_replaced() {
+        let refused = sqlite_error(rusqlite::ffi::SQLITE_READONLY_DBMOVED);
+        assert_eq!(ErrorClass::from_parts(&refused, None), ErrorClass::DatabaseReplaced);
+    }
+
+    #[test]
+    fn a_file_level_failure_counts_only_on_a_retired_connection() {
+        let short_read = sqlite_error(rusqlite::ffi::SQLITE_IOERR_SHORT_READ);
+        assert_eq!(ErrorClass::from_parts(&short_read, None), ErrorClass::Other);
+        assert_eq!(
+            ErrorClass::from_parts(&short_read, Some(RetireReason::ShmLost)),
+            ErrorClass::WalGenerationLost
+        );
+    }
+
+    #[test]
+    fn constraint_errors_are_other_even_when_retired() {
+        let constraint = sqlite_error(rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE);
+        assert_eq!(
+            ErrorClass::from_parts(&constraint, Some(RetireReason::WalLost)),
+            ErrorClass::Other
+        );
     }
 }
