@@ -640,17 +640,10 @@ impl SessionDb {
         let Ok(status) = crate::status(conn) else {
             return self.sqlite_error(operation, err);
         };
+        // Classifies a refusal, and an I/O-level failure of a connection whose generation is gone
+        // (e.g. a read through a -shm mapping that was unlinked), by the retirement reason.
         match (ErrorClass::from_parts(&err, status.reason), status.reason) {
             (ErrorClass::WalGenerationLost | ErrorClass::DatabaseReplaced, Some(reason)) => {
-                self.retired_error(reason, status.capture, status.capture_error)
-            }
-            // Not a refusal, but an I/O-level failure of a connection whose generation is gone
-            // (e.g. a read through a -shm mapping that was unlinked): the same remedy applies.
-            (_, Some(reason)) if is_io_level(&err) => {
-                log::debug!(
-                    "{}: {operation} failed on a retired generation: {err}",
-                    self.path.display()
-                );
                 self.retired_error(reason, status.capture, status.capture_error)
             }
             _ => self.sqlite_error(operation, err),
@@ -783,22 +776,6 @@ fn passive_checkpoint(conn: &Connection, path: &Path) -> Option<Checkpoint> {
             None
         }
     }
-}
-
-/// Failures of the file layer rather than of the SQL.
-fn is_io_level(err: &rusqlite::Error) -> bool {
-    use rusqlite::ErrorCode as C;
-    matches!(
-        err.sqlite_error_code(),
-        Some(
-            C::SystemIoFailure
-                | C::DatabaseCorrupt
-                | C::NotADatabase
-                | C::FileLockingProtocolFailed
-                | C::CannotOpen
-                | C::ReadOnly
-        )
-    )
 }
 
 fn is_busy(err: &rusqlite::Error) -> bool {
