@@ -66,33 +66,17 @@ pub fn run(args: DemoArgs) -> Result<()> {
     let guard = scenario(&root.join("guard"), Vfs::Guard, &args)?;
 
     let row = |label: &str, a: String, b: String| println!("{label:<36}{a:>22}  {b:<}");
+    let each =
+        |label: &str, field: fn(&Outcome) -> String| row(label, field(&stock), field(&guard));
     row("", "stock unix VFS".into(), "hermes-guard".into());
-    row(
-        "rows committed (acknowledged)",
-        stock.committed.to_string(),
-        guard.committed.to_string(),
-    );
-    row(
-        "rows in the live database",
-        stock.live.to_string(),
-        guard.live.to_string(),
-    );
-    row(
-        "rows recoverable from the capture",
-        stock.captured_only.to_string(),
-        guard.captured_only.to_string(),
-    );
-    row("rows lost", stock.lost.to_string(), guard.lost.to_string());
-    row(
-        "PRAGMA integrity_check",
-        stock.integrity.clone(),
-        guard.integrity.clone(),
-    );
-    row(
-        "the write after the loss",
-        stock.write.clone(),
-        guard.write.clone(),
-    );
+    each("rows committed (acknowledged)", |o| o.committed.to_string());
+    each("rows in the live database", |o| o.live.to_string());
+    each("rows recoverable from the capture", |o| {
+        o.captured_only.to_string()
+    });
+    each("rows lost", |o| o.lost.to_string());
+    each("PRAGMA integrity_check", |o| o.integrity.clone());
+    each("the write after the loss", |o| o.write.clone());
     row(
         "capture",
         "-".into(),
