@@ -12,13 +12,12 @@ use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use rusqlite::DbConfig;
+use rusqlite::config::DbConfig;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::workloads::{self, fill_wal, sidecar, BenchError, Context, Vfs};
+use super::workloads::{self, fill_wal, sidecar, BenchError, Context, Stopwatch, Timed, Vfs};
 
 const LOST: &str = ".bench-lost";
 
@@ -54,6 +53,8 @@ pub fn build(dir: &Path, main_bytes: u64, wal_bytes: u64) -> Result<PathBuf, Ben
 pub struct Report {
     /// Time of the refused write, which captured.
     pub elapsed_ns: u64,
+    /// CPU time of the refused write, when known.
+    pub cpu_ns: Option<u64>,
     /// WAL and main-image bytes the capture copied (from its manifest).
     pub bytes: u64,
     /// Resident set just before the write, KiB.
@@ -67,8 +68,10 @@ pub struct Report {
     pub artifact: PathBuf,
 }
 
-/// One capture, in a child process; the sidecars are back in place when this returns.
-pub fn measure(exe: &Path, db: &Path) -> Result<Report, BenchError> {
+/// One capture, in a child process; the sidecars are back in place when this returns, and the
+/// artifact is left for the caller to remove once the round is over.
+pub fn measure(exe: &Path, dir: &Path, db: &Path) -> Result<Report, BenchError> {
+    workloads::settle(dir)?;
     let output = Command::new(exe)
         .args(["bench-child", "--role", "capture", "--vfs", "guard", "--db"])
         .arg(db)
@@ -90,7 +93,6 @@ pub fn measure(exe: &Path, db: &Path) -> Result<Report, BenchError> {
             String::from_utf8_lossy(&output.stdout)
         ))
     })?;
-    fs::remove_dir_all(&report.artifact).ctx("removing the artifact", &report.artifact)?;
     Ok(report)
 }
 
@@ -106,10 +108,11 @@ fn restore_sidecars(db: &Path) -> Result<(), BenchError> {
 }
 
 /// The floor: a plain copy of the WAL and the main file, synced as the capture syncs its own,
-/// then the sha256 of the copied bytes. Returns the bytes and the time.
-pub fn floor(dir: &Path, db: &Path) -> Result<(u64, Duration), BenchError> {
+/// then the sha256 of the copied bytes. Counted in bytes. The copies stay until the returned
+/// directory is dropped.
+pub fn floor(dir: &Path, db: &Path) -> Result<(Timed, tempfile::TempDir), BenchError> {
     let scratch = workloads::scratch(dir)?;
-    let start = Instant::now();
+    let clock = Stopwatch::start();
     let mut bytes = 0;
     let mut copies = Vec::new();
     for source in [sidecar(db, "-wal"), db.to_path_buf()] {
@@ -137,7 +140,7 @@ pub fn floor(dir: &Path, db: &Path) -> Result<(u64, Duration), BenchError> {
         }
         std::hint::black_box(hash.finalize());
     }
-    Ok((bytes, start.elapsed()))
+    Ok((clock.stop(bytes as f64), scratch))
 }
 
 /// The child's side: open, lose the sidecars, write once, report.
@@ -162,14 +165,15 @@ pub fn child(db: &Path) -> Result<(), BenchError> {
 
     let hwm_reset = fs::write("/proc/self/clear_refs", "5").is_ok();
     let baseline_kib = proc_status_kib(if hwm_reset { "VmRSS" } else { "VmHWM" })?;
-    let start = Instant::now();
+    let clock = Stopwatch::start();
     let write = conn.execute("INSERT INTO pages (body) VALUES (zeroblob(10))", []);
-    let elapsed = start.elapsed();
+    let timed = clock.stop(1.0);
     let peak_kib = proc_status_kib("VmHWM")?;
 
     match &write {
-        Err(e) if e.sqlite_error().map(|e| e.extended_code)
-            == Some(rusqlite::ffi::SQLITE_READONLY_DBMOVED) => {}
+        Err(e)
+            if e.sqlite_error().map(|e| e.extended_code)
+                == Some(rusqlite::ffi::SQLITE_READONLY_DBMOVED) => {}
         other => {
             return Err(BenchError::Invalid(format!(
                 "the write after the loss of {}'s sidecars should be refused with \
@@ -188,17 +192,17 @@ pub fn child(db: &Path) -> Result<(), BenchError> {
         ))
     })?;
     let manifest_path = artifact.join(hermes_guard::capture::MANIFEST_NAME);
-    let manifest: serde_json::Value = serde_json::from_slice(
-        &fs::read(&manifest_path).ctx("reading", &manifest_path)?,
-    )
-    .map_err(|e| BenchError::Invalid(format!("{}: {e}", manifest_path.display())))?;
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&fs::read(&manifest_path).ctx("reading", &manifest_path)?)
+            .map_err(|e| BenchError::Invalid(format!("{}: {e}", manifest_path.display())))?;
     let bytes = manifest["wal"]["bytes"].as_u64().unwrap_or(0)
         + manifest["main"]["bytes"].as_u64().unwrap_or(0);
     hermes_guard::close(conn)
         .map_err(|(_, e)| BenchError::Invalid(format!("closing {}: {e}", db.display())))?;
 
     let report = Report {
-        elapsed_ns: elapsed.as_nanos() as u64,
+        elapsed_ns: timed.elapsed.as_nanos() as u64,
+        cpu_ns: timed.cpu.map(|cpu| cpu.as_nanos() as u64),
         bytes,
         baseline_kib,
         peak_kib,

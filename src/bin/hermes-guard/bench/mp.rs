@@ -1,17 +1,18 @@
 //! MP: two processes writing the same database, each through the VFS under test.
 //!
-//! Both children open the database, prepare their statement and say `ready`; the parent starts
-//! the clock when it tells both `go` and stops it when the second reports `done`, so process
-//! start-up and opening stay out of the measurement.
+//! A session is two writer children on a fresh database. Each opens it, prepares its statement
+//! and says `ready`; then, for every chunk, the parent tells both `go N` and times until both
+//! report `done`, so process start-up and opening stay out of the measurement, and a round can
+//! alternate chunks between a stock pair and a guard pair like the in-process workloads do.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rusqlite::params;
 
-use super::workloads::{self, payload, BenchError, Context, Timed, Vfs, TABLE};
+use super::workloads::{self, payload, BenchError, Context, Session, Timed, Vfs, TABLE};
 
 /// How long a writer backs off when the other holds the WAL write lock. SQLite's default busy
 /// handler sleeps 1, 2, 5, 10... ms, which would make the measurement about sleep granularity
@@ -20,50 +21,78 @@ const BACKOFF: Duration = Duration::from_micros(50);
 /// About 30 s of back-off before a writer gives up with SQLITE_BUSY.
 const MAX_BUSY_RETRIES: i32 = 600_000;
 
-/// The parent's side: one measurement of `vfs`, `ops` one-row transactions per child.
-pub fn measure(exe: &Path, dir: &Path, vfs: Vfs, ops: u64) -> Result<Timed, BenchError> {
-    let scratch = workloads::scratch(dir)?;
-    let db = scratch.path().join("mp.db");
-    {
-        // The schema exists before either child starts, so neither races to create it.
-        let conn = workloads::open(Vfs::Stock, &db)?;
-        conn.execute_batch(TABLE).ctx("creating the table", &db)?;
-        conn.close().map_err(|(_, e)| e).ctx("closing", &db)?;
+/// Two writer children on a fresh database; an operation is one transaction of either.
+pub struct Writers {
+    children: Vec<Writer>,
+    db: PathBuf,
+    committed: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Writers {
+    /// Starts both writers on a fresh database under `dir`, through `vfs`.
+    pub fn open(exe: &Path, dir: &Path, vfs: Vfs) -> Result<Box<dyn Session>, BenchError> {
+        let scratch = workloads::scratch(dir)?;
+        let db = scratch.path().join("mp.db");
+        {
+            // The schema exists before either child starts, so neither races to create it.
+            let conn = workloads::open(Vfs::Stock, &db)?;
+            conn.execute_batch(TABLE).ctx("creating the table", &db)?;
+            conn.close().map_err(|(_, e)| e).ctx("closing", &db)?;
+        }
+        let mut children = vec![Writer::spawn(exe, &db, vfs)?, Writer::spawn(exe, &db, vfs)?];
+        for child in &mut children {
+            child.read_line("ready")?;
+        }
+        Ok(Box::new(Writers {
+            children,
+            db,
+            committed: 0,
+            _dir: scratch,
+        }))
     }
-    let mut children = [
-        Writer::spawn(exe, &db, vfs, ops)?,
-        Writer::spawn(exe, &db, vfs, ops)?,
-    ];
-    for child in &mut children {
-        child.expect_line("ready")?;
-    }
-    let start = Instant::now();
-    for child in &mut children {
-        child.send("go")?;
-    }
-    for child in &mut children {
-        child.expect_line("done")?;
-    }
-    let elapsed = start.elapsed();
-    for child in children {
-        child.wait()?;
+}
+
+impl Session for Writers {
+    /// `ops` transactions in all, half from each writer, at once.
+    fn run(&mut self, ops: u64) -> Result<Timed, BenchError> {
+        let each = ops.div_ceil(2);
+        let start = Instant::now();
+        for child in &mut self.children {
+            child.send(&format!("go {each}"))?;
+        }
+        let mut cpu = Some(Duration::ZERO);
+        for child in &mut self.children {
+            let spent = child.expect_done()?;
+            cpu = cpu.zip(spent).map(|(a, b)| a + b);
+        }
+        let elapsed = start.elapsed();
+        self.committed += 2 * each;
+        Ok(Timed {
+            ops: (2 * each) as f64,
+            elapsed,
+            cpu,
+        })
     }
 
-    let conn = workloads::open(Vfs::Stock, &db)?;
-    let rows: u64 = conn
-        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
-        .ctx("counting the rows", &db)?;
-    conn.close().map_err(|(_, e)| e).ctx("closing", &db)?;
-    if rows != 2 * ops {
-        return Err(BenchError::Invalid(format!(
-            "{} holds {rows} rows after two writers committed {ops} each",
-            db.display()
-        )));
+    fn finish(self: Box<Self>) -> Result<(), BenchError> {
+        for child in self.children {
+            child.wait()?;
+        }
+        let conn = workloads::open(Vfs::Stock, &self.db)?;
+        let rows: i64 = conn
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .ctx("counting the rows", &self.db)?;
+        conn.close().map_err(|(_, e)| e).ctx("closing", &self.db)?;
+        if rows != self.committed as i64 {
+            return Err(BenchError::Invalid(format!(
+                "{} holds {rows} rows after the two writers committed {}",
+                self.db.display(),
+                self.committed
+            )));
+        }
+        Ok(())
     }
-    Ok(Timed {
-        ops: (2 * ops) as f64,
-        elapsed,
-    })
 }
 
 struct Writer {
@@ -73,11 +102,9 @@ struct Writer {
 }
 
 impl Writer {
-    fn spawn(exe: &Path, db: &Path, vfs: Vfs, ops: u64) -> Result<Writer, BenchError> {
+    fn spawn(exe: &Path, db: &Path, vfs: Vfs) -> Result<Writer, BenchError> {
         let mut child = Command::new(exe)
             .args(["bench-child", "--role", "mp-writer", "--vfs", vfs.arg()])
-            .arg("--ops")
-            .arg(ops.to_string())
             .arg("--db")
             .arg(db)
             .stdin(Stdio::piped())
@@ -99,18 +126,28 @@ impl Writer {
             .map_err(|e| BenchError::Invalid(format!("telling a writer child {line:?}: {e}")))
     }
 
-    fn expect_line(&mut self, want: &str) -> Result<(), BenchError> {
+    fn read_line(&mut self, want: &str) -> Result<String, BenchError> {
         let mut line = String::new();
         self.stdout
             .read_line(&mut line)
             .map_err(|e| BenchError::Invalid(format!("reading a writer child: {e}")))?;
-        if line.trim() != want {
+        if line.split_whitespace().next() != Some(want) {
             return Err(BenchError::Invalid(format!(
                 "a writer child said {:?} where {want:?} was expected (its stderr is above)",
                 line.trim()
             )));
         }
-        Ok(())
+        Ok(line)
+    }
+
+    /// `done <cpu ns>`: the child's CPU time over its transactions, when it could tell.
+    fn expect_done(&mut self) -> Result<Option<Duration>, BenchError> {
+        let line = self.read_line("done")?;
+        Ok(line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|ns| ns.parse().ok())
+            .map(Duration::from_nanos))
     }
 
     fn wait(mut self) -> Result<(), BenchError> {
@@ -128,8 +165,9 @@ impl Writer {
     }
 }
 
-/// The child's side: `ops` one-row transactions on `db` through `vfs`, on cue.
-pub fn writer_child(db: &Path, vfs: Vfs, ops: u64) -> Result<(), BenchError> {
+/// The child's side: on each `go N` from the parent, `N` one-row transactions on `db` through
+/// `vfs`, then `done <cpu ns>`; at the end of its input, close and exit.
+pub fn writer_child(db: &Path, vfs: Vfs) -> Result<(), BenchError> {
     let mut conn = workloads::open(vfs, db)?;
     conn.pragma_update(None, "synchronous", "NORMAL")
         .ctx("setting synchronous", db)?;
@@ -138,10 +176,8 @@ pub fn writer_child(db: &Path, vfs: Vfs, ops: u64) -> Result<(), BenchError> {
         attempt < MAX_BUSY_RETRIES
     }))
     .ctx("setting the busy handler", db)?;
-    let mut insert = conn
-        .prepare("INSERT INTO t (k, payload) VALUES (?1, ?2)")
-        .ctx("preparing the insert", db)?;
     let pid = u64::from(std::process::id());
+    let mut next = 0u64;
     let mut out = std::io::stdout().lock();
     let say = |out: &mut std::io::StdoutLock<'_>, line: &str| {
         writeln!(out, "{line}")
@@ -149,23 +185,29 @@ pub fn writer_child(db: &Path, vfs: Vfs, ops: u64) -> Result<(), BenchError> {
             .map_err(|e| BenchError::Invalid(format!("writing to the parent: {e}")))
     };
     say(&mut out, "ready")?;
-    let mut cue = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut cue)
-        .map_err(|e| BenchError::Invalid(format!("waiting for the parent's cue: {e}")))?;
-    if cue.trim() != "go" {
-        return Err(BenchError::Invalid(format!(
-            "expected \"go\" from the parent, got {:?}",
-            cue.trim()
-        )));
+    for cue in std::io::stdin().lock().lines() {
+        let cue = cue.map_err(|e| BenchError::Invalid(format!("reading the parent's cue: {e}")))?;
+        let ops: u64 = cue
+            .strip_prefix("go ")
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| {
+                BenchError::Invalid(format!("expected \"go N\" from the parent, got {cue:?}"))
+            })?;
+        let mut insert = conn
+            .prepare_cached("INSERT INTO t (k, payload) VALUES (?1, ?2)")
+            .ctx("preparing the insert", db)?;
+        let clock = workloads::Stopwatch::start();
+        for _ in 0..ops {
+            insert
+                .execute(params![(pid << 32 | next) as i64, payload(next)])
+                .ctx("inserting", db)?;
+            next += 1;
+        }
+        let timed = clock.stop(ops as f64);
+        match timed.cpu {
+            Some(cpu) => say(&mut out, &format!("done {}", cpu.as_nanos()))?,
+            None => say(&mut out, "done")?,
+        }
     }
-    for i in 0..ops {
-        insert
-            .execute(params![(pid << 32 | i) as i64, payload(i)])
-            .ctx("inserting", db)?;
-    }
-    drop(insert);
-    say(&mut out, "done")?;
     conn.close().map_err(|(_, e)| e).ctx("closing", db)
 }

@@ -101,13 +101,76 @@ pub struct Timed {
     pub ops: f64,
     /// Wall-clock time of the timed section only.
     pub elapsed: Duration,
+    /// Time the measuring thread spent on a CPU during it (user and kernel, not waiting for a
+    /// CPU or a disk); `None` where `/proc/thread-self/schedstat` is missing.
+    pub cpu: Option<Duration>,
 }
 
 impl Timed {
-    /// Operations per second.
+    /// Operations per second of wall-clock time.
     pub fn rate(&self) -> f64 {
         self.ops / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// Both sections together.
+    pub fn plus(self, other: Timed) -> Timed {
+        Timed {
+            ops: self.ops + other.ops,
+            elapsed: self.elapsed + other.elapsed,
+            cpu: self.cpu.zip(other.cpu).map(|(a, b)| a + b),
+        }
+    }
+
+    /// Nothing yet.
+    pub fn zero() -> Timed {
+        Timed {
+            ops: 0.0,
+            elapsed: Duration::ZERO,
+            cpu: Some(Duration::ZERO),
+        }
+    }
+
+    /// Operations per second of CPU time; NaN when unknown.
+    pub fn cpu_rate(&self) -> f64 {
+        self.cpu
+            .map_or(f64::NAN, |cpu| self.ops / cpu.as_secs_f64().max(1e-9))
+    }
+}
+
+/// Times a section by the wall clock and by the thread's own CPU time.
+pub struct Stopwatch {
+    wall: Instant,
+    cpu: Option<u64>,
+}
+
+impl Stopwatch {
+    /// Starts both clocks.
+    pub fn start() -> Stopwatch {
+        let cpu = thread_cpu_ns();
+        Stopwatch {
+            wall: Instant::now(),
+            cpu,
+        }
+    }
+
+    /// Stops both clocks; `ops` operations were done.
+    pub fn stop(&self, ops: f64) -> Timed {
+        let elapsed = self.wall.elapsed();
+        let cpu = match (self.cpu, thread_cpu_ns()) {
+            (Some(start), Some(end)) => Some(Duration::from_nanos(end.saturating_sub(start))),
+            _ => None,
+        };
+        Timed { ops, elapsed, cpu }
+    }
+}
+
+/// Nanoseconds this thread has spent on a CPU, from the scheduler's own accounting. The kernel
+/// brings a running task's count up to date only at scheduler events, so yield first: that is
+/// one, and it makes the figure exact to the call.
+pub fn thread_cpu_ns() -> Option<u64> {
+    std::thread::yield_now();
+    let stat = fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
 }
 
 /// `PRAGMA synchronous` of the write workloads.
@@ -154,7 +217,9 @@ const INSERT: &str = "INSERT INTO t (k, payload) VALUES (?1, ?2)";
 
 /// A row's text: fixed length, so every round writes the same bytes.
 pub fn payload(i: u64) -> String {
-    format!("{i:>12} the quick brown fox jumps over the lazy dog; message body of a typical turn ..")
+    format!(
+        "{i:>12} the quick brown fox jumps over the lazy dog; message body of a typical turn .."
+    )
 }
 
 /// Opens `path` through `vfs` in WAL mode, as an application would.
@@ -178,76 +243,105 @@ pub fn open(vfs: Vfs, path: &Path) -> Result<Connection, BenchError> {
     Ok(conn)
 }
 
-/// A fresh directory for one measurement, removed when dropped.
+/// A fresh directory for one measurement, removed when dropped. The file system is settled
+/// first, so no measurement pays for the write-back (and discards) of the one before.
 pub fn scratch(dir: &Path) -> Result<tempfile::TempDir, BenchError> {
+    settle(dir)?;
     tempfile::Builder::new()
         .prefix("run-")
         .tempdir_in(dir)
         .ctx("creating a scratch directory in", dir)
 }
 
+/// Writes back everything dirty on `dir`'s file system (`syncfs`), outside any timed section.
+pub fn settle(dir: &Path) -> Result<(), BenchError> {
+    let handle = fs::File::open(dir).ctx("opening", dir)?;
+    rustix::fs::syncfs(&handle)
+        .map_err(std::io::Error::from)
+        .ctx("syncing the file system of", dir)
+}
+
 fn close(conn: Connection, path: &Path) -> Result<(), BenchError> {
     conn.close().map_err(|(_, e)| e).ctx("closing", path)
 }
 
-/// W1: `txns` transactions of one INSERT each (autocommit), at `sync`.
-pub fn insert_per_txn(
-    vfs: Vfs,
-    dir: &Path,
-    sync: Synchronous,
-    txns: u64,
-) -> Result<Timed, BenchError> {
-    let scratch = scratch(dir)?;
-    let path = scratch.path().join("w1.db");
-    let conn = open(vfs, &path)?;
-    conn.pragma_update(None, "synchronous", sync.pragma())
-        .ctx("setting synchronous", &path)?;
-    conn.execute_batch(TABLE).ctx("creating the table", &path)?;
-    let elapsed = {
-        let mut insert = conn.prepare(INSERT).ctx("preparing the insert", &path)?;
-        let start = Instant::now();
-        for i in 0..txns {
-            insert
-                .execute(params![i as i64, payload(i)])
-                .ctx("inserting", &path)?;
-        }
-        start.elapsed()
-    };
-    close(conn, &path)?;
-    Ok(Timed {
-        ops: txns as f64,
-        elapsed,
-    })
+/// An open workload: its database is ready, and each `run` times `ops` more of its operations.
+/// Holding one session per VFS open at once lets a round alternate between them in small
+/// chunks, so both see the same moment of a noisy machine.
+pub trait Session {
+    /// Untimed work before the next `run`, such as rebuilding what the last one used up.
+    fn prepare(&mut self) -> Result<(), BenchError> {
+        Ok(())
+    }
+    /// Times `ops` operations.
+    fn run(&mut self, ops: u64) -> Result<Timed, BenchError>;
+    /// Closes the database (untimed), reporting a failed close.
+    fn finish(self: Box<Self>) -> Result<(), BenchError>;
 }
 
-/// W2: `txns` transactions of `rows` INSERTs each, at synchronous=NORMAL. Counted in rows.
-pub fn batch_insert(vfs: Vfs, dir: &Path, txns: u64, rows: u64) -> Result<Timed, BenchError> {
-    let scratch = scratch(dir)?;
-    let path = scratch.path().join("w2.db");
-    let conn = open(vfs, &path)?;
-    conn.pragma_update(None, "synchronous", "NORMAL")
-        .ctx("setting synchronous", &path)?;
-    conn.execute_batch(TABLE).ctx("creating the table", &path)?;
-    let elapsed = {
-        let mut insert = conn.prepare(INSERT).ctx("preparing the insert", &path)?;
-        let start = Instant::now();
-        for t in 0..txns {
-            conn.execute_batch("BEGIN").ctx("beginning", &path)?;
-            for r in 0..rows {
-                let i = t * rows + r;
+/// W1 and W2: inserts into a fresh database, `rows_per_txn` rows per transaction (1: autocommit
+/// statements), at `sync`. An operation is a transaction.
+pub struct Inserts {
+    conn: Connection,
+    path: PathBuf,
+    rows_per_txn: u64,
+    next: u64,
+    _dir: tempfile::TempDir,
+}
+
+impl Inserts {
+    /// A fresh database under `dir`, opened through `vfs`.
+    pub fn open(
+        vfs: Vfs,
+        dir: &Path,
+        sync: Synchronous,
+        rows_per_txn: u64,
+    ) -> Result<Box<dyn Session>, BenchError> {
+        let scratch = scratch(dir)?;
+        let path = scratch.path().join("w.db");
+        let conn = open(vfs, &path)?;
+        conn.pragma_update(None, "synchronous", sync.pragma())
+            .ctx("setting synchronous", &path)?;
+        conn.execute_batch(TABLE).ctx("creating the table", &path)?;
+        Ok(Box::new(Inserts {
+            conn,
+            path,
+            rows_per_txn,
+            next: 0,
+            _dir: scratch,
+        }))
+    }
+}
+
+impl Session for Inserts {
+    fn run(&mut self, txns: u64) -> Result<Timed, BenchError> {
+        let (conn, path) = (&self.conn, &self.path);
+        let mut insert = conn
+            .prepare_cached(INSERT)
+            .ctx("preparing the insert", path)?;
+        let batched = self.rows_per_txn > 1;
+        let clock = Stopwatch::start();
+        for _ in 0..txns {
+            if batched {
+                conn.execute_batch("BEGIN").ctx("beginning", path)?;
+            }
+            for _ in 0..self.rows_per_txn {
+                let i = self.next;
+                self.next += 1;
                 insert
                     .execute(params![i as i64, payload(i)])
-                    .ctx("inserting", &path)?;
+                    .ctx("inserting", path)?;
             }
-            conn.execute_batch("COMMIT").ctx("committing", &path)?;
+            if batched {
+                conn.execute_batch("COMMIT").ctx("committing", path)?;
+            }
         }
-        start.elapsed()
-    };
-    close(conn, &path)?;
-    Ok(Timed {
-        ops: (txns * rows) as f64,
-        elapsed,
-    })
+        Ok(clock.stop(txns as f64))
+    }
+
+    fn finish(self: Box<Self>) -> Result<(), BenchError> {
+        close(self.conn, &self.path)
+    }
 }
 
 /// Builds the database the read workloads share: `rows` rows, checkpointed, no WAL left.
@@ -270,14 +364,6 @@ pub fn build_read_db(dir: &Path, rows: u64) -> Result<PathBuf, BenchError> {
         .ctx("checkpointing", &path)?;
     close(conn, &path)?;
     Ok(path)
-}
-
-/// A reader on the shared read database, warmed by one full scan so both VFSes start from the
-/// same page cache.
-fn warm_reader(vfs: Vfs, db: &Path) -> Result<Connection, BenchError> {
-    let conn = open(vfs, db)?;
-    scan_once(&conn, db)?;
-    Ok(conn)
 }
 
 fn scan_once(conn: &Connection, db: &Path) -> Result<i64, BenchError> {
@@ -316,101 +402,177 @@ impl XorShift {
     }
 }
 
-/// R1: `lookups` point SELECTs by primary key (each its own read transaction).
-pub fn point_select(vfs: Vfs, db: &Path, rows: u64, lookups: u64) -> Result<Timed, BenchError> {
-    let conn = warm_reader(vfs, db)?;
-    let elapsed = {
+/// R1 and R2: a reader on the shared read database, warmed by one full scan so both VFSes start
+/// from the same page cache. R1's operation is a point SELECT by primary key (its own read
+/// transaction); R2's is a full scan, counted in rows.
+pub struct Reads {
+    conn: Connection,
+    db: PathBuf,
+    rows: u64,
+    keys: XorShift,
+    scan: bool,
+}
+
+impl Reads {
+    /// Point lookups (`scan == false`) or full scans of `db`, which holds `rows` rows.
+    pub fn open(
+        vfs: Vfs,
+        db: &Path,
+        rows: u64,
+        scan: bool,
+    ) -> Result<Box<dyn Session>, BenchError> {
+        let conn = open(vfs, db)?;
+        scan_once(&conn, db)?;
+        Ok(Box::new(Reads {
+            conn,
+            db: db.to_path_buf(),
+            rows,
+            keys: XorShift::new(0x9e37_79b9_7f4a_7c15),
+            scan,
+        }))
+    }
+}
+
+impl Session for Reads {
+    fn run(&mut self, ops: u64) -> Result<Timed, BenchError> {
+        let (conn, db) = (&self.conn, &self.db);
+        if self.scan {
+            let mut rows = 0;
+            let clock = Stopwatch::start();
+            for _ in 0..ops {
+                rows += scan_once(conn, db)?;
+            }
+            return Ok(clock.stop(rows as f64));
+        }
         let mut select = conn
-            .prepare("SELECT payload FROM t WHERE id = ?1")
+            .prepare_cached("SELECT payload FROM t WHERE id = ?1")
             .ctx("preparing the lookup", db)?;
-        let mut keys = XorShift::new(0x9e37_79b9_7f4a_7c15);
-        let start = Instant::now();
-        for _ in 0..lookups {
-            let id = (keys.next_u64() % rows) as i64 + 1;
+        let clock = Stopwatch::start();
+        for _ in 0..ops {
+            let id = (self.keys.next_u64() % self.rows) as i64 + 1;
             let len = select
-                .query_row([id], |r| r.get_ref(0).map(|v| v.as_bytes().map_or(0, <[u8]>::len)))
+                .query_row([id], |r| {
+                    r.get_ref(0).map(|v| v.as_bytes().map_or(0, <[u8]>::len))
+                })
                 .ctx("looking up a row", db)?;
             std::hint::black_box(len);
         }
-        start.elapsed()
-    };
-    close(conn, db)?;
-    Ok(Timed {
-        ops: lookups as f64,
-        elapsed,
-    })
-}
-
-/// R2: `scans` full scans of the table. Counted in rows.
-pub fn full_scan(vfs: Vfs, db: &Path, scans: u64) -> Result<Timed, BenchError> {
-    let conn = warm_reader(vfs, db)?;
-    let mut rows = 0;
-    let start = Instant::now();
-    for _ in 0..scans {
-        rows += scan_once(&conn, db)?;
+        Ok(clock.stop(ops as f64))
     }
-    let elapsed = start.elapsed();
-    close(conn, db)?;
-    Ok(Timed {
-        ops: rows as f64,
-        elapsed,
-    })
+
+    fn finish(self: Box<Self>) -> Result<(), BenchError> {
+        close(self.conn, &self.db)
+    }
 }
 
-/// CK: builds a WAL of at least `wal_bytes` (autocheckpoint off, untimed), then times one
-/// checkpoint of it in `mode`. Counted in WAL bytes.
-pub fn checkpoint(
-    vfs: Vfs,
-    dir: &Path,
+/// CK: checkpoints of a WAL of `wal_bytes` (autocheckpoint off). Each operation rebuilds the WAL
+/// untimed (in `prepare`, or before the clock starts in `run`), then times one checkpoint of it
+/// in `mode`. Counted in WAL bytes checkpointed.
+pub struct Checkpoints {
+    conn: Connection,
+    path: PathBuf,
+    root: PathBuf,
     mode: CheckpointMode,
     wal_bytes: u64,
-) -> Result<Timed, BenchError> {
-    let scratch = scratch(dir)?;
-    let path = scratch.path().join("ck.db");
-    let conn = open(vfs, &path)?;
-    conn.execute_batch("PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;")
-        .ctx("configuring", &path)?;
-    let wal = fill_wal(&conn, &path, wal_bytes)?;
-    let start = Instant::now();
-    let (busy, log, done): (i64, i64, i64) = conn
-        .query_row(mode.sql(), [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .ctx("checkpointing", &path)?;
-    let elapsed = start.elapsed();
-    if busy != 0 || log != done {
-        return Err(BenchError::Invalid(format!(
-            "the {mode:?} checkpoint of {} copied {done} of {log} frames (busy={busy})",
-            path.display()
-        )));
-    }
-    close(conn, &path)?;
-    Ok(Timed {
-        ops: wal as f64,
-        elapsed,
-    })
+    /// Whether the WAL holds a full load of frames that no checkpoint has copied yet.
+    loaded: bool,
+    _dir: tempfile::TempDir,
 }
 
-/// Appends one-page rows to `path`'s WAL until it holds at least `wal_bytes`; returns its size.
+impl Checkpoints {
+    /// A fresh database under `dir`, opened through `vfs`.
+    pub fn open(
+        vfs: Vfs,
+        dir: &Path,
+        mode: CheckpointMode,
+        wal_bytes: u64,
+    ) -> Result<Box<dyn Session>, BenchError> {
+        let scratch = scratch(dir)?;
+        let path = scratch.path().join("ck.db");
+        let conn = open(vfs, &path)?;
+        conn.execute_batch("PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;")
+            .ctx("configuring", &path)?;
+        Ok(Box::new(Checkpoints {
+            conn,
+            path,
+            root: dir.to_path_buf(),
+            mode,
+            wal_bytes,
+            loaded: false,
+            _dir: scratch,
+        }))
+    }
+}
+
+impl Session for Checkpoints {
+    fn prepare(&mut self) -> Result<(), BenchError> {
+        if !self.loaded {
+            fill_wal(&self.conn, &self.path, self.wal_bytes)?;
+            self.loaded = true;
+        }
+        // The WAL reaches the disk before the clock starts: a checkpoint is timed for its own
+        // work (copying the frames into the database and syncing it), not the build's write-back.
+        settle(&self.root)
+    }
+
+    fn run(&mut self, checkpoints: u64) -> Result<Timed, BenchError> {
+        let mut total = Timed::zero();
+        for _ in 0..checkpoints {
+            if !self.loaded {
+                self.prepare()?;
+            }
+            // Every load is the same number of frames, written from the start of the WAL (a
+            // checkpointed WAL restarts; a truncated one regrows), so the file's size is the
+            // load's (TRUNCATE reports no frame counts).
+            let wal = sidecar(&self.path, "-wal");
+            let bytes = fs::metadata(&wal).map(|m| m.len()).ctx("measuring", &wal)?;
+            let clock = Stopwatch::start();
+            let (busy, log, done): (i64, i64, i64) = self
+                .conn
+                .query_row(self.mode.sql(), [], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .ctx("checkpointing", &self.path)?;
+            let timed = clock.stop(bytes as f64);
+            self.loaded = false;
+            if busy != 0 || log != done {
+                return Err(BenchError::Invalid(format!(
+                    "the {:?} checkpoint of {} copied {done} of {log} frames (busy={busy})",
+                    self.mode,
+                    self.path.display()
+                )));
+            }
+            total = total.plus(timed);
+        }
+        Ok(total)
+    }
+
+    fn finish(self: Box<Self>) -> Result<(), BenchError> {
+        close(self.conn, &self.path)
+    }
+}
+
+/// Appends one-page rows to `path`'s WAL until they fill at least `wal_bytes` of frames.
 /// Autocheckpoint must be off.
-pub fn fill_wal(conn: &Connection, path: &Path, wal_bytes: u64) -> Result<u64, BenchError> {
+pub fn fill_wal(conn: &Connection, path: &Path, wal_bytes: u64) -> Result<(), BenchError> {
     conn.execute_batch("CREATE TABLE IF NOT EXISTS pages (id INTEGER PRIMARY KEY, body BLOB)")
         .ctx("creating the pages table", path)?;
-    let wal_path = sidecar(path, "-wal");
-    // A 3,900-byte blob fills one 4 KiB page: a frame of 4,120 bytes per row.
+    // A 3,900-byte blob fills one 4 KiB page: one frame of 4,120 bytes per row, and a few more
+    // for the interior pages.
+    let rows = wal_bytes.div_ceil(4096 + 24);
     let per_txn = 256;
-    loop {
-        let size = fs::metadata(&wal_path)
-            .map(|m| m.len())
-            .ctx("measuring", &wal_path)?;
-        if size >= wal_bytes {
-            return Ok(size);
-        }
+    let mut written = 0;
+    while written < rows {
+        let n = per_txn.min(rows - written);
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
              INSERT INTO pages (body) SELECT randomblob(3900) FROM n",
-            [per_txn],
+            [n as i64],
         )
         .ctx("filling the WAL", path)?;
+        written += n;
     }
+    Ok(())
 }
 
 /// `<db>` + suffix.
