@@ -199,13 +199,11 @@ impl DbState {
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
-    /// Transaction starts skip the `stat` calls while the directory watch vouches that nothing
-    /// changed since the last full check; checkpoints and close always stat.
+    /// Transaction and checkpoint starts skip the `stat` calls while the directory watch vouches
+    /// that nothing changed since the last full check (the close-time checkpoint is still
+    /// preceded by a full check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
-        let generation = match (&self.watch, site) {
-            (Some(watch), Site::WalWrite) => watch.current(),
-            _ => None,
-        };
+        let generation = self.watch.as_ref().and_then(DirWatch::current);
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {

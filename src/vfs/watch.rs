@@ -17,22 +17,30 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
-/// renamed, or the directory itself is.
+/// renamed, or the directory itself or any directory above it is moved or deleted. (A restore
+/// that swaps `/srv/app` for a new tree changes what `/srv/app/data/state.db` resolves to
+/// without any event inside `data`.)
 pub(crate) struct DirWatch {
-    entry: Arc<Entry>,
+    /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
+    /// VFS a path with its symbolic links resolved, so these are the directories a `stat` of it
+    /// walks through.
+    entries: Vec<Arc<Entry>>,
 }
 
 struct Entry {
     dir: PathBuf,
     wd: i32,
     generation: AtomicU64,
+    /// Still the watch of the directory `dir` names (not moved, deleted or dropped by the
+    /// kernel). Once false, for good: its users fall back to full checks.
+    current: AtomicBool,
 }
 
 enum State {
@@ -45,8 +53,12 @@ enum State {
 struct Watcher {
     fd: OwnedFd,
     fork_marker: ForkMarker,
-    by_dir: HashMap<PathBuf, (Arc<Entry>, usize)>,
-    by_wd: HashMap<i32, Arc<Entry>>,
+    /// The watch on the directory each path names now. An entry whose directory was moved or
+    /// deleted is dropped from here (its path names something else, or nothing), so a later
+    /// open at that path watches the directory that is there then.
+    by_dir: HashMap<PathBuf, Arc<Entry>>,
+    /// Every live watch: its entry, the events asked for so far, and how many DirWatches use it.
+    by_wd: HashMap<i32, (Arc<Entry>, WatchFlags, usize)>,
     buf: Vec<MaybeUninit<u8>>,
 }
 
@@ -60,8 +72,14 @@ const DIR_EVENTS: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::MOVE_SELF)
     .union(WatchFlags::ONLYDIR);
 
+/// On an ancestor only its own move or deletion matters: its other entries are not on the path.
+const ANCESTOR_EVENTS: WatchFlags = WatchFlags::DELETE_SELF
+    .union(WatchFlags::MOVE_SELF)
+    .union(WatchFlags::ONLYDIR);
+
 impl DirWatch {
-    /// Watches `dir`, or `None` when its changes cannot be trusted to show up here.
+    /// Watches `dir` and its ancestors, or `None` when its changes cannot be trusted to show up
+    /// here.
     pub(crate) fn new(dir: &Path) -> Option<DirWatch> {
         if !local_filesystem(dir) {
             return None;
@@ -76,34 +94,25 @@ impl DirWatch {
         let State::Ready(watcher) = &mut *state else {
             return None;
         };
-        if let Some((entry, refs)) = watcher.by_dir.get_mut(dir) {
-            *refs += 1;
-            return Some(DirWatch {
-                entry: entry.clone(),
-            });
-        }
-        let wd = match inotify::add_watch(&watcher.fd, dir, DIR_EVENTS) {
-            Ok(wd) => wd,
-            Err(e) => {
-                log::debug!(
-                    "hermes-guard: no inotify watch on {} ({e}); full checks there",
-                    dir.display()
-                );
-                return None;
+        // Events already queued may say a path's watch is stale (its directory moved away).
+        watcher.drain();
+        let mut entries = Vec::new();
+        for (i, path) in dir.ancestors().enumerate() {
+            let events = if i == 0 { DIR_EVENTS } else { ANCESTOR_EVENTS };
+            match watcher.watch(path, events) {
+                Some(entry) => entries.push(entry),
+                None => {
+                    watcher.release(&entries);
+                    return None;
+                }
             }
-        };
-        let entry = Arc::new(Entry {
-            dir: dir.to_path_buf(),
-            wd,
-            generation: AtomicU64::new(0),
-        });
-        watcher.by_dir.insert(dir.to_path_buf(), (entry.clone(), 1));
-        watcher.by_wd.insert(wd, entry.clone());
-        Some(DirWatch { entry })
+        }
+        Some(DirWatch { entries })
     }
 
-    /// The directory's generation after draining every queued event, or `None` when the watch
-    /// cannot vouch for the directory (the caller then does a full check).
+    /// A figure that changes whenever the directory or one above it changed, after draining every
+    /// queued event; `None` when the watch cannot vouch for the path (the caller then does a
+    /// full check).
     #[inline]
     pub(crate) fn current(&self) -> Option<u64> {
         let mut state = STATE.lock();
@@ -116,34 +125,25 @@ impl DirWatch {
             return None;
         }
         watcher.drain();
-        // A removed watch (directory deleted or unmounted) is gone from by_wd: never vouch.
-        if !watcher.by_wd.contains_key(&self.entry.wd) {
-            return None;
+        let mut sum = 0u64;
+        for entry in &self.entries {
+            // A removed watch (directory deleted or unmounted), or one on a directory its path
+            // no longer names: never vouch again.
+            if !entry.current.load(Ordering::Acquire) {
+                return None;
+            }
+            // Generations only grow, so an event anywhere on the path changes the sum.
+            sum = sum.wrapping_add(entry.generation.load(Ordering::Acquire));
         }
-        Some(self.entry.generation.load(Ordering::Acquire))
+        Some(sum)
     }
 }
 
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let mut state = STATE.lock();
-        let State::Ready(watcher) = &mut *state else {
-            return;
-        };
-        let Some((_, refs)) = watcher.by_dir.get_mut(&self.entry.dir) else {
-            return;
-        };
-        *refs -= 1;
-        if *refs == 0 {
-            watcher.by_dir.remove(&self.entry.dir);
-            if watcher
-                .by_wd
-                .get(&self.entry.wd)
-                .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
-            {
-                watcher.by_wd.remove(&self.entry.wd);
-                let _ = inotify::remove_watch(&watcher.fd, self.entry.wd);
-            }
+        if let State::Ready(watcher) = &mut *state {
+            watcher.release(&self.entries);
         }
     }
 }
@@ -167,35 +167,133 @@ impl Watcher {
         })
     }
 
+    fn is_live(&self, entry: &Arc<Entry>) -> bool {
+        self.by_wd
+            .get(&entry.wd)
+            .is_some_and(|(live, _, _)| Arc::ptr_eq(live, entry))
+    }
+
+    /// One more user of the watch on the directory `dir` names now, with at least `events`.
+    fn watch(&mut self, dir: &Path, events: WatchFlags) -> Option<Arc<Entry>> {
+        let known = self.by_dir.get(dir).filter(|e| self.is_live(e)).cloned();
+        let asked = known
+            .as_ref()
+            .and_then(|e| self.by_wd.get(&e.wd))
+            .map(|(_, mask, _)| *mask);
+        if asked.is_none_or(|mask| !mask.contains(events)) {
+            // MASK_ADD: the inode may already be watched (by another path, or for other
+            // events); its watch is widened, never narrowed.
+            let wd = match inotify::add_watch(&self.fd, dir, events | WatchFlags::MASK_ADD) {
+                Ok(wd) => wd,
+                Err(e) => {
+                    log::debug!(
+                        "hermes-guard: no inotify watch on {} ({e}); full checks there",
+                        dir.display()
+                    );
+                    return None;
+                }
+            };
+            let entry = match self.by_wd.get_mut(&wd) {
+                Some((entry, mask, _)) => {
+                    *mask |= events;
+                    entry.clone()
+                }
+                None => {
+                    let entry = Arc::new(Entry {
+                        dir: dir.to_path_buf(),
+                        wd,
+                        generation: AtomicU64::new(0),
+                        current: AtomicBool::new(true),
+                    });
+                    self.by_wd.insert(wd, (entry.clone(), events, 0));
+                    entry
+                }
+            };
+            if let Some(old) = self.by_dir.insert(dir.to_path_buf(), entry.clone()) {
+                if !Arc::ptr_eq(&old, &entry) {
+                    // The path names another directory now.
+                    old.current.store(false, Ordering::Release);
+                }
+            }
+        }
+        let entry = self.by_dir.get(dir)?.clone();
+        if let Some((_, _, users)) = self.by_wd.get_mut(&entry.wd) {
+            *users += 1;
+        }
+        Some(entry)
+    }
+
+    /// Drops one use of each of `entries`, removing the watches nobody uses any more.
+    fn release(&mut self, entries: &[Arc<Entry>]) {
+        for entry in entries {
+            if !self.is_live(entry) {
+                continue;
+            }
+            let Some((_, _, users)) = self.by_wd.get_mut(&entry.wd) else {
+                continue;
+            };
+            *users -= 1;
+            if *users == 0 {
+                self.by_wd.remove(&entry.wd);
+                self.forget_path(entry);
+                let _ = inotify::remove_watch(&self.fd, entry.wd);
+            }
+        }
+    }
+
+    /// `entry`'s path no longer names its directory.
+    fn forget_path(&mut self, entry: &Arc<Entry>) {
+        entry.current.store(false, Ordering::Release);
+        if self
+            .by_dir
+            .get(&entry.dir)
+            .is_some_and(|e| Arc::ptr_eq(e, entry))
+        {
+            self.by_dir.remove(&entry.dir);
+        }
+    }
+
     fn drain(&mut self) {
-        let Watcher { fd, buf, by_wd, .. } = self;
-        let bump_all = |by_wd: &HashMap<i32, Arc<Entry>>| {
-            for entry in by_wd.values() {
+        let bump_all = |by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>| {
+            for (entry, _, _) in by_wd.values() {
                 entry.generation.fetch_add(1, Ordering::AcqRel);
             }
         };
-        let mut reader = inotify::Reader::new(&*fd, buf);
-        loop {
-            let (wd, flags) = match reader.next() {
-                Ok(event) => (event.wd(), event.events()),
-                // EAGAIN: nothing queued (the common case).
-                Err(rustix::io::Errno::AGAIN) => return,
-                // Anything else: assume every directory changed, and stop reading for now.
-                Err(_) => {
+        let mut moved = Vec::new();
+        {
+            let Watcher { fd, buf, by_wd, .. } = self;
+            let mut reader = inotify::Reader::new(&*fd, buf);
+            loop {
+                let (wd, flags) = match reader.next() {
+                    Ok(event) => (event.wd(), event.events()),
+                    // EAGAIN: nothing queued (the common case).
+                    Err(rustix::io::Errno::AGAIN) => break,
+                    // Anything else: assume every directory changed, and stop reading for now.
+                    Err(_) => {
+                        bump_all(by_wd);
+                        break;
+                    }
+                };
+                if flags.contains(ReadFlags::QUEUE_OVERFLOW) || wd < 0 {
                     bump_all(by_wd);
-                    return;
+                    continue;
                 }
-            };
-            if flags.contains(ReadFlags::QUEUE_OVERFLOW) || wd < 0 {
-                bump_all(by_wd);
-                continue;
-            }
-            if let Some(entry) = by_wd.get(&wd) {
+                let Some((entry, _, _)) = by_wd.get(&wd) else {
+                    continue;
+                };
                 entry.generation.fetch_add(1, Ordering::AcqRel);
+                if flags.intersects(ReadFlags::MOVE_SELF | ReadFlags::DELETE_SELF) {
+                    moved.push(entry.clone());
+                }
+                if flags.contains(ReadFlags::IGNORED) {
+                    // The kernel dropped the watch: its users can never be vouched for again.
+                    let (entry, _, _) = by_wd.remove(&wd).expect("looked up above");
+                    moved.push(entry);
+                }
             }
-            if flags.contains(ReadFlags::IGNORED) {
-                by_wd.remove(&wd);
-            }
+        }
+        for entry in moved {
+            self.forget_path(&entry);
         }
     }
 }
