@@ -126,7 +126,10 @@ mod tests {
     #[test]
     fn sqlites_own_dbmoved_without_a_guard_reason_means_replaced() {
         let refused = sqlite_error(rusqlite::ffi::SQLITE_READONLY_DBMOVED);
-        assert_eq!(ErrorClass::from_parts(&refused, None), ErrorClass::DatabaseReplaced);
+        assert_eq!(
+            ErrorClass::from_parts(&refused, None),
+            ErrorClass::DatabaseReplaced
+        );
     }
 
     #[test]
