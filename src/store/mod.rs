@@ -133,15 +133,35 @@ impl SessionDb {
             shared: AtomicBool::new(false),
             retired_seen: AtomicBool::new(false),
         };
-        let mode = db.read("open: configure", |conn| {
-            conn.busy_timeout(db.options.busy_timeout)?;
-            let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
-            conn.pragma_update(None, "foreign_keys", true)?;
-            if let Some(pages) = db.options.wal_autocheckpoint {
-                conn.pragma_update(None, "wal_autocheckpoint", pages)?;
+        // The first statements of a connection can meet SQLITE_BUSY without SQLite's busy
+        // handler ever running: while the last connection of another handle closes, it holds the
+        // -shm's dead-man-switch lock to delete the WAL, and mapping the -shm fails at once.
+        // Retried like a write.
+        let mut attempt = 0;
+        let mode = loop {
+            attempt += 1;
+            let configured = db.read("open: configure", |conn| {
+                conn.busy_timeout(db.options.busy_timeout)?;
+                let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
+                conn.pragma_update(None, "foreign_keys", true)?;
+                if let Some(pages) = db.options.wal_autocheckpoint {
+                    conn.pragma_update(None, "wal_autocheckpoint", pages)?;
+                }
+                Ok(mode)
+            });
+            match configured {
+                Err(StoreError::Sqlite { source, .. })
+                    if is_busy(&source) && attempt < db.options.write_attempts =>
+                {
+                    log::debug!(
+                        "{}: open: database locked, retrying ({attempt})",
+                        db.path.display()
+                    );
+                    std::thread::sleep(jitter());
+                }
+                other => break other?,
             }
-            Ok(mode)
-        })?;
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(StoreError::NotWal {
                 database: db.path.clone(),
