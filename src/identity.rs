@@ -90,9 +90,9 @@ impl PinnedWal {
         &self.file
     }
 
-    /// How many names the pinned inode still has (0 once unlinked).
-    pub fn link_count(&self) -> io::Result<u64> {
-        Ok(rustix::fs::fstat(&self.file)?.st_nlink as u64)
+    /// The pinned WAL's size now.
+    pub fn size(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
     }
 }
 

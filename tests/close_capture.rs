@@ -96,3 +96,37 @@ fn a_refused_write_keeps_refusing_and_is_captured_once() {
         "captured once per generation"
     );
 }
+
+#[test]
+fn a_connection_born_on_a_lost_shm_writes_no_capture_of_its_own() {
+    // A second connection opened in the same process while the first still maps the unlinked
+    // -shm attaches to that mapping (the unix VFS shares it per inode): it is retired from
+    // birth, but its own WAL holds nothing, so there is nothing for it to capture.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let first = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&first);
+    lose_sidecars(&path, false);
+
+    hermes_guard::register().unwrap();
+    let second = rusqlite::Connection::open_with_flags_and_vfs(
+        &path,
+        rusqlite::OpenFlags::default(),
+        hermes_guard::VFS_NAME,
+    )
+    .unwrap();
+    let _ = second.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get::<_, i64>(0));
+    let status = hermes_guard::status(&second).unwrap();
+    assert!(status.retired, "the second connection maps a lost -shm");
+    hermes_guard::close(second).map_err(|(_, e)| e).unwrap();
+    assert!(
+        artifacts(dir.path()).is_empty(),
+        "a capture with nothing in it was written"
+    );
+
+    hermes_guard::close(first).map_err(|(_, e)| e).unwrap();
+    let found = artifacts(dir.path());
+    assert_eq!(found.len(), 1);
+    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+}

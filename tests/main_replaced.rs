@@ -88,14 +88,15 @@ fn shm_unlinked_alone_while_another_process_writes_is_refused_and_nothing_is_los
     let (mut gw, _) = Gateway::start(&path, "guard");
     fs::remove_file(sidecar(&path, "-shm")).unwrap();
 
-    // The other process builds a fresh -shm from the same WAL and checkpoints it.
+    // The other process builds a fresh -shm from the same WAL and checkpoints it (TRUNCATE):
+    // the gateway's frames are in the live main file now, and the shared WAL is empty.
     let expected = write_second_generation(&path, "stock", 50);
 
     gw.send("write");
     let refused = gw.next_event("write");
     assert_eq!(refused["refused"], true);
-    let artifact = PathBuf::from(refused["artifact"].as_str().unwrap());
-    assert_eq!(manifest(&artifact)["reason"], "shm-lost");
+    // Nothing retired is left to save: the WAL the gateway pinned holds no frame.
+    assert_eq!(refused["artifact"], serde_json::Value::Null);
     gw.send("close");
     assert_eq!(gw.next_event("closed")["error"], serde_json::Value::Null);
     assert!(gw.quit().success());
@@ -108,4 +109,26 @@ fn shm_unlinked_alone_while_another_process_writes_is_refused_and_nothing_is_los
     assert_eq!(rows, expected);
     assert_eq!(count_like(&live, "uncheckpointed %"), 4);
     assert_eq!(count_like(&live, "after the loss"), 0);
+}
+
+#[test]
+fn an_unlinked_shm_alone_retires_the_connection_and_captures_its_wal_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&conn);
+    fs::remove_file(sidecar(&path, "-shm")).unwrap();
+
+    let err = insert(&conn, "after the loss").unwrap_err();
+    assert_eq!(
+        hermes_guard::classify(&conn, &err),
+        ErrorClass::WalGenerationLost
+    );
+    let status = hermes_guard::status(&conn).unwrap();
+    assert_eq!(status.reason, Some(RetireReason::ShmLost));
+    let artifact: PathBuf = status.capture.unwrap();
+    assert_eq!(manifest(&artifact)["reason"], "shm-lost");
+    let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 }

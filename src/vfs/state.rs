@@ -61,6 +61,28 @@ struct Inner {
     main_image: Option<Box<dyn ImageSource + Send>>,
 }
 
+/// The smallest WAL that holds a transaction: its header and one frame of the smallest page.
+const MIN_WAL_WITH_A_FRAME: u64 = 32 + 24 + 512;
+
+impl Inner {
+    /// Whether the retired generation holds anything a capture would save. A replaced main file
+    /// always does: its image is the retired data. After a lost `-wal`/`-shm` the main file is
+    /// the live one, so only frames in the pinned WAL are at stake; a WAL without a whole frame
+    /// (say, the fresh WAL of a connection born attached to an unlinked `-shm`) has none, and
+    /// capturing it would only write a copy of the live database. No pinned WAL: nothing to
+    /// capture from (rollback mode).
+    fn worth_capturing(&self) -> bool {
+        let Some(wal) = &self.wal else {
+            return false;
+        };
+        match self.reason {
+            Some(RetireReason::MainReplaced) => true,
+            // Unknown size: capture rather than risk losing frames.
+            _ => wal.size().map_or(true, |n| n >= MIN_WAL_WITH_A_FRAME),
+        }
+    }
+}
+
 /// Pinned WAL descriptors by identity, so a capture can be asked for by identity and never by
 /// pathname.
 static HELD: Mutex<Option<HashMap<FileId, Weak<DbState>>>> = Mutex::new(None);
@@ -151,7 +173,7 @@ impl DbState {
             .lock()
             .get_or_insert_with(HashMap::new)
             .insert(self.wal_path.clone(), id);
-        if inner.reason.is_some() && inner.capture.is_none() {
+        if inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing() {
             // The descriptor is the only way left to the retired frames: keep it for the retry.
             return;
         }
@@ -284,7 +306,7 @@ impl DbState {
     fn refuse(&self) -> i32 {
         self.refusals.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        if inner.capture.is_none() && inner.wal.is_some() {
+        if inner.capture.is_none() && inner.worth_capturing() {
             let _ = self.capture_locked(&mut inner, Trigger::Halt);
         }
         REFUSED
@@ -296,9 +318,7 @@ impl DbState {
             return Ok(None);
         }
         let mut inner = self.inner.lock();
-        if inner.wal.is_none() && inner.capture.is_none() {
-            // No WAL was ever open (rollback mode, or the loss came first): there are no
-            // retired frames to save.
+        if inner.capture.is_none() && !inner.worth_capturing() {
             return Ok(None);
         }
         self.capture_locked(&mut inner, trigger)
@@ -310,7 +330,7 @@ impl DbState {
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
         let inner = self.inner.lock();
-        inner.reason.is_some() && inner.capture.is_none() && inner.wal.is_some()
+        inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing()
     }
 
     /// Called when the main file object is finally closed.
