@@ -61,6 +61,16 @@ pub enum CaptureError {
         /// The identity asked for.
         identity: FileId,
     },
+    /// The generation is live: a capture stands for the generation once taken, so one taken now
+    /// would miss every later commit.
+    #[error(
+        "refusing to capture {database}: its generation is not retired (its -wal, -shm and main \
+         file are still the ones the connection opened)"
+    )]
+    NotRetired {
+        /// The database asked about.
+        database: PathBuf,
+    },
     /// Reading the retired generation or writing the artifact failed.
     #[error("capturing the retired generation of {database} into {artifact}: {source}")]
     Io {

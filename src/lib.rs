@@ -27,7 +27,7 @@ pub mod store;
 mod vfs;
 pub mod walfile;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rusqlite::Connection;
 
@@ -72,15 +72,35 @@ pub fn classify(conn: &Connection, err: &rusqlite::Error) -> ErrorClass {
     ErrorClass::from_parts(err, reason)
 }
 
-/// Captures the retired generation whose WAL inode is `wal_identity`, from the descriptor a
-/// guarded connection of this process still holds. Never guesses by pathname: without an
-/// identity, or for one no longer held, it fails and writes nothing.
+/// Captures the retired generation of `conn` whose WAL inode is `wal_identity`, from the
+/// descriptor the connection holds. Never guesses by pathname: without an identity, or for one the
+/// connection no longer holds, it fails and writes nothing; a live generation is not captured
+/// (a capture stands for its generation, and would miss every later commit).
+///
+/// It runs through `conn` itself, so the capture reads the connection's files on the thread that
+/// owns them.
 pub fn capture_retired_wal_generation(
-    database: &Path,
+    conn: &Connection,
     wal_identity: Option<FileId>,
-    trigger: Trigger,
-) -> Result<PathBuf, CaptureError> {
-    vfs::state::capture_by_identity(database, wal_identity, trigger)
+) -> Result<PathBuf, GuardError> {
+    let database = PathBuf::from(conn.path().unwrap_or_default());
+    let Some(identity) = wal_identity else {
+        return Err(CaptureError::NoPinnedIdentity { database }.into());
+    };
+    let status = status(conn)?;
+    if status.wal != Some(identity) {
+        return Err(CaptureError::NotHeld { database, identity }.into());
+    }
+    if !status.retired {
+        return Err(CaptureError::NotRetired { database }.into());
+    }
+    match ensure_captured(conn)?.capture {
+        Some(dir) => Ok(dir),
+        None => Err(GuardError::CaptureFailed {
+            database,
+            message: "the retired WAL holds no frame: nothing is at stake".into(),
+        }),
+    }
 }
 
 /// Retries the captures of retired generations whose connections were closed (dropped) while

@@ -5,7 +5,7 @@ mod common;
 use std::fs;
 
 use common::*;
-use hermes_guard::{CaptureError, FileId, Trigger};
+use hermes_guard::{CaptureError, FileId, GuardError};
 
 #[test]
 fn capture_selects_the_recorded_inode_not_the_pathname() {
@@ -58,18 +58,24 @@ fn capture_refuses_to_guess_by_pathname() {
     let path = dir.path().join("state.db");
     let conn = open_guarded(&path);
     wal_only_sentinel(&conn);
+    lose_sidecars(&path, false);
 
-    let err = hermes_guard::capture_retired_wal_generation(&path, None, Trigger::Halt).unwrap_err();
-    assert!(matches!(err, CaptureError::NoPinnedIdentity { .. }));
+    let err = hermes_guard::capture_retired_wal_generation(&conn, None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GuardError::Capture(CaptureError::NoPinnedIdentity { .. })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("pathname"), "{err}");
 
-    let err = hermes_guard::capture_retired_wal_generation(
-        &path,
-        Some(FileId { dev: 1, ino: 1 }),
-        Trigger::Halt,
-    )
-    .unwrap_err();
-    assert!(matches!(err, CaptureError::NotHeld { .. }));
+    let err = hermes_guard::capture_retired_wal_generation(&conn, Some(FileId { dev: 1, ino: 1 }))
+        .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Capture(CaptureError::NotHeld { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("no longer holds"), "{err}");
 
     assert!(
@@ -88,8 +94,7 @@ fn capture_by_identity_uses_the_held_descriptor() {
     let wal_id = identity(&sidecar(&path, "-wal"));
     lose_sidecars(&path, false);
 
-    let artifact =
-        hermes_guard::capture_retired_wal_generation(&path, Some(wal_id), Trigger::Halt).unwrap();
+    let artifact = hermes_guard::capture_retired_wal_generation(&conn, Some(wal_id)).unwrap();
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
     let staging_left: Vec<_> = fs::read_dir(dir.path())
@@ -99,4 +104,31 @@ fn capture_by_identity_uses_the_held_descriptor() {
         .collect();
     assert!(staging_left.is_empty(), "staging directory left behind");
     drop(conn);
+}
+
+#[test]
+fn a_live_generation_is_not_captured_so_later_commits_are_not_left_out() {
+    // A capture stands for its generation once taken. Taken of a live one, the commits after it
+    // would be in no artifact when the generation is lost later.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    wal_only_sentinel(&conn);
+    let wal_id = identity(&sidecar(&path, "-wal"));
+
+    let err = hermes_guard::capture_retired_wal_generation(&conn, Some(wal_id)).unwrap_err();
+    assert!(
+        matches!(err, GuardError::Capture(CaptureError::NotRetired { .. })),
+        "{err}"
+    );
+    assert!(artifacts(dir.path()).is_empty());
+
+    insert(&conn, "late commit").unwrap();
+    lose_sidecars(&path, false);
+    assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    let found = artifacts(dir.path());
+    assert_eq!(found.len(), 1);
+    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, "late commit"), 1);
 }

@@ -197,7 +197,10 @@ pub(super) unsafe fn open(
             // SAFETY: `main` is NULL or the main database's file object, open while its WAL is.
             match unsafe { guard_state(main) } {
                 Some(state) => {
-                    state.pin_wal(&path);
+                    if state.pin_wal(&path).is_err() {
+                        sub.close();
+                        return ffi::SQLITE_CANTOPEN;
+                    }
                     (Kind::Wal, Some(state))
                 }
                 None => (Kind::Other, None),
@@ -333,21 +336,16 @@ unsafe extern "C" fn x_write(
         };
         match gf.kind {
             Kind::Wal => {
-                if let Err(code) = state.before_write(Site::WalWrite) {
+                if let Err(code) = state.before_wal_write(ofst) {
                     return code;
                 }
-                let rc = sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst);
-                if rc == ffi::SQLITE_OK {
-                    // SAFETY: `buf` holds `amt` bytes.
-                    let commit = amt == 24 && unsafe { is_commit_frame_header(buf) };
-                    state.wal_written(ofst, amt, commit);
-                }
-                rc
+                sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
             }
             _ => {
-                // In WAL mode the main file is written only by checkpoints.
+                // In WAL mode the main file is written only by checkpoints; in rollback mode
+                // the RESERVED lock before any write was checked.
                 if state.wal_pinned() || state.is_retired() {
-                    if let Err(code) = state.before_write(Site::MainWrite) {
+                    if let Err(code) = state.before_main_write() {
                         return code;
                     }
                 }
@@ -357,28 +355,18 @@ unsafe extern "C" fn x_write(
     })
 }
 
-/// A 24-byte WAL write is a frame header; a non-zero "database size after commit" marks the
-/// last frame of a transaction.
-///
-/// # Safety
-/// `buf` points at 24 readable bytes.
-unsafe fn is_commit_frame_header(buf: *const c_void) -> bool {
-    // SAFETY: as the caller promises.
-    let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 24) };
-    header[4..8] != [0, 0, 0, 0]
-}
-
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
         // SAFETY: SQLite calls our methods only on our live files.
         let gf = unsafe { guard(f) };
         if let Some(state) = &gf.state {
-            let site = if gf.kind == Kind::Wal {
-                Site::WalWrite
+            let allowed = if gf.kind == Kind::Wal {
+                // Below any write: a truncate outside a checked transaction always checks.
+                state.before_wal_write(i64::MIN)
             } else {
-                Site::MainWrite
+                state.before_main_write()
             };
-            if let Err(code) = state.before_write(site) {
+            if let Err(code) = allowed {
                 return code;
             }
         }
@@ -392,7 +380,7 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     let rc = sub_call!(gf, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
-        state.end_of(Site::MainWrite);
+        state.end_of_checkpoint();
     }
     rc
 }
@@ -412,16 +400,22 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
         let gf = unsafe { guard(f) };
         if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
             // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
-            // enter locking_mode=EXCLUSIVE; rollback mode takes RESERVED for every write.
-            let check = if state.wal_pinned() {
-                level == ffi::SQLITE_LOCK_EXCLUSIVE
-            } else {
-                level == ffi::SQLITE_LOCK_RESERVED
-            };
-            if check || (state.is_retired() && level >= ffi::SQLITE_LOCK_RESERVED) {
-                if let Err(code) = state.check(Site::MainWrite) {
-                    return code;
+            // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
+            // EXCLUSIVE straight from SHARED to roll back a hot journal (which writes the main
+            // file and deletes the journal by pathname): both are checked, once per lock.
+            let allowed = if state.wal_pinned() {
+                if level == ffi::SQLITE_LOCK_EXCLUSIVE {
+                    state.check(Site::MainWrite)
+                } else {
+                    Ok(())
                 }
+            } else if level >= ffi::SQLITE_LOCK_RESERVED {
+                state.before_main_write()
+            } else {
+                Ok(())
+            };
+            if let Err(code) = allowed {
+                return code;
             }
         }
         sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
@@ -431,7 +425,14 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
 unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level)
+    let rc = sub_call!(gf, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level);
+    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        if level <= ffi::SQLITE_LOCK_SHARED {
+            // A rollback-mode write (or hot-journal rollback) is over.
+            state.end_of_checkpoint();
+        }
+    }
+    rc
 }
 
 unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
@@ -458,6 +459,20 @@ unsafe extern "C" fn x_file_control(
                 let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
                 // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
                 unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
+            }
+            (ffi::SQLITE_FCNTL_COMMIT_PHASETWO, Kind::Main, Some(state)) => {
+                // Sent after every commit, in every locking mode: the transaction is over.
+                state.end_of_transaction();
+                sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
+            }
+            (ffi::SQLITE_FCNTL_SIZE_HINT, Kind::Main, Some(state))
+                if state.wal_pinned() || state.is_retired() =>
+            {
+                // A checkpoint's size hint may grow the main file before its first write.
+                if let Err(code) = state.before_main_write() {
+                    return code;
+                }
+                sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
                 let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
@@ -601,8 +616,13 @@ unsafe extern "C" fn x_shm_lock(
             }
         }
         let rc = sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
-        if (flags == LOCK_EXCLUSIVE && rc != ffi::SQLITE_OK) || flags == UNLOCK_EXCLUSIVE {
-            state.end_of(site);
+        let locked = flags == LOCK_EXCLUSIVE && rc == ffi::SQLITE_OK;
+        if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
+            match site {
+                Site::WalWrite => state.write_lock(locked),
+                Site::MainWrite if !locked => state.end_of_checkpoint(),
+                Site::MainWrite => {}
+            }
         }
         rc
     })

@@ -2,10 +2,10 @@
 //! the capture. Shared (by `Arc`) between the main file object and its WAL's file object. Safe
 //! code: the shim hands it plain values.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -34,13 +34,18 @@ pub(crate) struct DbState {
     retired: AtomicBool,
     /// Mirrors `inner.wal.is_some()`.
     wal_pinned: AtomicBool,
-    /// A check passed for the current WAL write transaction.
+    /// The WAL write lock is held and its check passed: every WAL write until its release
+    /// belongs to a checked transaction.
+    lock_checked: AtomicBool,
+    /// Without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks): a check passed for
+    /// the WAL writes of the current transaction.
     wal_checked: AtomicBool,
+    /// Offset of the last WAL write. A transaction writes forwards; a write at or below an
+    /// earlier one is a new transaction after a rollback (or a rewrite within one, which only
+    /// costs an extra check).
+    last_wal_offset: AtomicI64,
     /// A check passed for the current checkpoint (main-file writes).
     main_checked: AtomicBool,
-    /// Offset of the page that follows the last commit-frame header written, or -1: once that
-    /// page is written the transaction is over.
-    commit_page_at: AtomicI64,
     refusals: AtomicU64,
     /// The database directory's watch, and its generation at the last full check that passed:
     /// while they match, no name in the directory has changed and a transaction start needs no
@@ -83,13 +88,12 @@ impl Inner {
     }
 }
 
-/// Pinned WAL descriptors by identity, so a capture can be asked for by identity and never by
-/// pathname.
-static HELD: Mutex<Option<HashMap<FileId, Weak<DbState>>>> = Mutex::new(None);
-
-/// WALs closed but not yet deleted: `xDelete(<db>-wal)` follows the WAL's close, and must only
-/// remove the inode that was pinned.
-static CLOSING_WALS: Mutex<Option<HashMap<PathBuf, FileId>>> = Mutex::new(None);
+thread_local! {
+    /// The WAL this thread's connection just closed: `sqlite3WalClose` closes the WAL and then,
+    /// on the same thread, calls `xDelete(<db>-wal)`, which must only remove the inode that
+    /// connection pinned. Per thread, so two connections closing on two threads never mix.
+    static JUST_CLOSED_WAL: RefCell<Option<(PathBuf, FileId)>> = const { RefCell::new(None) };
+}
 
 impl DbState {
     pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
@@ -111,9 +115,10 @@ impl DbState {
             db_path,
             retired: AtomicBool::new(false),
             wal_pinned: AtomicBool::new(false),
+            lock_checked: AtomicBool::new(false),
             wal_checked: AtomicBool::new(false),
+            last_wal_offset: AtomicI64::new(i64::MAX),
             main_checked: AtomicBool::new(false),
-            commit_page_at: AtomicI64::new(-1),
             refusals: AtomicU64::new(0),
             watch,
             verified_generation: AtomicU64::new(u64::MAX),
@@ -140,27 +145,19 @@ impl DbState {
         self.inner.lock().main_image = image;
     }
 
-    /// Called when SQLite has opened `<db>-wal` for this database.
-    pub(crate) fn pin_wal(self: &Arc<Self>, wal_path: &Path) {
-        match PinnedWal::open(wal_path) {
-            Ok(wal) => {
-                let id = wal.id();
-                let mut inner = self.inner.lock();
-                if let Some(old) = inner.wal.replace(wal) {
-                    forget_held(old.id());
-                }
-                self.wal_pinned.store(true, Ordering::Release);
-                drop(inner);
-                HELD.lock()
-                    .get_or_insert_with(HashMap::new)
-                    .insert(id, Arc::downgrade(self));
-            }
-            Err(e) => log::error!(
-                "hermes-guard: cannot open {} to pin the WAL generation: {e}; \
-                 a later loss of it cannot be captured",
+    /// Called when SQLite has opened `<db>-wal` for this database. A WAL the guard cannot pin
+    /// is one whose loss it could neither see nor capture: the caller fails the open.
+    pub(crate) fn pin_wal(&self, wal_path: &Path) -> std::io::Result<()> {
+        let wal = PinnedWal::open(wal_path).inspect_err(|e| {
+            log::error!(
+                "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the open",
                 wal_path.display()
-            ),
-        }
+            )
+        })?;
+        self.inner.lock().wal = Some(wal);
+        self.last_wal_offset.store(i64::MAX, Ordering::Release);
+        self.wal_pinned.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Called when SQLite closes the WAL file object.
@@ -169,18 +166,13 @@ impl DbState {
         let Some(id) = inner.wal.as_ref().map(PinnedWal::id) else {
             return;
         };
-        CLOSING_WALS
-            .lock()
-            .get_or_insert_with(HashMap::new)
-            .insert(self.wal_path.clone(), id);
+        JUST_CLOSED_WAL.with(|j| *j.borrow_mut() = Some((self.wal_path.clone(), id)));
         if inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing() {
             // The descriptor is the only way left to the retired frames: keep it for the retry.
             return;
         }
         inner.wal = None;
         self.wal_pinned.store(false, Ordering::Release);
-        drop(inner);
-        forget_held(id);
     }
 
     /// Called when the shared-memory region is first mapped.
@@ -204,26 +196,41 @@ impl DbState {
         self.inner.lock().shm_id.is_some()
     }
 
-    /// A write is about to happen at `site`; `Err(code)` refuses it.
+    /// A main-file write, truncate or size hint is about to happen; `Err(code)` refuses it.
     #[inline]
-    pub(crate) fn before_write(&self, site: Site) -> Result<(), i32> {
+    pub(crate) fn before_main_write(&self) -> Result<(), i32> {
         if self.is_retired() {
             return Err(self.refuse());
         }
-        let flag = match site {
-            Site::WalWrite => &self.wal_checked,
-            Site::MainWrite => &self.main_checked,
-        };
-        if flag.load(Ordering::Acquire) {
+        if self.main_checked.load(Ordering::Acquire) {
             return Ok(());
         }
-        self.check(site)
+        self.check(Site::MainWrite)
+    }
+
+    /// A WAL write (or truncate) at `offset` is about to happen; `Err(code)` refuses it.
+    #[inline]
+    pub(crate) fn before_wal_write(&self, offset: i64) -> Result<(), i32> {
+        if self.is_retired() {
+            return Err(self.refuse());
+        }
+        if self.lock_checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // No write lock (exclusive locking mode): the first write of a transaction checks. A
+        // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
+        // the next transaction writes at or below where the last write was.
+        let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
+        if self.wal_checked.load(Ordering::Acquire) && offset > previous {
+            return Ok(());
+        }
+        self.check(Site::WalWrite)
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
-    /// Transaction and checkpoint starts skip the `stat` calls while the directory watch vouches
-    /// that nothing changed since the last full check (the close-time checkpoint is still
-    /// preceded by a full check, through `SQLITE_FCNTL_HAS_MOVED`).
+    /// It skips the `stat` calls while the directory watch vouches that nothing on the path
+    /// changed since the last full check (the close-time checkpoint is still preceded by a full
+    /// check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
         let generation = self.watch.as_ref().and_then(DirWatch::current);
         let vouched =
@@ -243,31 +250,29 @@ impl DbState {
         Ok(())
     }
 
-    /// The transaction that `site` covers has ended: the next write checks again.
+    /// The WAL write lock was taken after its check passed (`held`), or released.
     #[inline]
-    pub(crate) fn end_of(&self, site: Site) {
-        match site {
-            Site::WalWrite => {
-                self.wal_checked.store(false, Ordering::Release);
-                // New frames mean a later checkpoint has new pages to copy.
-                self.main_checked.store(false, Ordering::Release);
-            }
-            Site::MainWrite => self.main_checked.store(false, Ordering::Release),
+    pub(crate) fn write_lock(&self, held: bool) {
+        if held {
+            self.lock_checked.store(true, Ordering::Release);
+        } else {
+            self.end_of_transaction();
         }
     }
 
-    /// A WAL write of `amt` bytes at `ofst` succeeded. A commit frame is a 24-byte header (with
-    /// a non-zero "database size after commit") followed by its page: the transaction ends when
-    /// that page is written, and the next WAL write belongs to a new one.
+    /// A write transaction committed or ended: the next write checks again.
     #[inline]
-    pub(crate) fn wal_written(&self, ofst: i64, amt: i32, commit_header: bool) {
-        if commit_header {
-            self.commit_page_at
-                .store(ofst + i64::from(amt), Ordering::Release);
-        } else if self.commit_page_at.load(Ordering::Acquire) == ofst {
-            self.commit_page_at.store(-1, Ordering::Release);
-            self.end_of(Site::WalWrite);
-        }
+    pub(crate) fn end_of_transaction(&self) {
+        self.lock_checked.store(false, Ordering::Release);
+        self.wal_checked.store(false, Ordering::Release);
+        // New frames mean a later checkpoint has new pages to copy.
+        self.main_checked.store(false, Ordering::Release);
+    }
+
+    /// A checkpoint ended (its lock released, or the main file synced): the next one checks.
+    #[inline]
+    pub(crate) fn end_of_checkpoint(&self) {
+        self.main_checked.store(false, Ordering::Release);
     }
 
     /// Compares each pinned identity with what its pathname resolves to now; retires the
@@ -337,19 +342,26 @@ impl DbState {
     pub(crate) fn main_closed(&self) {
         let mut inner = self.inner.lock();
         inner.main_image = None;
-        if let Some(wal) = inner.wal.take() {
-            forget_held(wal.id());
-        }
+        inner.wal = None;
         self.wal_pinned.store(false, Ordering::Release);
-        drop(inner);
-        if let Some(map) = CLOSING_WALS.lock().as_mut() {
-            map.remove(&self.wal_path);
-        }
+        JUST_CLOSED_WAL.with(|j| {
+            let mut j = j.borrow_mut();
+            if j.as_ref().is_some_and(|(path, _)| *path == self.wal_path) {
+                *j = None;
+            }
+        });
     }
 
     fn capture_locked(&self, inner: &mut Inner, trigger: Trigger) -> Result<PathBuf, CaptureError> {
         if let Some(done) = &inner.capture {
             return Ok(done.clone());
+        }
+        // A capture stands for the generation from then on (it is taken once): taken of a live
+        // generation, it would miss every later commit.
+        if inner.reason.is_none() {
+            return Err(CaptureError::NotRetired {
+                database: self.db_path.clone(),
+            });
         }
         let result = match (&inner.wal, &inner.main_image) {
             (None, _) => Err(CaptureError::NoPinnedIdentity {
@@ -413,16 +425,16 @@ impl DbState {
     }
 }
 
-fn forget_held(id: FileId) {
-    if let Some(map) = HELD.lock().as_mut() {
-        map.remove(&id);
-    }
-}
-
-/// Whether the VFS may delete `path`: a WAL just closed by a guarded connection may be deleted
+/// Whether the VFS may delete `path`: a WAL this thread's connection just closed may be deleted
 /// only while the pathname still resolves to the inode that connection pinned.
 pub(crate) fn may_delete(path: &Path) -> bool {
-    let pinned = CLOSING_WALS.lock().as_mut().and_then(|m| m.remove(path));
+    let pinned = JUST_CLOSED_WAL.with(|j| {
+        let mut j = j.borrow_mut();
+        match j.as_ref() {
+            Some((closed, _)) if closed == path => j.take().map(|(_, id)| id),
+            _ => None,
+        }
+    });
     match pinned {
         None => true,
         Some(id) => {
@@ -439,32 +451,4 @@ pub(crate) fn may_delete(path: &Path) -> bool {
             }
         }
     }
-}
-
-/// Captures the generation whose WAL has `identity`, from the descriptor this process holds.
-pub(crate) fn capture_by_identity(
-    database: &Path,
-    identity: Option<FileId>,
-    trigger: Trigger,
-) -> Result<PathBuf, CaptureError> {
-    let Some(identity) = identity else {
-        return Err(CaptureError::NoPinnedIdentity {
-            database: database.to_path_buf(),
-        });
-    };
-    let state = HELD
-        .lock()
-        .as_ref()
-        .and_then(|m| m.get(&identity))
-        .and_then(Weak::upgrade);
-    let not_held = || CaptureError::NotHeld {
-        database: database.to_path_buf(),
-        identity,
-    };
-    let state = state.ok_or_else(not_held)?;
-    let mut inner = state.inner.lock();
-    if inner.wal.as_ref().map(PinnedWal::id) != Some(identity) {
-        return Err(not_held());
-    }
-    state.capture_locked(&mut inner, trigger)
 }
