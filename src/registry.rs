@@ -19,6 +19,12 @@
 //! final release (a PASSIVE checkpoint, then the guarded close) runs outside the registry's lock,
 //! so one database's slow close never stalls acquisition of any other.
 //!
+//! A final teardown that cannot capture a retired generation leaves it open, *unsettled*: it
+//! holds the only copy of the retired transactions. The next acquire of its path retries that
+//! teardown before opening anything, and refuses with [`StoreError::RetiredGenerationCapture`]
+//! while it still fails (a new connection would attach to the lost `-shm` anyway);
+//! [`Registry::close_all`] retries every unsettled generation.
+//!
 //! The process-wide registry is [`global`], behind the free functions [`acquire`], [`release`],
 //! [`release_or_close`], [`close_all`] and [`stats`]. A [`Registry`] value is an independent
 //! registry (tests make one each; `with_opener`/`with_teardown` inject the open and teardown
@@ -34,7 +40,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use crate::identity::{identity_of_path, FileId};
-use crate::store::{SessionDb, StoreError};
+use crate::store::{HeldBack, SessionDb, StoreError};
 
 /// How the registry opens a generation.
 pub type Opener = dyn Fn(&Path) -> Result<SessionDb, StoreError> + Send + Sync;
@@ -54,7 +60,8 @@ pub struct RegistryStats {
     /// References held, over live and retired generations.
     pub references: usize,
     /// Generations whose final teardown could not capture their retired generation: kept open
-    /// so the retired bytes stay recoverable, retried by [`Registry::close_all`].
+    /// so the retired bytes stay recoverable, retried by the next [`Registry::acquire`] of their
+    /// path and by [`Registry::close_all`].
     pub unsettled_generations: usize,
 }
 
@@ -78,11 +85,17 @@ struct State {
     /// Retired generations with holders left, by serial.
     retired: HashMap<u64, Generation>,
     /// Torn down but not closed: their retired generation is not captured yet.
-    unsettled: Vec<Arc<SessionDb>>,
+    unsettled: Vec<Unsettled>,
     next_serial: u64,
 }
 
+struct Unsettled {
+    path: PathBuf,
+    db: Arc<SessionDb>,
+}
+
 struct Generation {
+    path: PathBuf,
     serial: u64,
     identity: FileId,
     db: Arc<SessionDb>,
@@ -145,8 +158,15 @@ impl Registry {
         }
     }
 
-    /// Lends the live generation of `path`, opening one if there is none or if the one there is
-    /// retired (the file at the path was replaced, or a holder saw its generation lost).
+    /// Lends the live generation of `path`, opening one if there is none or if the file at the
+    /// path was replaced (the one there is then retired: its holders keep it, nobody new gets
+    /// it). A generation whose `-wal`/`-shm` was lost is the same main file, so it is still lent
+    /// (its writes fail with [`StoreError::DeletedWalGeneration`]) until its last holder
+    /// releases it.
+    ///
+    /// Before opening, the teardown of an unsettled generation of this path (one whose capture
+    /// failed at its final release) is retried, outside the registry's lock; while it still
+    /// fails, the acquire returns [`StoreError::RetiredGenerationCapture`] and opens nothing.
     ///
     /// Concurrent first acquires end up sharing one generation: each may open, but only one
     /// open is installed and the others are torn down. If the open fails, the registry keeps no
@@ -161,6 +181,7 @@ impl Registry {
             if let Some(handle) = self.lend_live(&mut self.inner.state.lock(), &path)? {
                 return Ok(handle);
             }
+            self.settle_path(&path)?;
             // Opening can be slow (schema migration, a busy database): not under the lock.
             let db = Arc::new((self.inner.opener)(&path)?);
             let mut state = self.inner.state.lock();
@@ -179,6 +200,7 @@ impl Registry {
                     state.live.insert(
                         path.clone(),
                         Generation {
+                            path: path.clone(),
                             serial,
                             identity,
                             db: db.clone(),
@@ -245,6 +267,29 @@ impl Registry {
         Ok(None)
     }
 
+    /// Retries the teardown of every unsettled generation of `path`. Until each is settled,
+    /// opening the path would attach to the lost `-shm` the unsettled connection still maps,
+    /// and its retired transactions would still have no copy but that connection.
+    fn settle_path(&self, path: &Path) -> Result<(), StoreError> {
+        for db in self.inner.unsettled_of(Some(path)) {
+            match self.inner.retry_unsettled(&db) {
+                Ok(()) => log::info!(
+                    "{}: the retired generation owed a capture is captured and closed",
+                    path.display()
+                ),
+                Err(StoreError::RetiredGenerationCapture { message, .. }) => {
+                    return Err(StoreError::RetiredGenerationCapture {
+                        database: path.to_path_buf(),
+                        message,
+                        held_back: HeldBack::Acquire,
+                    })
+                }
+                Err(e) => log_teardown_error(&e),
+            }
+        }
+        Ok(())
+    }
+
     fn identity(&self, path: &Path) -> Result<Option<FileId>, StoreError> {
         identity_of_path(path).map_err(|source| StoreError::Io {
             database: path.to_path_buf(),
@@ -264,16 +309,21 @@ impl Registry {
     /// [`StoreError::Closed`] from them afterwards. Returns how many generations are still
     /// unsettled (their capture failed again; each was logged at ERROR and is kept open).
     pub fn close_all(&self) -> usize {
-        let dbs: Vec<Arc<SessionDb>> = {
+        let generations: Vec<Generation> = {
             let mut state = self.inner.state.lock();
-            let live = state.live.drain().map(|(_, g)| g.db);
-            let mut dbs: Vec<_> = live.collect();
-            dbs.extend(state.retired.drain().map(|(_, g)| g.db));
-            dbs.append(&mut state.unsettled);
-            dbs
+            let mut generations: Vec<_> = state.live.drain().map(|(_, g)| g).collect();
+            generations.extend(state.retired.drain().map(|(_, g)| g));
+            generations
         };
-        for db in dbs {
-            self.inner.settle(db);
+        for generation in generations {
+            if let Err(e) = self.inner.teardown(&generation.path, generation.db) {
+                log_teardown_error(&e);
+            }
+        }
+        for db in self.inner.unsettled_of(None) {
+            if let Err(e) = self.inner.retry_unsettled(&db) {
+                log_teardown_error(&e);
+            }
         }
         self.inner.state.lock().unsettled.len()
     }
@@ -323,19 +373,46 @@ impl Inner {
         Some(generation.map(|g| g.db))
     }
 
-    /// Tears `db` down; on a capture failure keeps it, open, among the unsettled.
-    fn teardown(&self, db: Arc<SessionDb>) -> Result<(), StoreError> {
+    /// Tears down `db`, a generation of `path` no longer in the registry; on a capture failure
+    /// keeps it, open, among the unsettled.
+    fn teardown(&self, path: &Path, db: Arc<SessionDb>) -> Result<(), StoreError> {
         let result = (self.teardown)(&db);
         if let Err(StoreError::RetiredGenerationCapture { .. }) = &result {
-            self.state.lock().unsettled.push(db);
+            self.state.lock().unsettled.push(Unsettled {
+                path: path.to_path_buf(),
+                db,
+            });
         }
         result
     }
 
-    fn settle(&self, db: Arc<SessionDb>) {
-        if let Err(e) = self.teardown(db) {
-            log_teardown_error(&e);
+    /// The unsettled generations of `path`, or all of them. They stay listed while retried, so a
+    /// concurrent retry of the same one meets the close already done (the teardown is
+    /// idempotent and serialised on the handle's connection).
+    fn unsettled_of(&self, path: Option<&Path>) -> Vec<Arc<SessionDb>> {
+        let state = self.state.lock();
+        state
+            .unsettled
+            .iter()
+            .filter(|u| path.is_none_or(|p| u.path == p))
+            .map(|u| u.db.clone())
+            .collect()
+    }
+
+    fn is_unsettled(&self, db: &Arc<SessionDb>) -> bool {
+        let state = self.state.lock();
+        state.unsettled.iter().any(|u| Arc::ptr_eq(&u.db, db))
+    }
+
+    /// Retries the teardown of the unsettled `db`. It stays unsettled only while its capture
+    /// keeps failing; any other outcome lets it go, as a first teardown would.
+    fn retry_unsettled(&self, db: &Arc<SessionDb>) -> Result<(), StoreError> {
+        let result = (self.teardown)(db);
+        if !matches!(result, Err(StoreError::RetiredGenerationCapture { .. })) {
+            let mut state = self.state.lock();
+            state.unsettled.retain(|u| !Arc::ptr_eq(&u.db, db));
         }
+        result
     }
 }
 
@@ -389,8 +466,10 @@ impl SharedSessionDb {
 
     /// Releases this reference; the last one tears the generation down (outside the registry's
     /// lock). True when the registry still had the generation (false after `close_all`). A
-    /// teardown error is logged: a capture failure at ERROR (the generation is then kept open
-    /// and retried by `close_all`), anything else at DEBUG.
+    /// teardown error is logged: a capture failure at ERROR (the generation is then kept open,
+    /// unsettled, and retried by the next acquire of its path and by `close_all`), anything else
+    /// at DEBUG. Unlike [`close`](SharedSessionDb::close), it does not capture a retired
+    /// generation that others still hold: their final release will.
     pub fn release(mut self) -> bool {
         match self.release_inner() {
             (found, Err(e)) => {
@@ -401,11 +480,38 @@ impl SharedSessionDb {
         }
     }
 
-    /// Releases this reference, like [`release`](SharedSessionDb::release), but returns the
-    /// teardown's error when this was the last reference: notably
-    /// [`StoreError::RetiredGenerationCapture`], after which the registry keeps the generation
-    /// open and [`Registry::close_all`] retries. Never closes what other holders still use.
-    pub fn close(mut self) -> Result<(), StoreError> {
+    /// Gives back this reference, first making sure a retired generation is captured — also
+    /// when others still hold it, so the capture never waits on the last holder. On failure,
+    /// notably [`StoreError::RetiredGenerationCapture`], returns the error together with the
+    /// handle, still open and usable, so `close()` can be retried: the shape of
+    /// [`hermes_guard::close`](crate::close) and rusqlite's `Connection::close`. Never closes
+    /// what other holders still use; the last reference's teardown does.
+    ///
+    /// Should that final teardown fail after all (the generation lost between the capture and
+    /// the close), the reference is already given back: the registry keeps the generation open
+    /// among the unsettled, and closing the handle handed back retries its teardown.
+    // Unboxed, to keep the shape of `hermes_guard::close` and rusqlite's `Connection::close`.
+    #[allow(clippy::result_large_err)]
+    pub fn close(mut self) -> Result<(), (SharedSessionDb, StoreError)> {
+        match self.close_inner() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn close_inner(&mut self) -> Result<(), StoreError> {
+        match self.db.ensure_captured() {
+            // Closed: `close_all` closed the generation; only the reference is left to give back.
+            Ok(_) | Err(StoreError::Closed { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        if self.released {
+            // Handed back by a close whose final teardown failed.
+            if self.registry.is_unsettled(&self.db) {
+                return self.registry.retry_unsettled(&self.db);
+            }
+            return Ok(());
+        }
         self.release_inner().1
     }
 
@@ -416,7 +522,7 @@ impl SharedSessionDb {
         match self.registry.release_ref(&self.path, self.serial) {
             None => (false, Ok(())),
             Some(None) => (true, Ok(())),
-            Some(Some(db)) => (true, self.registry.teardown(db)),
+            Some(Some(db)) => (true, self.registry.teardown(&self.path, db)),
         }
     }
 }
@@ -438,8 +544,11 @@ pub trait ReleaseOrClose {
 
 impl ReleaseOrClose for SharedSessionDb {
     fn release_or_close(self) {
-        if let Err(e) = self.close() {
+        if let Err((handle, e)) = self.close() {
             log_teardown_error(&e);
+            // The reference goes back all the same: a capture still owed is retried by the final
+            // teardown (then, failing, by the next acquire of the path and by close_all).
+            drop(handle);
         }
     }
 }
@@ -469,8 +578,9 @@ pub fn release(handle: SharedSessionDb) -> bool {
 }
 
 /// Gives back a lent handle or closes an own `SessionDb`, never failing: for shutdown paths.
-/// A capture failure is logged at ERROR (and the handle stays open for a retry), other errors at
-/// DEBUG.
+/// A capture failure is logged at ERROR, other errors at DEBUG. An own `SessionDb` then stays
+/// open for a retry; a lent handle's reference is given back, and a final teardown that cannot
+/// capture leaves the generation unsettled (retried by the next acquire and by `close_all`).
 pub fn release_or_close(db: impl ReleaseOrClose) {
     db.release_or_close();
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use common::*;
 use hermes_guard::registry::{self, Registry};
-use hermes_guard::store::{NewMessage, NewSession};
+use hermes_guard::store::{HeldBack, NewMessage, NewSession};
 use hermes_guard::{FileId, RegistryStats, SessionDb, StoreError, StoreOptions};
 use parking_lot::Mutex;
 
@@ -357,7 +357,9 @@ fn dropping_a_handle_releases_its_reference() {
 fn concurrent_first_acquires_share_one_generation() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let (entered_tx, entered_rx) = mpsc::channel::<()>();
+    // The opener reports each call and holds the first one at the gate until the second call
+    // has started: both acquires are then inside an open, neither installed yet.
+    let (entered_tx, entered_rx) = mpsc::channel::<usize>();
     let (gate_tx, gate_rx) = mpsc::channel::<()>();
     let (entered_tx, gate_rx) = (Mutex::new(entered_tx), Mutex::new(gate_rx));
     let opened = Arc::new(AtomicUsize::new(0));
@@ -365,22 +367,28 @@ fn concurrent_first_acquires_share_one_generation() {
     let registry = {
         let opened = opened.clone();
         teardowns.registry().with_opener(move |path: &Path| {
-            let db = SessionDb::open(path)?;
-            // Hold the first open so a second thread can race in.
-            if opened.fetch_add(1, Ordering::SeqCst) == 0 {
-                let _ = entered_tx.lock().send(());
+            let call = opened.fetch_add(1, Ordering::SeqCst);
+            let _ = entered_tx.lock().send(call);
+            if call == 0 {
                 let _ = gate_rx.lock().recv_timeout(STUCK);
             }
-            Ok(db)
+            SessionDb::open(path)
         })
     };
 
     let acquire = |registry: Registry, path: PathBuf| thread::spawn(move || registry.acquire(path));
     let t1 = acquire(registry.clone(), path.clone());
-    entered_rx
-        .recv_timeout(STUCK)
-        .expect("first open never started");
+    assert_eq!(
+        entered_rx.recv_timeout(STUCK),
+        Ok(0),
+        "first open never started"
+    );
     let t2 = acquire(registry.clone(), path.clone());
+    assert_eq!(
+        entered_rx.recv_timeout(STUCK),
+        Ok(1),
+        "second open never started"
+    );
     gate_tx.send(()).unwrap();
     let first = t1.join().unwrap().unwrap();
     let second = t2.join().unwrap().unwrap();
@@ -389,16 +397,16 @@ fn concurrent_first_acquires_share_one_generation() {
         first.same_generation(&second),
         "concurrent acquires must share one generation"
     );
-    let opens = opened.load(Ordering::SeqCst);
-    assert!(opens >= 1);
-    // Every losing open was torn down (and closed); the shared one is untouched.
-    assert_eq!(teardowns.count(), opens - 1);
+    assert_eq!(opened.load(Ordering::SeqCst), 2, "both acquires opened");
+    // Exactly the losing open was torn down (and closed); the shared one is untouched.
+    assert_eq!(teardowns.count(), 1);
     assert!(teardowns.0.lock().iter().all(|(_, closed)| *closed));
     assert!(!first.is_closed());
     assert_eq!(registry.stats().references, 2);
+    first.ensure_session("shared", "cli").unwrap();
     registry::release(first);
     registry::release(second);
-    assert_eq!(teardowns.count(), opens);
+    assert_eq!(teardowns.count(), 2);
     assert_eq!(registry.stats(), RegistryStats::default());
 }
 
@@ -446,11 +454,10 @@ fn a_lost_wal_generation_is_lent_until_drained_then_opened_afresh() {
     assert_eq!(registry.stats(), RegistryStats::default());
 }
 
-#[test]
-fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_retries() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    let registry = Registry::new().with_opener(|path: &Path| {
+/// A registry whose generations never checkpoint on their own, so a committed row can be left
+/// in the WAL only.
+fn wal_keeping_registry() -> Registry {
+    Registry::new().with_opener(|path: &Path| {
         SessionDb::open_with(
             path,
             StoreOptions {
@@ -458,21 +465,39 @@ fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_r
                 ..StoreOptions::default()
             },
         )
-    });
-    let db = registry.acquire(&path).unwrap();
+    })
+}
+
+/// Checkpointed history, then one message that lives only in the WAL; returns its content.
+fn wal_only_message(db: &SessionDb) -> String {
     db.ensure_session("gw-0", "gateway").unwrap();
     db.try_wal_checkpoint().expect("checkpoint ran");
     let sentinel = format!("{SENTINEL_PREFIX}{}", "y".repeat(2000));
     db.append_message("gw-0", &NewMessage::new("assistant", sentinel.clone()))
         .unwrap();
+    sentinel
+}
+
+/// The one capture in `dir` holds `sentinel`.
+#[track_caller]
+fn assert_one_capture_recovering(dir: &Path, sentinel: &str) {
+    let found = artifacts(dir);
+    assert_eq!(found.len(), 1, "one loss, one capture: {found:?}");
+    let recovered = recover(&found[0], "state.db", &dir.join("recovered"));
+    assert_eq!(count_like(&recovered, sentinel), 1);
+}
+
+#[test]
+fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let registry = wal_keeping_registry();
+    let db = registry.acquire(&path).unwrap();
+    let sentinel = wal_only_message(&db);
     lose_sidecars(&path, false);
     hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
 
-    let err = db.close().unwrap_err();
-    assert!(
-        matches!(err, StoreError::RetiredGenerationCapture { .. }),
-        "{err:?}"
-    );
+    assert!(registry::release(db));
     assert_eq!(
         registry.stats(),
         RegistryStats {
@@ -486,10 +511,203 @@ fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_r
     hermes_guard::capture::clear_capture_fault(dir.path());
     assert_eq!(registry.close_all(), 0);
     assert_eq!(registry.stats(), RegistryStats::default());
+    assert_one_capture_recovering(dir.path(), &sentinel);
+}
+
+#[test]
+fn an_unsettled_generation_refuses_acquires_of_its_path_until_its_capture_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let registry = wal_keeping_registry();
+    let db = registry.acquire(&path).unwrap();
+    let sentinel = wal_only_message(&db);
+    lose_sidecars(&path, false);
+    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    assert!(registry::release(db));
+    assert_eq!(registry.stats().unsettled_generations, 1);
+
+    // Still failing: refused with the capture's own error, and nothing opened or written.
+    match registry.acquire(&path) {
+        Err(
+            e @ StoreError::RetiredGenerationCapture {
+                held_back: HeldBack::Acquire,
+                ..
+            },
+        ) => {
+            let text = e.to_string();
+            assert!(text.contains("no space left on device"), "{text}");
+            assert!(text.contains("nothing new was opened"), "{text}");
+        }
+        other => panic!("expected RetiredGenerationCapture at acquire, got {other:?}"),
+    }
+    assert!(artifacts(dir.path()).is_empty(), "a capture was written");
+    assert!(
+        !sidecar(&path, "-wal").exists(),
+        "a new generation was opened"
+    );
+    assert_eq!(
+        registry.stats(),
+        RegistryStats {
+            unsettled_generations: 1,
+            ..RegistryStats::default()
+        }
+    );
+
+    // Fixed: the same acquire settles the old generation first, then opens a working one.
+    hermes_guard::capture::clear_capture_fault(dir.path());
+    let fresh = registry.acquire(&path).unwrap();
+    fresh.set_meta("after", "the capture").unwrap();
+    assert_eq!(
+        fresh.get_meta("after").unwrap().as_deref(),
+        Some("the capture")
+    );
+    assert_eq!(
+        registry.stats(),
+        RegistryStats {
+            live_generations: 1,
+            references: 1,
+            ..RegistryStats::default()
+        }
+    );
+    assert_one_capture_recovering(dir.path(), &sentinel);
+    drop(fresh);
+    assert_eq!(registry.stats(), RegistryStats::default());
+}
+
+#[test]
+fn closing_a_shared_handle_of_a_lost_generation_captures_it_while_others_still_hold_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let teardowns = Teardowns::default();
+    let registry = teardowns.registry();
+    let a = registry.acquire(&path).unwrap();
+    let b = registry.acquire(&path).unwrap();
+    let sentinel = wal_only_message(&a);
+    lose_sidecars(&path, false);
+
+    a.close().unwrap();
+
     let found = artifacts(dir.path());
-    assert_eq!(found.len(), 1, "{found:?}");
-    let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
-    assert_eq!(count_like(&recovered, &sentinel), 1);
+    assert_eq!(found.len(), 1, "close() did not capture: {found:?}");
+    assert_eq!(manifest(&found[0])["trigger"], "close");
+    assert_eq!(b.retired_generation_capture(), Some(found[0].clone()));
+    assert!(
+        teardowns.count() == 0 && !b.is_closed(),
+        "b's generation torn down"
+    );
+    assert_eq!(registry.stats().references, 1);
+    assert_one_capture_recovering(dir.path(), &sentinel);
+
+    drop(b);
+    assert_eq!(artifacts(dir.path()), found, "captured once");
+    assert_eq!(registry.stats(), RegistryStats::default());
+}
+
+#[test]
+fn a_close_whose_capture_fails_hands_back_the_handle_with_its_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let registry = wal_keeping_registry();
+    let db = registry.acquire(&path).unwrap();
+    let sentinel = wal_only_message(&db);
+    lose_sidecars(&path, false);
+    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+
+    let (db, err) = db.close().unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StoreError::RetiredGenerationCapture { held_back: HeldBack::Close, message, .. }
+                if message.contains("no space left on device")
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("NOT closed"), "{err}");
+    assert_eq!(
+        registry.stats(),
+        RegistryStats {
+            live_generations: 1,
+            references: 1,
+            ..RegistryStats::default()
+        },
+        "the handle still holds its reference"
+    );
+    assert!(!db.is_closed());
+    assert_eq!(db.get_session("gw-0").unwrap().unwrap().message_count, 1);
+    assert!(artifacts(dir.path()).is_empty());
+
+    hermes_guard::capture::clear_capture_fault(dir.path());
+    db.close().unwrap();
+    assert_eq!(registry.stats(), RegistryStats::default());
+    assert_one_capture_recovering(dir.path(), &sentinel);
+}
+
+#[test]
+fn a_final_teardown_failing_after_the_release_is_retried_by_closing_the_handle_handed_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    // The loss lands between close()'s capture check and the final teardown, with the disk
+    // full: the reference is already given back when the capture fails.
+    let struck = Arc::new(AtomicBool::new(false));
+    let registry = {
+        let (struck, path, dir) = (struck.clone(), path.clone(), dir.path().to_path_buf());
+        wal_keeping_registry().with_teardown(move |db| {
+            if !struck.swap(true, Ordering::SeqCst) {
+                lose_sidecars(&path, false);
+                hermes_guard::capture::inject_capture_fault(&dir, "no space left on device");
+            }
+            registry::default_teardown(db)
+        })
+    };
+    let db = registry.acquire(&path).unwrap();
+    let sentinel = wal_only_message(&db);
+
+    let (db, err) = db.close().unwrap_err();
+    assert!(
+        matches!(err, StoreError::RetiredGenerationCapture { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        registry.stats(),
+        RegistryStats {
+            unsettled_generations: 1,
+            ..RegistryStats::default()
+        },
+        "released, and kept open until captured"
+    );
+    assert!(!db.is_closed());
+    assert_eq!(db.get_messages("gw-0").unwrap().len(), 1);
+
+    hermes_guard::capture::clear_capture_fault(dir.path());
+    db.close().unwrap();
+    assert_eq!(registry.stats(), RegistryStats::default());
+    assert_one_capture_recovering(dir.path(), &sentinel);
+}
+
+#[test]
+fn a_panic_while_holding_handles_or_inside_the_opener_leaks_no_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let registry = Registry::new();
+    let (holder, p) = (registry.clone(), path.clone());
+    let unwound = thread::spawn(move || {
+        let _a = holder.acquire(&p).unwrap();
+        let _b = holder.acquire(&p).unwrap();
+        panic!("the caller panics while holding two handles");
+    })
+    .join();
+    assert!(unwound.is_err());
+    assert_eq!(registry.stats(), RegistryStats::default());
+
+    let panicking = Registry::new().with_opener(|_: &Path| panic!("the opener panics"));
+    let (opener, p) = (panicking.clone(), path.clone());
+    assert!(thread::spawn(move || opener.acquire(&p).map(drop))
+        .join()
+        .is_err());
+    assert_eq!(panicking.stats(), RegistryStats::default());
+
+    let db = registry.acquire(&path).unwrap();
+    db.ensure_session("after the panics", "cli").unwrap();
 }
 
 #[test]

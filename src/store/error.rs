@@ -15,8 +15,8 @@ pub enum StoreError {
     /// process swapping `state.db`): this handle's generation is retired and refuses every write.
     /// Nothing of the refused write landed. Release the handle and open the path again.
     #[error(
-        "{database} was replaced under this handle ({why}); the write was refused and nothing of \
-         it landed — release this handle and open the database again to write to the new file"
+        "{database} was replaced under this handle ({why}); writes through it are refused and \
+         none of them lands — release this handle and open the database again to write to the new file"
     , why = reason.map_or("the file at the path is no longer the one this handle opened", RetireReason::describe))]
     StateDbReplaced {
         /// The database's path.
@@ -30,8 +30,8 @@ pub enum StoreError {
     /// Transactions committed only in that WAL are not in the file now at the path; they are in
     /// the capture, when there is one.
     #[error(
-        "the WAL generation of {database} was deleted or replaced under this handle ({why}); the \
-         write was refused and nothing of it landed. {captured}"
+        "the WAL generation of {database} was deleted or replaced under this handle ({why}); \
+         writes through it are refused and none of them lands. {captured}"
     , why = reason.map_or("a sidecar file is no longer the one this handle wrote", RetireReason::describe)
     , captured = describe_capture(capture.as_deref(), capture_error.as_deref()))]
     DeletedWalGeneration {
@@ -45,18 +45,19 @@ pub enum StoreError {
         reason: Option<RetireReason>,
     },
 
-    /// The retired generation could not be captured, so the handle was not closed: it stays open
-    /// (and keeps the retired bytes readable) so that a later `close()` can retry.
-    #[error(
-        "{database}: the retired WAL generation could not be captured ({message}); the handle was \
-         NOT closed and still holds the only copy of those transactions — free space or fix \
-         permissions in {dir} and call close() again"
-    , dir = database.parent().unwrap_or(Path::new(".")).display())]
+    /// The retired generation could not be captured, so it was not closed: it stays open (and
+    /// keeps the retired bytes readable) until a retry succeeds. `held_back` says what waited
+    /// on it: a `close()` (the handle stays open; call `close()` again) or a registry acquire
+    /// (the path's earlier generation is still open and owed its capture, so nothing new was
+    /// opened; acquire again).
+    #[error("{}", describe_capture_failure(database, message, *held_back))]
     RetiredGenerationCapture {
         /// The database's path.
         database: PathBuf,
         /// What went wrong writing the capture.
         message: String,
+        /// What the failure held back.
+        held_back: HeldBack,
     },
 
     /// The handle was closed (or the registry that lent it was closed with `close_all`).
@@ -188,6 +189,34 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+}
+
+/// What a capture that could not be written held back (see
+/// [`StoreError::RetiredGenerationCapture`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldBack {
+    /// A close: the handle was not closed and is still usable.
+    Close,
+    /// A registry acquire: the path's retired generation is still open and uncaptured, so no new
+    /// generation was opened.
+    Acquire,
+}
+
+fn describe_capture_failure(database: &Path, message: &str, held_back: HeldBack) -> String {
+    let dir = database.parent().unwrap_or(Path::new(".")).display();
+    let database = database.display();
+    match held_back {
+        HeldBack::Close => format!(
+            "{database}: the retired WAL generation could not be captured ({message}); the \
+             handle was NOT closed and still holds the only copy of those transactions — free \
+             space or fix permissions in {dir} and call close() again"
+        ),
+        HeldBack::Acquire => format!(
+            "{database}: the retired WAL generation of this path is still uncaptured ({message}); \
+             it is kept open because it holds the only copy of those transactions, and nothing \
+             new was opened — free space or fix permissions in {dir} and acquire again"
+        ),
+    }
 }
 
 fn describe_capture(capture: Option<&Path>, capture_error: Option<&str>) -> String {

@@ -25,7 +25,7 @@ use crate::error::GuardError;
 use crate::identity::FileId;
 use crate::status::{ErrorClass, GuardStatus, RetireReason};
 
-pub use error::StoreError;
+pub use error::{HeldBack, StoreError};
 pub use model::{Checkpoint, Message, NewMessage, NewSession, SearchHit, Session};
 pub use schema::SCHEMA_VERSION;
 
@@ -518,6 +518,21 @@ impl SessionDb {
         passive_checkpoint(conn, &self.path)
     }
 
+    /// If this handle's generation is retired, makes sure its capture exists (trigger `close`
+    /// when the loss is first seen here) and returns where it is; `Ok(None)` when the generation
+    /// is live or its lost WAL held no complete frame. On failure returns
+    /// [`StoreError::RetiredGenerationCapture`]; the handle is untouched and a later call retries.
+    pub fn ensure_captured(&self) -> Result<Option<PathBuf>, StoreError> {
+        let slot = self.conn.lock();
+        let conn = slot.as_ref().ok_or_else(|| self.closed())?;
+        let status = crate::ensure_captured(conn).map_err(|e| self.capture_error(e))?;
+        self.remember_capture(status.capture.as_ref());
+        if status.retired {
+            self.retired_seen.store(true, Ordering::Release);
+        }
+        Ok(status.capture)
+    }
+
     /// Closes the handle. If its generation was retired, first makes sure the retired generation
     /// is captured (trigger `close` when the loss is first seen here); if that fails, returns
     /// [`StoreError::RetiredGenerationCapture`] and stays open, usable, so a later `close()` can
@@ -572,7 +587,9 @@ impl SessionDb {
     }
 
     /// Whether this handle has seen its generation retired (a refused write, or a status that
-    /// said so). The registry stops lending such a generation; no check is run here.
+    /// said so). Runs no check: [`guard_status`](SessionDb::guard_status) does. Only a replaced
+    /// main file stops the registry lending a generation; one whose `-wal`/`-shm` was lost is
+    /// lent until its last holder releases it.
     pub fn has_seen_retirement(&self) -> bool {
         self.retired_seen.load(Ordering::Acquire)
     }
@@ -707,6 +724,7 @@ impl SessionDb {
             GuardError::CaptureFailed { message, .. } => StoreError::RetiredGenerationCapture {
                 database: self.path.clone(),
                 message,
+                held_back: HeldBack::Close,
             },
             source => self.guard_error(source),
         }
