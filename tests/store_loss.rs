@@ -8,28 +8,13 @@ use std::sync::Once;
 
 use common::*;
 use hermes_guard::store::{NewMessage, NewSession};
-use hermes_guard::{RetireReason, SessionDb, StoreError, StoreOptions};
+use hermes_guard::{RetireReason, SessionDb, StoreError};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 /// A store whose history is checkpointed and whose last message lives only in the WAL.
 fn store_with_wal_only_sentinel(path: &Path) -> (SessionDb, String) {
-    let db = SessionDb::open_with(
-        path,
-        StoreOptions {
-            wal_autocheckpoint: Some(0),
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
-    db.create_session(&NewSession::new("gw-0", "gateway").model("m"))
-        .unwrap();
-    for i in 0..20 {
-        db.append_message("gw-0", &NewMessage::new("user", format!("history {i}")))
-            .unwrap();
-    }
-    let checkpoint = db.try_wal_checkpoint().expect("checkpoint ran");
-    assert_eq!(checkpoint.checkpointed_frames, checkpoint.log_frames);
+    let db = store_with_checkpointed_history(path);
     let sentinel = format!("{SENTINEL_PREFIX}{}", "x".repeat(3000));
     db.append_message("gw-0", &NewMessage::new("assistant", sentinel.clone()))
         .unwrap();

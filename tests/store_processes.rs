@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use common::*;
-use hermes_guard::store::{NewMessage, NewSession};
-use hermes_guard::{SessionDb, StoreError, StoreOptions};
+use hermes_guard::store::NewMessage;
+use hermes_guard::{SessionDb, StoreError};
 use serde_json::{json, Value};
 
 const ROLE: &str = "HERMES_STORE_CHILD";
@@ -60,22 +60,7 @@ fn child_writer(path: &Path, rows: usize) {
 /// Seeds and checkpoints history, commits `rows` messages that live only in its WAL, then
 /// serves `write`, `close` and `quit` on stdin.
 fn child_gateway(path: &Path, rows: usize) {
-    let db = SessionDb::open_with(
-        path,
-        StoreOptions {
-            wal_autocheckpoint: Some(0),
-            ..StoreOptions::default()
-        },
-    )
-    .unwrap();
-    db.create_session(&NewSession::new("gw-0", "gateway"))
-        .unwrap();
-    for i in 0..20 {
-        db.append_message("gw-0", &NewMessage::new("user", format!("history {i}")))
-            .unwrap();
-    }
-    let checkpoint = db.try_wal_checkpoint().unwrap();
-    assert_eq!(checkpoint.checkpointed_frames, checkpoint.log_frames);
+    let db = store_with_checkpointed_history(path);
     for i in 0..rows {
         db.append_message(
             "gw-0",

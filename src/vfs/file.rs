@@ -581,8 +581,8 @@ unsafe extern "C" fn x_shm_map(
         if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (gf.kind, &gf.state, rc, region) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as usize;
-            if addr != 0 && !state.shm_pinned() {
-                state.pin_shm(identity_of_mapping(addr));
+            if addr != 0 {
+                state.pin_shm(|| identity_of_mapping(addr));
             }
         }
         rc

@@ -30,7 +30,7 @@ pub(crate) struct DbState {
     db_path: PathBuf,
     wal_path: PathBuf,
     shm_path: PathBuf,
-    /// Mirrors `inner.retirement.is_some()` so the write path can refuse without the mutex.
+    /// Mirrors `inner.reason.is_some()` so the write path can refuse without the mutex.
     retired: AtomicBool,
     /// Mirrors `inner.wal.is_some()`.
     wal_pinned: AtomicBool,
@@ -175,11 +175,12 @@ impl DbState {
         self.wal_pinned.store(false, Ordering::Release);
     }
 
-    /// Called when the shared-memory region is first mapped.
-    pub(crate) fn pin_shm(&self, mapped: Option<FileId>) {
+    /// Called when the shared-memory region 0 is mapped: pins the inode behind the mapping
+    /// (`mapped` runs only while nothing is pinned), or what the pathname names if that fails.
+    pub(crate) fn pin_shm(&self, mapped: impl FnOnce() -> Option<FileId>) {
         let mut inner = self.inner.lock();
         if inner.shm_id.is_none() {
-            inner.shm_id = mapped.or_else(|| identity_of_path(&self.shm_path).ok().flatten());
+            inner.shm_id = mapped().or_else(|| identity_of_path(&self.shm_path).ok().flatten());
         }
     }
 
@@ -190,10 +191,6 @@ impl DbState {
         if inner.reason.is_none() {
             inner.shm_id = None;
         }
-    }
-
-    pub(crate) fn shm_pinned(&self) -> bool {
-        self.inner.lock().shm_id.is_some()
     }
 
     /// A main-file write, truncate or size hint is about to happen; `Err(code)` refuses it.

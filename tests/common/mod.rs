@@ -247,3 +247,26 @@ pub fn write_second_generation(db: &Path, vfs: &str, rows: u32) -> i64 {
     let done: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
     done["rows"].as_i64().unwrap()
 }
+
+/// A session store whose 20 messages of history are fully checkpointed, with automatic
+/// checkpoints off, so whatever is appended next lives only in the WAL.
+pub fn store_with_checkpointed_history(path: &Path) -> hermes_guard::SessionDb {
+    use hermes_guard::store::{NewMessage, NewSession};
+    let db = hermes_guard::SessionDb::open_with(
+        path,
+        hermes_guard::StoreOptions {
+            wal_autocheckpoint: Some(0),
+            ..hermes_guard::StoreOptions::default()
+        },
+    )
+    .unwrap();
+    db.create_session(&NewSession::new("gw-0", "gateway").model("m"))
+        .unwrap();
+    for i in 0..20 {
+        db.append_message("gw-0", &NewMessage::new("user", format!("history {i}")))
+            .unwrap();
+    }
+    let checkpoint = db.try_wal_checkpoint().expect("checkpoint ran");
+    assert_eq!(checkpoint.checkpointed_frames, checkpoint.log_frames);
+    db
+}
