@@ -16,7 +16,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::identity::{identity_of_path, FileId, PinnedWal};
-use crate::status::RetireReason;
+use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, MainHeader, WalHeader, WalScanner};
 
 /// Name of the manifest inside an artifact directory.
@@ -109,6 +109,8 @@ pub struct CaptureInput<'a> {
     pub trigger: Trigger,
     /// What retired the generation.
     pub reason: Option<RetireReason>,
+    /// How far the retired WAL had been checkpointed when the loss was seen.
+    pub backfill_at_loss: Option<Backfill>,
 }
 
 /// `manifest.json`, version 1 (keys compatible with the Python implementation).
@@ -136,6 +138,10 @@ pub struct Manifest {
     pub main: MainEntry,
     /// What the three pathnames resolved to when the capture was taken.
     pub path_generation_at_capture: PathGeneration,
+    /// The retired WAL's checkpoint progress when the loss was seen (from the `-shm`).
+    pub backfill_at_loss: Option<Backfill>,
+    /// The loss left the live main file torn (see [`Backfill::tears_main`]): it needs repair.
+    pub main_torn: bool,
 }
 
 /// The WAL part of the manifest.
@@ -381,6 +387,8 @@ fn fill_staging(input: &CaptureInput<'_>, staging: &Path, name: &str) -> io::Res
             bytes: main_size,
             sha256: hex(&main_hash.finalize()),
         },
+        backfill_at_loss: input.backfill_at_loss,
+        main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
         path_generation_at_capture: PathGeneration {
             main: identity_of_path(input.database).ok().flatten(),
             wal: identity_of_path(&sidecar(input.database, "-wal"))

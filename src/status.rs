@@ -50,6 +50,38 @@ pub struct GuardStatus {
     pub capture_error: Option<String>,
     /// Writes refused so far.
     pub refusals: u64,
+    /// How far the retired WAL had been checkpointed into the main file when the loss was seen,
+    /// as the connection's wal-index (`-shm`) recorded it; `None` while live or when unknown.
+    #[serde(default)]
+    pub backfill_at_loss: Option<Backfill>,
+    /// The loss left the main file torn: it holds some, not all, of the retired WAL's pages, and
+    /// the newer generation builds on it. The live file needs repair (docs/recovery.md).
+    #[serde(default)]
+    pub main_torn: bool,
+}
+
+/// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Backfill {
+    /// Valid frames in the WAL (`mxFrame`).
+    pub frames: u32,
+    /// Frames whose pages have been copied into the main file (`nBackfill`).
+    pub backfilled: u32,
+    /// Frames a checkpoint may have begun copying (`nBackfillAttempted`): when above
+    /// `backfilled`, a checkpoint was cut short after writing some of their pages.
+    pub attempted: u32,
+}
+
+impl Backfill {
+    /// Whether losing the WAL at this point leaves the main file torn: a checkpoint had copied
+    /// some of its frames but not all of them (a reader held it back), or was cut short. With
+    /// nothing copied the main file is the older generation whole; with everything copied it is
+    /// the retired generation whole.
+    pub fn tears_main(&self) -> bool {
+        let partly = self.backfilled > 0 && self.backfilled < self.frames;
+        let cut_short = self.attempted > self.backfilled;
+        partly || cut_short
+    }
 }
 
 /// What an error from a guarded connection means.

@@ -9,16 +9,17 @@ use std::io;
 use std::mem::size_of;
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
-use super::state::{DbState, Site};
+use super::state::{DbState, Site, WalIndex};
 use super::{cstr_lossy, ffi_guard, sqlite_string};
 use crate::capture::{ImageSource, Trigger};
 use crate::identity::identity_of_mapping;
+use crate::status::Backfill;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -119,6 +120,38 @@ impl ImageSource for MainImage {
             )));
         }
         Ok(())
+    }
+}
+
+/// Region 0 of a connection's shared-memory mapping: the wal-index header (two copies of 48
+/// bytes, `mxFrame` at offset 16 of the first) and the checkpoint info after them (`nBackfill` at
+/// 96, `nBackfillAttempted` at 128), native-endian `u32`s that other processes update in place.
+struct WalIndexView(*const u8);
+
+// SAFETY: the address is only read, through atomics, while the mapping is alive: the state drops
+// the view (under its mutex) before the connection unmaps.
+unsafe impl Send for WalIndexView {}
+
+impl WalIndexView {
+    fn u32_at(&self, offset: usize) -> u32 {
+        // SAFETY: region 0 is at least 32 KiB, mapped and 4-byte aligned at a page boundary, so
+        // `offset` (< 136, a multiple of 4) is inside it and aligned; other processes write it
+        // concurrently, hence the atomic load.
+        unsafe { (*(self.0.add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
+    }
+}
+
+impl WalIndex for WalIndexView {
+    fn backfill(&self) -> Option<Backfill> {
+        const IS_INIT: usize = 12;
+        // SAFETY: as in `u32_at`; one byte inside the mapped header.
+        let initialised =
+            unsafe { (*(self.0.add(IS_INIT) as *const AtomicU8)).load(Ordering::Acquire) } != 0;
+        initialised.then(|| Backfill {
+            frames: self.u32_at(16),
+            backfilled: self.u32_at(96),
+            attempted: self.u32_at(128),
+        })
     }
 }
 
@@ -580,9 +613,12 @@ unsafe extern "C" fn x_shm_map(
         );
         if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (gf.kind, &gf.state, rc, region) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
-            let addr = unsafe { *pp } as usize;
-            if addr != 0 {
-                state.pin_shm(|| identity_of_mapping(addr));
+            let addr = unsafe { *pp } as *const u8;
+            if !addr.is_null() {
+                state.pin_shm(
+                    || identity_of_mapping(addr as usize),
+                    Box::new(WalIndexView(addr)),
+                );
             }
         }
         rc
@@ -648,6 +684,9 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
                 );
                 delete = 0;
             }
+        }
+        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+            state.shm_unmapping();
         }
         let rc = sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete);
         if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (gf.kind, &gf.state, rc) {

@@ -3,16 +3,17 @@
 //! code: the shim hands it plain values.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use super::watch::DirWatch;
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
-use crate::status::{GuardStatus, RetireReason};
+use crate::status::{Backfill, GuardStatus, RetireReason};
 
 /// The extended code of every refusal.
 pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
@@ -64,6 +65,56 @@ struct Inner {
     capture: Option<PathBuf>,
     capture_error: Option<String>,
     main_image: Option<Box<dyn ImageSource + Send>>,
+    /// The connection's mapping of the wal-index, while region 0 is mapped.
+    wal_index: Option<Box<dyn WalIndex>>,
+    /// The checkpoint progress the wal-index showed when the generation was retired.
+    backfill_at_loss: Option<Backfill>,
+    /// This generation's capture, shared by every connection of the process that retired it;
+    /// joined at the first capture attempt, left with the pinned WAL.
+    generation: Option<Arc<GenerationCapture>>,
+}
+
+/// The shared memory as a connection maps it: read at the loss for how far the retired WAL had
+/// been checkpointed.
+pub(crate) trait WalIndex: Send {
+    /// The checkpoint progress now, `None` when the wal-index is not initialised.
+    fn backfill(&self) -> Option<Backfill>;
+}
+
+/// One retired generation, as far as captures go: the process's connections that retired it
+/// take one capture between them. Keyed by the pinned main file and WAL inodes; an inode number
+/// cannot be reused while a pinned descriptor holds it, and the map holds only weak references,
+/// so a key never outlives the descriptors that make it unique.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct GenerationKey {
+    main: Option<FileId>,
+    wal: FileId,
+}
+
+#[derive(Default)]
+pub(crate) struct GenerationCapture {
+    /// The capture and the WAL's size when it began. Held across the capture, so connections
+    /// that retire the same generation at once wait for the first one's capture instead of
+    /// writing their own.
+    done: Mutex<Option<(PathBuf, u64)>>,
+}
+
+static GENERATIONS: Mutex<Option<HashMap<GenerationKey, Weak<GenerationCapture>>>> =
+    Mutex::new(None);
+
+impl GenerationCapture {
+    /// The process's capture slot for `key`, made if none is alive.
+    fn join(key: GenerationKey) -> Arc<GenerationCapture> {
+        let mut map = GENERATIONS.lock();
+        let map = map.get_or_insert_with(HashMap::new);
+        if let Some(live) = map.get(&key).and_then(Weak::upgrade) {
+            return live;
+        }
+        map.retain(|_, slot| slot.strong_count() > 0);
+        let slot = Arc::new(GenerationCapture::default());
+        map.insert(key, Arc::downgrade(&slot));
+        slot
+    }
 }
 
 /// The smallest WAL that holds a transaction: its header and one frame of the smallest page.
@@ -172,16 +223,28 @@ impl DbState {
             return;
         }
         inner.wal = None;
+        inner.generation = None;
         self.wal_pinned.store(false, Ordering::Release);
     }
 
     /// Called when the shared-memory region 0 is mapped: pins the inode behind the mapping
-    /// (`mapped` runs only while nothing is pinned), or what the pathname names if that fails.
-    pub(crate) fn pin_shm(&self, mapped: impl FnOnce() -> Option<FileId>) {
+    /// (`mapped` runs only while nothing is pinned), or what the pathname names if that fails,
+    /// and keeps `index` to read the checkpoint progress from at a loss.
+    pub(crate) fn pin_shm(
+        &self,
+        mapped: impl FnOnce() -> Option<FileId>,
+        index: Box<dyn WalIndex>,
+    ) {
         let mut inner = self.inner.lock();
         if inner.shm_id.is_none() {
             inner.shm_id = mapped().or_else(|| identity_of_path(&self.shm_path).ok().flatten());
         }
+        inner.wal_index = Some(index);
+    }
+
+    /// The shared memory is about to be unmapped: its address must not be read from now on.
+    pub(crate) fn shm_unmapping(&self) {
+        self.inner.lock().wal_index = None;
     }
 
     /// The shared memory was unmapped (its WAL closed: a close, or a switch out of WAL mode).
@@ -300,6 +363,22 @@ impl DbState {
             self.db_path.display(),
             reason.describe()
         );
+        if reason != RetireReason::MainReplaced {
+            inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
+            if let Some(b) = inner.backfill_at_loss.filter(Backfill::tears_main) {
+                log::error!(
+                    "hermes-guard: {} was lost while only partly checkpointed ({} of its {} frames \
+                     copied into the main file, {} attempted): the live database file now holds \
+                     a torn mix of pages that the newer generation builds on. Stop its writers, \
+                     run PRAGMA integrity_check on it, and rebuild it from the capture of this \
+                     generation (docs/recovery.md, \"A torn main file\")",
+                    self.wal_path.display(),
+                    b.backfilled,
+                    b.frames,
+                    b.attempted
+                );
+            }
+        }
         Some(reason)
     }
 
@@ -340,6 +419,8 @@ impl DbState {
         let mut inner = self.inner.lock();
         inner.main_image = None;
         inner.wal = None;
+        inner.generation = None;
+        inner.wal_index = None;
         self.wal_pinned.store(false, Ordering::Release);
         JUST_CLOSED_WAL.with(|j| {
             let mut j = j.borrow_mut();
@@ -360,15 +441,42 @@ impl DbState {
                 database: self.db_path.clone(),
             });
         }
-        let result = match (&inner.wal, &inner.main_image) {
-            (None, _) => Err(CaptureError::NoPinnedIdentity {
+        let Some(wal) = &inner.wal else {
+            return Err(CaptureError::NoPinnedIdentity {
                 database: self.db_path.clone(),
-            }),
-            (Some(wal), None) => Err(CaptureError::NotHeld {
+            });
+        };
+        let key = GenerationKey {
+            main: inner.main_id,
+            wal: wal.id(),
+        };
+        let generation = inner
+            .generation
+            .get_or_insert_with(|| GenerationCapture::join(key))
+            .clone();
+        // Held while capturing: another connection retiring the same generation waits here.
+        let mut done = generation.done.lock();
+        let wal_size = wal.size().ok();
+        if let Some((dir, captured_size)) = &*done {
+            // The same bytes were captured already (by this process's first connection to retire
+            // the generation); a WAL that grew since then is captured again, whole.
+            if wal_size == Some(*captured_size) && dir.exists() {
+                log::info!(
+                    "hermes-guard: the retired generation of {} is already captured in {}",
+                    self.db_path.display(),
+                    dir.display()
+                );
+                inner.capture = Some(dir.clone());
+                inner.capture_error = None;
+                return Ok(dir.clone());
+            }
+        }
+        let result = match &inner.main_image {
+            None => Err(CaptureError::NotHeld {
                 database: self.db_path.clone(),
                 identity: wal.id(),
             }),
-            (Some(wal), Some(main)) => capture::write_capture(&CaptureInput {
+            Some(main) => capture::write_capture(&CaptureInput {
                 database: &self.db_path,
                 wal,
                 main: main.as_ref(),
@@ -376,10 +484,14 @@ impl DbState {
                 shm_id: inner.shm_id,
                 trigger,
                 reason: inner.reason,
+                backfill_at_loss: inner.backfill_at_loss,
             }),
         };
         match &result {
             Ok(dir) => {
+                if let Some(size) = wal_size {
+                    *done = Some((dir.clone(), size));
+                }
                 inner.capture = Some(dir.clone());
                 inner.capture_error = None;
             }
@@ -408,6 +520,8 @@ impl DbState {
             capture: inner.capture.clone(),
             capture_error: inner.capture_error.clone(),
             refusals: self.refusals.load(Ordering::Relaxed),
+            backfill_at_loss: inner.backfill_at_loss,
+            main_torn: inner.backfill_at_loss.is_some_and(|b| b.tears_main()),
         }
     }
 

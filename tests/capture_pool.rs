@@ -1,0 +1,111 @@
+//! One loss under a pool of connections in one process is captured once: every connection that
+//! retired the generation references the same capture.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use common::*;
+
+const POOL: usize = 24;
+
+#[test]
+fn a_pool_of_24_connections_takes_one_capture_of_one_lost_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let first = open_guarded(&path);
+    let sentinel = wal_only_sentinel(&first);
+    let mut pool = vec![first];
+    for _ in 1..POOL {
+        let conn = open_guarded(&path);
+        assert_eq!(count_like(&conn, &sentinel), 1);
+        pool.push(conn);
+    }
+    lose_sidecars(&path, false);
+
+    // Every connection writes at once, on its own thread: each is refused.
+    let start = Arc::new(Barrier::new(POOL));
+    let threads: Vec<_> = pool
+        .into_iter()
+        .enumerate()
+        .map(|(i, conn)| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                let err = insert(&conn, &format!("after the loss {i}")).unwrap_err();
+                assert!(
+                    is_refusal(&err),
+                    "connection {i}: expected a refusal, got {err}"
+                );
+                conn
+            })
+        })
+        .collect();
+    let pool: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+
+    let captures = artifacts(dir.path());
+    assert_eq!(
+        captures.len(),
+        1,
+        "one capture, not one per connection: {captures:?}"
+    );
+    for conn in pool {
+        let status = hermes_guard::status(&conn).unwrap();
+        assert!(status.retired);
+        assert_eq!(status.capture.as_ref(), Some(&captures[0]));
+        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    }
+    assert_eq!(
+        artifacts(dir.path()),
+        captures,
+        "no capture at close either"
+    );
+    let recovered = recover(&captures[0], "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, &sentinel), 1);
+}
+
+#[test]
+fn connections_that_retire_one_generation_in_turn_share_its_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let a = open_guarded(&path);
+    wal_only_sentinel(&a);
+    let b = open_guarded(&path);
+    lose_sidecars(&path, true);
+
+    assert!(is_refusal(&insert(&a, "a after the loss").unwrap_err()));
+    let first = hermes_guard::status(&a).unwrap().capture.expect("captured");
+    assert!(is_refusal(&insert(&b, "b after the loss").unwrap_err()));
+    assert_eq!(
+        hermes_guard::status(&b).unwrap().capture,
+        Some(first.clone())
+    );
+    hermes_guard::close(b).map_err(|(_, e)| e).unwrap();
+    hermes_guard::close(a).map_err(|(_, e)| e).unwrap();
+    assert_eq!(artifacts(dir.path()), vec![first]);
+}
+
+#[test]
+fn two_databases_lost_at_once_get_a_capture_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.db");
+    let two = dir.path().join("two.db");
+    let a = open_guarded(&one);
+    let b = open_guarded(&two);
+    wal_only_sentinel(&a);
+    wal_only_sentinel(&b);
+    lose_sidecars(&one, false);
+    lose_sidecars(&two, false);
+    assert!(is_refusal(&insert(&a, "after").unwrap_err()));
+    assert!(is_refusal(&insert(&b, "after").unwrap_err()));
+    let ca = hermes_guard::status(&a)
+        .unwrap()
+        .capture
+        .expect("one captured");
+    let cb = hermes_guard::status(&b)
+        .unwrap()
+        .capture
+        .expect("two captured");
+    assert_ne!(ca, cb);
+    assert_eq!(artifacts(dir.path()).len(), 2);
+}
