@@ -49,8 +49,8 @@ pub(crate) struct DbState {
     main_checked: AtomicBool,
     refusals: AtomicU64,
     /// The database directory's watch, and its generation at the last full check that passed:
-    /// while they match, no name in the directory has changed and a transaction start needs no
-    /// `stat`.
+    /// while they match, no name in the directory has changed, no directory above it moved and
+    /// the mount table is the same, so a transaction start needs no `stat`.
     watch: Option<DirWatch>,
     verified_generation: AtomicU64,
     inner: Mutex<Inner>,
@@ -288,8 +288,8 @@ impl DbState {
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
-    /// It skips the `stat` calls while the directory watch vouches that nothing on the path
-    /// changed since the last full check (the close-time checkpoint is still preceded by a full
+    /// It skips the `stat` calls while the directory watch vouches that nothing on the path (nor
+    /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
     /// check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
         let generation = self.watch.as_ref().and_then(DirWatch::current);

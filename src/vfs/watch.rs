@@ -1,17 +1,26 @@
-//! Directory watches that let a write transaction skip its three `stat` calls when nothing in the
-//! database's directory has changed since the last full check.
+//! Directory watches that let a write transaction skip its three `stat` calls when nothing on the
+//! database's path has changed since the last full check.
 //!
 //! One non-blocking inotify instance per process watches each directory that holds a guarded
 //! database. Unlinks, renames and creations in a directory are queued on that instance by the
-//! kernel inside the very syscall that makes them, so draining it at the start of a transaction
-//! (one `read` that normally returns `EAGAIN`) is as current as a `stat` would be — the fast path
-//! adds no window a `stat` does not have. Any event in a directory bumps its generation; a
-//! connection whose last full check saw the current generation knows its names still resolve to
-//! what it pinned. Everything else falls back to the full check: an event, a queue overflow, a
-//! filesystem whose changes may come from elsewhere (network, FUSE), no inotify at all, or a
-//! process forked from the one that set the instance up (the instance is shared with the parent
-//! across `fork`, so the child must not read it; a `MADV_WIPEONFORK` page tells the child it is
-//! one without a syscall).
+//! kernel inside the very syscall that makes them. Mounts and unmounts change what a path means
+//! without any inotify event, so the instance sits in an epoll set together with an open
+//! `/proc/self/mountinfo`, which polls `EPOLLPRI` once after each change of the mount table. A
+//! transaction start asks that set (one `epoll_wait` with a zero timeout, normally empty), which is
+//! as current as a `stat` would be — the fast path adds no window a `stat` does not have — and
+//! reads the inotify queue only when it is ready. Any event in a directory bumps its generation; a
+//! mount-table change bumps every generation; a connection whose last full check saw the current
+//! generation knows its names still resolve to what it pinned. Everything else falls back to the
+//! full check: an event, a queue overflow, a filesystem whose changes may come from elsewhere
+//! (network, FUSE), no inotify, epoll or mountinfo at all.
+//!
+//! The instance, the epoll set and the mountinfo descriptor are open file descriptions that a
+//! `fork` shares between parent and child. A child must never read, change or remove anything in
+//! its parent's: every entry point first looks at a `MADV_WIPEONFORK` page (it reads as zero in a
+//! forked child, no syscall), and a child forgets the inherited watcher without touching its
+//! descriptors and makes its own on its next open. Each `DirWatch` carries the epoch of the
+//! watcher that made it, so one inherited from the parent never vouches in the child and its drop
+//! releases nothing.
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
@@ -21,6 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use rustix::event::{epoll, Timespec};
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
@@ -28,6 +38,9 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 /// that swaps `/srv/app` for a new tree changes what `/srv/app/data/state.db` resolves to
 /// without any event inside `data`.)
 pub(crate) struct DirWatch {
+    /// The epoch of the watcher that made it: only that watcher, in this process, may vouch for
+    /// it or release it.
+    epoch: u64,
     /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
     /// VFS a path with its symbolic links resolved, so these are the directories a `stat` of it
     /// walks through.
@@ -46,13 +59,22 @@ struct Entry {
 enum State {
     Uninit,
     Ready(Watcher),
-    /// No inotify here (or this is a forked child): every check is a full one.
+    /// No inotify, epoll or mountinfo here: every check is a full one.
     Unavailable,
 }
 
 struct Watcher {
-    fd: OwnedFd,
+    /// Unique within a process and its descendants (a child's watchers are made after every one
+    /// it inherited, from the copied counter).
+    epoch: u64,
+    /// Tells a forked child that this watcher is its parent's.
     fork_marker: ForkMarker,
+    inotify: OwnedFd,
+    /// Holds `inotify` (readable) and `mountinfo` (`EPOLLPRI` after a mount-table change).
+    epoll: OwnedFd,
+    /// `/proc/self/mountinfo`, never read: only polled through `epoll`.
+    #[allow(dead_code)] // kept open for its readiness
+    mountinfo: OwnedFd,
     /// The watch on the directory each path names now. An entry whose directory was moved or
     /// deleted is dropped from here (its path names something else, or nothing), so a later
     /// open at that path watches the directory that is there then.
@@ -63,6 +85,30 @@ struct Watcher {
 }
 
 static STATE: Mutex<State> = Mutex::new(State::Uninit);
+
+/// The last epoch handed to a watcher.
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// `epoll` data of the two descriptors in the set.
+const INOTIFY_READY: u64 = 1;
+const MOUNTS_CHANGED: u64 = 2;
+
+/// Forgets a watcher inherited across `fork` without touching it: its descriptors are the
+/// parent's inotify instance, epoll set and mountinfo (reading them would take the parent's
+/// events; removing a watch would blind the parent), and closing them is not safe either (a child
+/// that closed every inherited descriptor may have reused their numbers). Leaked, once per fork.
+/// No syscall: the fork marker is a memory read.
+#[inline]
+fn forget_inherited(state: &mut State) {
+    if let State::Ready(watcher) = state {
+        if !watcher.fork_marker.same_process() {
+            log::debug!("hermes-guard: forked child; the parent's directory watches are not used");
+            if let State::Ready(inherited) = std::mem::replace(state, State::Uninit) {
+                std::mem::forget(inherited);
+            }
+        }
+    }
+}
 
 const DIR_EVENTS: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::DELETE)
@@ -85,6 +131,7 @@ impl DirWatch {
             return None;
         }
         let mut state = STATE.lock();
+        forget_inherited(&mut state);
         if matches!(*state, State::Uninit) {
             *state = match Watcher::new() {
                 Some(w) => State::Ready(w),
@@ -107,21 +154,24 @@ impl DirWatch {
                 }
             }
         }
-        Some(DirWatch { entries })
+        Some(DirWatch {
+            epoch: watcher.epoch,
+            entries,
+        })
     }
 
-    /// A figure that changes whenever the directory or one above it changed, after draining every
-    /// queued event; `None` when the watch cannot vouch for the path (the caller then does a
-    /// full check).
+    /// A figure that changes whenever the directory or one above it changed, or the mount table
+    /// did, after draining every queued event; `None` when the watch cannot vouch for the path
+    /// (the caller then does a full check).
     #[inline]
     pub(crate) fn current(&self) -> Option<u64> {
         let mut state = STATE.lock();
+        forget_inherited(&mut state);
         let State::Ready(watcher) = &mut *state else {
             return None;
         };
-        if !watcher.fork_marker.same_process() {
-            log::debug!("hermes-guard: forked child; directory watches disabled, full checks");
-            *state = State::Unavailable;
+        if watcher.epoch != self.epoch {
+            // Made by the parent's watcher (this process is a forked child): never vouches here.
             return None;
         }
         watcher.drain();
@@ -142,8 +192,12 @@ impl DirWatch {
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let mut state = STATE.lock();
-        if let State::Ready(watcher) = &mut *state {
-            watcher.release(&self.entries);
+        forget_inherited(&mut state);
+        match &mut *state {
+            State::Ready(watcher) if watcher.epoch == self.epoch => watcher.release(&self.entries),
+            // Inherited from a parent (whose instance is not ours to change), or its watcher is
+            // gone: nothing of this process to release.
+            _ => {}
         }
     }
 }
@@ -151,15 +205,45 @@ impl Drop for DirWatch {
 impl Watcher {
     fn new() -> Option<Watcher> {
         let fork_marker = ForkMarker::new()?;
-        let fd = match inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK) {
-            Ok(fd) => fd,
-            Err(e) => {
-                log::debug!("hermes-guard: inotify unavailable ({e}); full checks everywhere");
-                return None;
-            }
+        let unavailable = |what: &str, e: rustix::io::Errno| {
+            log::debug!("hermes-guard: {what} unavailable ({e}); full checks everywhere");
         };
+        let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .map_err(|e| unavailable("inotify", e))
+            .ok()?;
+        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
+            .map_err(|e| unavailable("epoll", e))
+            .ok()?;
+        let mountinfo = rustix::fs::open(
+            "/proc/self/mountinfo",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .map_err(|e| unavailable("/proc/self/mountinfo", e))
+        .ok()?;
+        epoll::add(
+            &epoll,
+            &inotify,
+            epoll::EventData::new_u64(INOTIFY_READY),
+            epoll::EventFlags::IN,
+        )
+        .map_err(|e| unavailable("epoll of inotify", e))
+        .ok()?;
+        // mountinfo always polls readable; a mount-table change shows as EPOLLPRI (with
+        // EPOLLERR), once per change: the poll that reports it resets it.
+        epoll::add(
+            &epoll,
+            &mountinfo,
+            epoll::EventData::new_u64(MOUNTS_CHANGED),
+            epoll::EventFlags::PRI,
+        )
+        .map_err(|e| unavailable("epoll of mountinfo", e))
+        .ok()?;
         Some(Watcher {
-            fd,
+            epoch: EPOCH.fetch_add(1, Ordering::Relaxed) + 1,
+            inotify,
+            epoll,
+            mountinfo,
             fork_marker,
             by_dir: HashMap::new(),
             by_wd: HashMap::new(),
@@ -183,7 +267,7 @@ impl Watcher {
         if asked.is_none_or(|mask| !mask.contains(events)) {
             // MASK_ADD: the inode may already be watched (by another path, or for other
             // events); its watch is widened, never narrowed.
-            let wd = match inotify::add_watch(&self.fd, dir, events | WatchFlags::MASK_ADD) {
+            let wd = match inotify::add_watch(&self.inotify, dir, events | WatchFlags::MASK_ADD) {
                 Ok(wd) => wd,
                 Err(e) => {
                     log::debug!(
@@ -236,7 +320,7 @@ impl Watcher {
             if *users == 0 {
                 self.by_wd.remove(&entry.wd);
                 self.forget_path(entry);
-                let _ = inotify::remove_watch(&self.fd, entry.wd);
+                let _ = inotify::remove_watch(&self.inotify, entry.wd);
             }
         }
     }
@@ -253,16 +337,57 @@ impl Watcher {
         }
     }
 
+    /// Takes in everything that happened since the last call: one `epoll_wait` that returns at
+    /// once, normally with nothing; the inotify queue is read only when it holds events.
     fn drain(&mut self) {
-        let bump_all = |by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>| {
-            for (entry, _, _) in by_wd.values() {
-                entry.generation.fetch_add(1, Ordering::AcqRel);
-            }
+        let mut ready = [MaybeUninit::<epoll::Event>::uninit(); 2];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
+        let (mut inotify_ready, mut mounts_changed) = (false, false);
+        match epoll::wait(&self.epoll, &mut ready, Some(&zero)) {
+            Ok((events, _)) => {
+                for event in events.iter() {
+                    let data = event.data;
+                    match data.u64() {
+                        INOTIFY_READY => inotify_ready = true,
+                        MOUNTS_CHANGED => mounts_changed = true,
+                        _ => {}
+                    }
+                }
+            }
+            // Unknown: assume everything changed and read the queue.
+            Err(_) => (inotify_ready, mounts_changed) = (true, true),
+        }
+        if mounts_changed {
+            self.mounts_changed();
+        }
+        if inotify_ready {
+            self.read_events();
+        }
+    }
+
+    /// The mount table changed: any path may now resolve through another mount, with no event
+    /// on any watched directory. Every generation moves (each connection's next check is a full
+    /// one), and a path opened from now on is watched afresh (the kernel returns the existing
+    /// watch where the path still names the same directory).
+    fn mounts_changed(&mut self) {
+        log::debug!("hermes-guard: the mount table changed; full checks at the next transactions");
+        bump_all(&self.by_wd);
+        self.by_dir.clear();
+    }
+
+    fn read_events(&mut self) {
         let mut moved = Vec::new();
         {
-            let Watcher { fd, buf, by_wd, .. } = self;
-            let mut reader = inotify::Reader::new(&*fd, buf);
+            let Watcher {
+                inotify,
+                buf,
+                by_wd,
+                ..
+            } = self;
+            let mut reader = inotify::Reader::new(&*inotify, buf);
             loop {
                 let (wd, flags) = match reader.next() {
                     Ok(event) => (event.wd(), event.events()),
@@ -295,6 +420,12 @@ impl Watcher {
         for entry in moved {
             self.forget_path(&entry);
         }
+    }
+}
+
+fn bump_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
+    for (entry, _, _) in by_wd.values() {
+        entry.generation.fetch_add(1, Ordering::AcqRel);
     }
 }
 
