@@ -246,7 +246,7 @@ fn injected_fault(database: &Path) -> Option<String> {
 
 /// The name a capture gives `name` in a place that holds at most `max` bytes: `name` itself
 /// when it is UTF-8 and fits, else the longest prefix of it (cut at a character boundary, each
-/// byte that is not UTF-8 shown as `_`) that leaves room for `~` and the first 16 hex digits of
+/// invalid UTF-8 sequence shown as `_`) that leaves room for `~` and the first 16 hex digits of
 /// the sha256 of the full name's bytes. Always UTF-8, never longer than `max`.
 pub fn fitted_name(name: &OsStr, max: usize) -> String {
     let bytes = name.as_bytes();
