@@ -5,17 +5,22 @@
 //! renamed into place: a directory without `.partial` is complete. Memory stays bounded by one
 //! copy buffer whatever the WAL's size.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
+use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::paths::{self, open_dir, path_display, path_hex, DirHandle};
 use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, MainHeader, WalHeader, WalScanner};
 
@@ -27,6 +32,19 @@ pub const ARTIFACT_MARKER: &str = ".retired-wal-";
 
 const STAGING_SUFFIX: &str = ".partial";
 const COPY_CHUNK: usize = 1 << 20;
+
+/// The longest file name Linux filesystems accept, in bytes.
+pub const NAME_MAX: usize = 255;
+/// Hex digits of the name hash in a shortened name (64 bits of sha256).
+const NAME_HASH_HEX: usize = 16;
+/// The most an artifact directory's name adds after its stem: the marker, `yyyymmdd-HHMMSS`,
+/// `-<pid>` (10 digits at most), `-<n>` (likewise) and `.partial`.
+const DIR_SUFFIX_MAX: usize = ARTIFACT_MARKER.len() + 15 + 11 + 11 + STAGING_SUFFIX.len();
+/// The longest stem of an artifact directory's name.
+pub const DIR_STEM_MAX: usize = NAME_MAX - DIR_SUFFIX_MAX;
+/// The longest name of the main image inside an artifact: SQLite appends at most `-journal` to
+/// a database's name (`-wal` for the WAL beside it, `-shm` when the copy is opened).
+pub const FILE_STEM_MAX: usize = NAME_MAX - "-journal".len();
 
 /// Why a capture was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -95,8 +113,11 @@ pub trait ImageSource {
 
 /// Everything a capture needs, gathered by the guard while it holds the generation.
 pub struct CaptureInput<'a> {
-    /// The database's pathname.
+    /// The database's pathname, as SQLite opened it.
     pub database: &'a Path,
+    /// The database's directory, held open since the database was opened: the capture is
+    /// written into it wherever it is now. `None`: the directory is opened by path now.
+    pub dir: Option<&'a DirHandle>,
     /// The pinned WAL descriptor.
     pub wal: &'a PinnedWal,
     /// The main image.
@@ -118,8 +139,11 @@ pub struct CaptureInput<'a> {
 pub struct Manifest {
     /// Format version: 1.
     pub version: u32,
-    /// The database's pathname.
+    /// The database's pathname as SQLite opened it, for display (invalid UTF-8 shown as U+FFFD).
     pub database: String,
+    /// The exact bytes of that pathname in hex, present only when they are not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_hex: Option<String>,
     /// `halt` or `close`.
     pub trigger: Trigger,
     /// What retired the generation.
@@ -149,7 +173,7 @@ pub struct Manifest {
 pub struct WalEntry {
     /// Pinned identity.
     pub identity: FileId,
-    /// File name inside the artifact.
+    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,
@@ -183,7 +207,7 @@ pub struct MainEntry {
     pub header: MainHeader,
     /// `copied`: the whole image is in the artifact.
     pub mode: &'static str,
-    /// File name inside the artifact.
+    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,
@@ -226,7 +250,48 @@ fn injected_fault(database: &Path) -> Option<String> {
         .map(|(_, m)| m.clone())
 }
 
-/// Writes the artifact and returns its final directory.
+/// The name a capture gives `name` in a place that holds at most `max` bytes: `name` itself
+/// when it is UTF-8 and fits, else the longest prefix of it (cut at a character boundary, each
+/// invalid UTF-8 sequence shown as `_`) that leaves room for `~` and the first 16 hex digits of
+/// the sha256 of the full name's bytes. Always UTF-8, never longer than `max`.
+pub fn fitted_name(name: &OsStr, max: usize) -> String {
+    let bytes = name.as_bytes();
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        if s.len() <= max {
+            return s.to_owned();
+        }
+    }
+    let hash = paths::hex(&Sha256::digest(bytes)[..NAME_HASH_HEX / 2]);
+    let room = max.saturating_sub(1 + NAME_HASH_HEX);
+    let mut stem = String::with_capacity(room);
+    for c in String::from_utf8_lossy(bytes).chars() {
+        let c = if c == char::REPLACEMENT_CHARACTER {
+            '_'
+        } else {
+            c
+        };
+        if stem.len() + c.len_utf8() > room {
+            break;
+        }
+        stem.push(c);
+    }
+    format!("{stem}~{hash}")
+}
+
+/// The stem of the artifact directory of a database named `name`:
+/// `<stem>.retired-wal-<UTC>-<pid>[-n][.partial]` always fits [`NAME_MAX`].
+pub fn capture_dir_stem(name: &OsStr) -> String {
+    fitted_name(name, DIR_STEM_MAX)
+}
+
+/// The name of the main image inside the artifact of a database named `name`; the WAL is this
+/// plus `-wal`. Opening the two as a database still fits `-shm` and `-journal` in [`NAME_MAX`].
+pub fn capture_file_name(name: &OsStr) -> String {
+    fitted_name(name, FILE_STEM_MAX)
+}
+
+/// Writes the artifact and returns its final directory, where it is now (when the database's
+/// directory was renamed away, that is inside the directory's new name).
 pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> {
     let database = input.database;
     let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
@@ -238,35 +303,45 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let name = database
-        .file_name()
-        .ok_or_else(|| {
-            io_err(
-                database,
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    "database path has no file name",
-                ),
-            )
-        })?
-        .to_string_lossy()
-        .into_owned();
+    let name = database.file_name().ok_or_else(|| {
+        io_err(
+            database,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "database path has no file name",
+            ),
+        )
+    })?;
     if let Some(message) = injected_fault(database) {
         return Err(io_err(parent, io::Error::other(message)));
     }
 
-    let final_dir = choose_artifact_dir(parent, &name);
-    let mut staging = final_dir.clone().into_os_string();
-    staging.push(STAGING_SUFFIX);
-    let staging = PathBuf::from(staging);
-    fs::create_dir(&staging).map_err(|e| io_err(&staging, e))?;
+    // The directory held since the open, wherever it is now; without one, the parent by path.
+    let opened: OwnedFd;
+    let (dir_fd, dir_path) = match input.dir {
+        Some(dir) => (dir.fd(), dir.current_path()),
+        None => {
+            opened = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+            (opened.as_fd(), parent.to_path_buf())
+        }
+    };
 
-    let result = fill_staging(input, &staging, &name).and_then(|manifest| {
+    let stem = capture_dir_stem(name);
+    let file_name = capture_file_name(name);
+    let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
+        .map_err(|(staging, e)| io_err(&dir_path.join(staging), e))?;
+    let final_dir = dir_path.join(&final_name);
+    let staging_dir = dir_path.join(&staging_name);
+
+    let mut staging_fd = None;
+    let result = open_dir(dir_fd, Path::new(&staging_name)).and_then(|staging| {
+        let staging = staging_fd.insert(staging);
+        let manifest = fill_staging(input, staging.as_fd(), &file_name)?;
         let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
-        write_synced(&staging.join(MANIFEST_NAME), |f| f.write_all(&json))?;
-        File::open(&staging)?.sync_all()?;
-        fs::rename(&staging, &final_dir)?;
-        File::open(parent)?.sync_all()
+        write_synced(staging.as_fd(), MANIFEST_NAME, |f| f.write_all(&json))?;
+        rustix::fs::fsync(&*staging)?;
+        rustix::fs::renameat(dir_fd, &staging_name, dir_fd, &final_name)?;
+        Ok(rustix::fs::fsync(dir_fd)?)
     });
     match result {
         Ok(()) => {
@@ -279,28 +354,48 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
             Ok(final_dir)
         }
         Err(e) => {
-            let _ = fs::remove_dir_all(&staging);
-            Err(io_err(&staging, e))
+            if let Some(staging) = &staging_fd {
+                let wal_name = format!("{file_name}-wal");
+                for f in [MANIFEST_NAME, file_name.as_str(), wal_name.as_str()] {
+                    let _ = rustix::fs::unlinkat(staging, f, AtFlags::empty());
+                }
+            }
+            let _ = rustix::fs::unlinkat(dir_fd, &staging_name, AtFlags::REMOVEDIR);
+            Err(io_err(&staging_dir, e))
         }
     }
 }
 
-fn choose_artifact_dir(parent: &Path, name: &str) -> PathBuf {
+/// Picks the first free `<stem>.retired-wal-<UTC>-<pid>[-n]` in `dir` and creates its
+/// `.partial` staging directory; returns (final name, staging name).
+fn reserve_staging(
+    dir: BorrowedFd<'_>,
+    stem: &str,
+) -> Result<(String, String), (String, io::Error)> {
     let stamp = utc_stamp(SystemTime::now());
-    let base = format!("{name}{ARTIFACT_MARKER}{stamp}-{}", std::process::id());
-    let taken = |p: &Path| {
-        let mut staging = p.as_os_str().to_owned();
-        staging.push(STAGING_SUFFIX);
-        p.exists() || Path::new(&staging).exists()
-    };
-    let first = parent.join(&base);
-    if !taken(&first) {
-        return first;
+    let base = format!("{stem}{ARTIFACT_MARKER}{stamp}-{}", std::process::id());
+    for n in 0u32.. {
+        let candidate = if n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        };
+        let staging = format!("{candidate}{STAGING_SUFFIX}");
+        match rustix::fs::statat(dir, &candidate, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(_) => continue,
+            Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err((staging, e.into())),
+        }
+        match rustix::fs::mkdirat(dir, &staging, Mode::from_raw_mode(0o755)) {
+            Ok(()) => return Ok((candidate, staging)),
+            Err(rustix::io::Errno::EXIST) => continue,
+            Err(e) => return Err((staging, e.into())),
+        }
     }
-    (1u32..)
-        .map(|n| parent.join(format!("{base}-{n}")))
-        .find(|p| !taken(p))
-        .expect("an unbounded counter finds a free name")
+    Err((
+        format!("{base}{STAGING_SUFFIX}"),
+        io::Error::other("no free artifact name"),
+    ))
 }
 
 /// `yyyymmdd-HHMMSS` in UTC.
@@ -310,20 +405,35 @@ fn utc_stamp(t: SystemTime) -> String {
     format!("{}-{}", &digits[..8], &digits[8..14])
 }
 
-fn write_synced(path: &Path, body: impl FnOnce(&mut File) -> io::Result<()>) -> io::Result<()> {
-    let mut f = OpenOptions::new().write(true).create_new(true).open(path)?;
+/// Creates `name` in the directory `dir` (it must not exist), fills it and fsyncs it.
+fn write_synced(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    body: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    let mut f = File::from(fd);
     body(&mut f)?;
     f.sync_all()
 }
 
-fn fill_staging(input: &CaptureInput<'_>, staging: &Path, name: &str) -> io::Result<Manifest> {
+fn fill_staging(
+    input: &CaptureInput<'_>,
+    staging: BorrowedFd<'_>,
+    name: &str,
+) -> io::Result<Manifest> {
     let mut buf = vec![0u8; COPY_CHUNK];
     let wal_name = format!("{name}-wal");
 
     let mut scanner = WalScanner::new();
     let mut wal_hash = Sha256::new();
     let mut wal_bytes = 0u64;
-    write_synced(&staging.join(&wal_name), |out| {
+    write_synced(staging, &wal_name, |out| {
         let src = input.wal.file();
         loop {
             let n = src.read_at(&mut buf, wal_bytes)?;
@@ -342,7 +452,7 @@ fn fill_staging(input: &CaptureInput<'_>, staging: &Path, name: &str) -> io::Res
     let main_size = input.main.size()?;
     let mut main_hash = Sha256::new();
     let mut header_bytes = Vec::with_capacity(100);
-    write_synced(&staging.join(name), |out| {
+    write_synced(staging, name, |out| {
         let mut offset = 0u64;
         while offset < main_size {
             let n = (main_size - offset).min(COPY_CHUNK as u64) as usize;
@@ -361,7 +471,8 @@ fn fill_staging(input: &CaptureInput<'_>, staging: &Path, name: &str) -> io::Res
 
     Ok(Manifest {
         version: 1,
-        database: input.database.to_string_lossy().into_owned(),
+        database: path_display(input.database),
+        database_hex: path_hex(input.database),
         trigger: input.trigger,
         reason: input.reason,
         pid: std::process::id(),
@@ -409,11 +520,7 @@ pub fn sidecar(database: &Path, suffix: &str) -> PathBuf {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    paths::hex(bytes)
 }
 
 #[cfg(test)]
@@ -434,14 +541,82 @@ mod tests {
     #[test]
     fn artifact_names_do_not_collide() {
         let dir = tempfile::tempdir().unwrap();
-        let first = choose_artifact_dir(dir.path(), "state.db");
-        fs::create_dir(&first).unwrap();
-        let second = choose_artifact_dir(dir.path(), "state.db");
+        let fd = open_dir(rustix::fs::CWD, dir.path()).unwrap();
+        let (first, first_staging) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+        assert!(first.starts_with("state.db.retired-wal-"));
+        assert_eq!(first_staging, format!("{first}.partial"));
+        // A staging directory in progress holds its name...
+        let (second, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
         assert_ne!(first, second);
-        assert!(second
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .starts_with("state.db.retired-wal-"));
+        // ...and so does a finished one.
+        std::fs::rename(dir.path().join(&first_staging), dir.path().join(&first)).unwrap();
+        let (third, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+        assert!(third != first && third != second);
+    }
+
+    fn longest_dir_name(stem: &str) -> usize {
+        format!(
+            "{stem}{ARTIFACT_MARKER}20261130-005320-{}-{}{STAGING_SUFFIX}",
+            u32::MAX,
+            u32::MAX
+        )
+        .len()
+    }
+
+    #[test]
+    fn a_short_utf8_name_is_kept_as_it_is() {
+        let name = OsStr::new("state.db");
+        assert_eq!(capture_dir_stem(name), "state.db");
+        assert_eq!(capture_file_name(name), "state.db");
+    }
+
+    #[test]
+    fn every_legal_name_length_fits_name_max_in_the_artifact() {
+        for len in 1..=NAME_MAX {
+            let raw = "s".repeat(len);
+            let name = OsStr::new(&raw);
+            let stem = capture_dir_stem(name);
+            assert!(longest_dir_name(&stem) <= NAME_MAX, "{len}: {stem}");
+            let file = capture_file_name(name);
+            assert!(file.len() + "-journal".len() <= NAME_MAX, "{len}: {file}");
+            if len <= DIR_STEM_MAX {
+                assert_eq!(stem, raw);
+            } else {
+                assert!(stem.contains('~'), "{len}: {stem}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_shortened_name_keeps_a_prefix_and_a_hash_of_the_whole_name() {
+        let a = "a".repeat(250) + "1";
+        let b = "a".repeat(250) + "2";
+        let (sa, sb) = (
+            capture_dir_stem(OsStr::new(&a)),
+            capture_dir_stem(OsStr::new(&b)),
+        );
+        assert_ne!(sa, sb, "names differing past the cut are told apart");
+        assert_eq!(sa.len(), DIR_STEM_MAX);
+        assert!(sa.starts_with(&"a".repeat(DIR_STEM_MAX - 17)));
+    }
+
+    #[test]
+    fn a_shortened_name_is_cut_at_a_character_boundary() {
+        let raw = "é".repeat(127); // 254 bytes
+        let stem = capture_dir_stem(OsStr::new(&raw));
+        assert!(stem.len() <= DIR_STEM_MAX);
+        assert!(stem
+            .trim_end_matches(|c: char| c.is_ascii_hexdigit())
+            .ends_with("é~"));
+    }
+
+    #[test]
+    fn a_non_utf8_name_gets_a_utf8_name_with_a_hash() {
+        let name = OsStr::from_bytes(b"st\xffate.db");
+        let file = capture_file_name(name);
+        assert!(file.starts_with("st_ate.db~"), "{file}");
+        assert_eq!(file.len(), "st_ate.db~".len() + 16);
+        let other = capture_file_name(OsStr::from_bytes(b"st\xfeate.db"));
+        assert_ne!(file, other);
     }
 }

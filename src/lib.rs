@@ -21,6 +21,7 @@
 pub mod capture;
 mod error;
 pub mod identity;
+pub mod paths;
 pub mod registry;
 mod status;
 pub mod store;

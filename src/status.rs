@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::FileId;
+use crate::paths::{path_display, path_from_parts, path_hex};
 
 /// Why a generation was retired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,7 +31,12 @@ impl RetireReason {
 }
 
 /// One connection's guard, as `PRAGMA hermes_guard_status` reports it.
+///
+/// In JSON, `database` and `capture` are display strings; when a path's bytes are not UTF-8 its
+/// exact bytes are in `database_hex` / `capture_hex` (lowercase hex), which deserialization
+/// prefers, so the paths round-trip byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "StatusJson", try_from = "StatusJson")]
 pub struct GuardStatus {
     /// The database's pathname, as SQLite opened it.
     pub database: PathBuf,
@@ -52,11 +58,9 @@ pub struct GuardStatus {
     pub refusals: u64,
     /// How far the retired WAL had been checkpointed into the main file when the loss was seen,
     /// as the connection's wal-index (`-shm`) recorded it; `None` while live or when unknown.
-    #[serde(default)]
     pub backfill_at_loss: Option<Backfill>,
     /// The loss left the main file torn: it holds some, not all, of the retired WAL's pages, and
     /// the newer generation builds on it. The live file needs repair (docs/recovery.md).
-    #[serde(default)]
     pub main_torn: bool,
 }
 
@@ -81,6 +85,72 @@ impl Backfill {
         let partly = self.backfilled > 0 && self.backfilled < self.frames;
         let cut_short = self.attempted > self.backfilled;
         partly || cut_short
+    }
+}
+
+/// The JSON shape of [`GuardStatus`]: paths as display strings, plus their exact bytes in hex
+/// only when those are not UTF-8.
+#[derive(Serialize, Deserialize)]
+struct StatusJson {
+    database: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    database_hex: Option<String>,
+    retired: bool,
+    reason: Option<RetireReason>,
+    main: Option<FileId>,
+    wal: Option<FileId>,
+    shm: Option<FileId>,
+    capture: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capture_hex: Option<String>,
+    capture_error: Option<String>,
+    refusals: u64,
+    #[serde(default)]
+    backfill_at_loss: Option<Backfill>,
+    #[serde(default)]
+    main_torn: bool,
+}
+
+impl From<GuardStatus> for StatusJson {
+    fn from(s: GuardStatus) -> StatusJson {
+        StatusJson {
+            database: path_display(&s.database),
+            database_hex: path_hex(&s.database),
+            retired: s.retired,
+            reason: s.reason,
+            main: s.main,
+            wal: s.wal,
+            shm: s.shm,
+            capture: s.capture.as_deref().map(path_display),
+            capture_hex: s.capture.as_deref().and_then(path_hex),
+            capture_error: s.capture_error,
+            refusals: s.refusals,
+            backfill_at_loss: s.backfill_at_loss,
+            main_torn: s.main_torn,
+        }
+    }
+}
+
+impl TryFrom<StatusJson> for GuardStatus {
+    type Error = String;
+
+    fn try_from(j: StatusJson) -> Result<GuardStatus, String> {
+        Ok(GuardStatus {
+            database: path_from_parts(j.database, j.database_hex.as_deref())?,
+            retired: j.retired,
+            reason: j.reason,
+            main: j.main,
+            wal: j.wal,
+            shm: j.shm,
+            capture: j
+                .capture
+                .map(|c| path_from_parts(c, j.capture_hex.as_deref()))
+                .transpose()?,
+            capture_error: j.capture_error,
+            refusals: j.refusals,
+            backfill_at_loss: j.backfill_at_loss,
+            main_torn: j.main_torn,
+        })
     }
 }
 
@@ -133,6 +203,72 @@ impl ErrorClass {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_with_non_utf8_paths_round_trips_through_json() {
+        use std::os::unix::ffi::OsStrExt;
+        let status = GuardStatus {
+            database: PathBuf::from(std::ffi::OsStr::from_bytes(b"/srv/\xff/state.db")),
+            retired: true,
+            reason: Some(RetireReason::WalLost),
+            main: None,
+            wal: None,
+            shm: None,
+            capture: Some(PathBuf::from(std::ffi::OsStr::from_bytes(
+                b"/srv/\xff/state.db.retired-wal-20261130-005320-1",
+            ))),
+            capture_error: None,
+            refusals: 1,
+            backfill_at_loss: Some(Backfill {
+                frames: 9,
+                backfilled: 4,
+                attempted: 4,
+            }),
+            main_torn: true,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert_eq!(json["database"], "/srv/\u{fffd}/state.db");
+        assert_eq!(json["database_hex"], "2f7372762fff2f73746174652e6462");
+        let back: GuardStatus = serde_json::from_value(json).unwrap();
+        assert_eq!(back, status);
+    }
+
+    #[test]
+    fn a_status_with_utf8_paths_has_no_hex_keys() {
+        let status = GuardStatus {
+            database: PathBuf::from("/srv/state.db"),
+            retired: false,
+            reason: None,
+            main: None,
+            wal: None,
+            shm: None,
+            capture: None,
+            capture_error: None,
+            refusals: 0,
+            backfill_at_loss: None,
+            main_torn: false,
+        };
+        let json = serde_json::to_value(&status).unwrap();
+        assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());
+        assert_eq!(json["database"], "/srv/state.db");
+    }
+
+    #[test]
+    fn a_wal_checkpointed_partly_or_cut_short_tears_the_main_file() {
+        let progress = |frames, backfilled, attempted| Backfill {
+            frames,
+            backfilled,
+            attempted,
+        };
+        assert!(!progress(10, 0, 0).tears_main(), "nothing copied");
+        assert!(!progress(10, 10, 10).tears_main(), "everything copied");
+        assert!(progress(10, 4, 4).tears_main(), "held back by a reader");
+        assert!(
+            progress(10, 0, 6).tears_main(),
+            "cut short before recording"
+        );
+        assert!(!progress(0, 0, 0).tears_main(), "an empty WAL");
+    }
 
     fn sqlite_error(extended: i32) -> rusqlite::Error {
         rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(extended), None)

@@ -94,11 +94,15 @@ fn a_mount_over_the_database_directory_refuses_the_next_write() {
     let status = hermes_guard::status(&conn).unwrap();
     assert!(status.retired, "{status:?}");
     let artifact = status.capture.expect("captured at the halt");
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    // The capture is written through the directory descriptor held since the open: beside the
+    // database, in the directory the mount now hides, not on the tmpfs.
+    assert!(!artifact.exists(), "not on the mount over the directory");
+    drop(tmpfs);
+    assert_eq!(artifacts(&dir), vec![artifact.clone()]);
     let recovered = recover(&artifact, "state.db", &top.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
     assert_eq!(count_like(&recovered, "row %"), 50);
-    drop(conn);
-    drop(tmpfs);
 }
 
 #[test]

@@ -30,6 +30,9 @@ mod error;
 #[path = "../../src/identity.rs"]
 mod identity;
 #[allow(dead_code)]
+#[path = "../../src/paths.rs"]
+mod paths;
+#[allow(dead_code)]
 #[path = "../../src/status.rs"]
 mod status;
 #[allow(dead_code)]

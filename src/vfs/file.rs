@@ -7,7 +7,6 @@ use std::alloc::{self, Layout};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
-use std::path::PathBuf;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,7 +15,7 @@ use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::state::{DbState, Site, WalIndex};
-use super::{cstr_lossy, ffi_guard, sqlite_string};
+use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{ImageSource, Trigger};
 use crate::identity::identity_of_mapping;
 use crate::status::Backfill;
@@ -216,7 +215,7 @@ pub(super) unsafe fn open(
     }
 
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
-    let path = unsafe { cstr_lossy(z_name) }.map(PathBuf::from);
+    let path = unsafe { cstr_path(z_name) };
     let (kind, state) = match path {
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             let state = DbState::new(path);
@@ -539,7 +538,7 @@ unsafe fn chain_vfs_name(out: *mut *mut c_char, rc: c_int) -> c_int {
     // SAFETY: as the caller promises; the old string came from sqlite3_malloc.
     unsafe {
         let below = if rc == ffi::SQLITE_OK {
-            cstr_lossy(*out)
+            cstr_text(*out)
         } else {
             None
         };

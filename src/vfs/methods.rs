@@ -1,16 +1,15 @@
 //! The `sqlite3_vfs` methods: `xOpen` wraps the file, `xDelete` refuses to delete a WAL that is
 //! no longer the one its connection pinned, everything else is handed to the wrapped VFS.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
-use std::path::PathBuf;
 use std::ptr;
 
 use rusqlite::ffi;
 
 use super::file::{self, GuardFile};
 use super::state::may_delete;
-use super::{ffi_guard, VFS_NAME_C};
+use super::{cstr_path, ffi_guard, VFS_NAME_C};
 
 /// Builds the guard's `sqlite3_vfs` over `sub`.
 pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
@@ -77,9 +76,8 @@ unsafe extern "C" fn x_delete(
     sync_dir: c_int,
 ) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_DELETE, || {
-        if !z_name.is_null() {
-            // SAFETY: SQLite passes a NUL-terminated pathname.
-            let path = PathBuf::from(unsafe { CStr::from_ptr(z_name) }.to_string_lossy().as_ref());
+        // SAFETY: SQLite passes NULL or a NUL-terminated pathname.
+        if let Some(path) = unsafe { cstr_path(z_name) } {
             if !may_delete(&path) {
                 return ffi::SQLITE_OK;
             }

@@ -9,8 +9,10 @@ mod methods;
 pub(crate) mod state;
 mod watch;
 
-use std::ffi::{c_char, CStr};
+use std::ffi::{c_char, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::ptr;
 
 use parking_lot::Mutex;
@@ -112,14 +114,30 @@ fn sqlite_string(s: &str) -> *mut c_char {
     p as *mut c_char
 }
 
+/// Text for people (a VFS name), never a path: invalid UTF-8 becomes U+FFFD.
+///
 /// # Safety
 /// `p` is NULL or a NUL-terminated string valid for the call.
-unsafe fn cstr_lossy(p: *const c_char) -> Option<String> {
+unsafe fn cstr_text(p: *const c_char) -> Option<String> {
     if p.is_null() {
         return None;
     }
     // SAFETY: the caller promises a NUL-terminated string.
     Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// A pathname from SQLite, byte for byte: a Unix path is bytes, and a lossy conversion would
+/// name another file (or none).
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string valid for the call.
+unsafe fn cstr_path(p: *const c_char) -> Option<PathBuf> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller promises a NUL-terminated string.
+    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
+    Some(PathBuf::from(OsStr::from_bytes(bytes)))
 }
 
 pub(crate) use file::retry_pending_captures;

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::watch::DirWatch;
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 
 /// The extended code of every refusal.
@@ -53,6 +54,9 @@ pub(crate) struct DbState {
     /// the mount table is the same, so a transaction start needs no `stat`.
     watch: Option<DirWatch>,
     verified_generation: AtomicU64,
+    /// The database's directory, held since the open (shared per directory): the capture is
+    /// written into it, so it lands beside the database even if the directory was moved away.
+    dir: Option<Arc<DirHandle>>,
     inner: Mutex<Inner>,
 }
 
@@ -150,6 +154,21 @@ impl DbState {
     pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
         // Watch first, pin second: a change after the pin is then always seen.
         let watch = db_path.parent().and_then(DirWatch::new);
+        let dir = db_path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .and_then(|parent| match DirHandle::open_shared(parent) {
+                Ok(dir) => Some(dir),
+                Err(e) => {
+                    log::warn!(
+                        "hermes-guard: cannot open the directory {} of {}: {e}; a capture will \
+                         be written by path, and not at all if the directory is moved away",
+                        parent.display(),
+                        db_path.display()
+                    );
+                    None
+                }
+            });
         let main_id = match identity_of_path(&db_path) {
             Ok(id) => id,
             Err(e) => {
@@ -173,6 +192,7 @@ impl DbState {
             refusals: AtomicU64::new(0),
             watch,
             verified_generation: AtomicU64::new(u64::MAX),
+            dir,
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -478,6 +498,7 @@ impl DbState {
             }),
             Some(main) => capture::write_capture(&CaptureInput {
                 database: &self.db_path,
+                dir: self.dir.as_deref(),
                 wal,
                 main: main.as_ref(),
                 main_id: inner.main_id,
@@ -517,11 +538,20 @@ impl DbState {
             main: inner.main_id,
             wal: inner.wal.as_ref().map(PinnedWal::id),
             shm: inner.shm_id,
-            capture: inner.capture.clone(),
+            capture: inner.capture.as_deref().map(|at| self.capture_now(at)),
             capture_error: inner.capture_error.clone(),
             refusals: self.refusals.load(Ordering::Relaxed),
             backfill_at_loss: inner.backfill_at_loss,
             main_torn: inner.backfill_at_loss.is_some_and(|b| b.tears_main()),
+        }
+    }
+
+    /// Where the capture written at `at` is now: inside the held directory, wherever that went
+    /// since.
+    fn capture_now(&self, at: &Path) -> PathBuf {
+        match (&self.dir, at.file_name()) {
+            (Some(dir), Some(name)) => dir.current_path().join(name),
+            _ => at.to_path_buf(),
         }
     }
 

@@ -270,3 +270,40 @@ pub fn store_with_checkpointed_history(path: &Path) -> hermes_guard::SessionDb {
     assert_eq!(checkpoint.checkpointed_frames, checkpoint.log_frames);
     db
 }
+
+/// `base` joined with a name given as raw bytes (which need not be UTF-8).
+pub fn join_bytes(base: &Path, name: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    base.join(std::ffi::OsStr::from_bytes(name))
+}
+
+/// The exact bytes of `path` in lowercase hex, as the manifest records a non-UTF-8 path.
+pub fn hex_of(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    path.as_os_str()
+        .as_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Opens the captured image + WAL as a fresh database, by the file names its manifest records.
+pub fn recover_by_manifest(artifact: &Path, workdir: &Path) -> Connection {
+    let manifest = manifest(artifact);
+    let main = manifest["main"]["file"].as_str().unwrap();
+    let wal = manifest["wal"]["file"].as_str().unwrap();
+    assert_eq!(wal, format!("{main}-wal"), "the WAL sits beside its image");
+    recover(artifact, main, workdir)
+}
+
+/// Every name inside `artifact`, and the artifact's own, fits NAME_MAX.
+#[track_caller]
+pub fn assert_names_fit(artifact: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let own = artifact.file_name().unwrap().as_bytes().len();
+    assert!(own <= 255, "artifact name is {own} bytes");
+    for entry in fs::read_dir(artifact).unwrap().flatten() {
+        let len = entry.file_name().as_bytes().len();
+        assert!(len <= 255, "{:?} is {len} bytes", entry.file_name());
+    }
+}

@@ -1,0 +1,179 @@
+//! Paths as the bytes they are, and the database's directory held open.
+//!
+//! A Unix path is a byte string. SQLite hands the guard a C string; it is turned into a `Path`
+//! byte for byte (never through UTF-8), and where a path is written into JSON it goes as a
+//! display string plus, only when the bytes are not UTF-8, the exact bytes in hex.
+//!
+//! [`DirHandle`] is a read-only descriptor of a database's directory, opened when the database
+//! is opened: captures are written relative to it, so one lands beside the database even after
+//! the whole directory was renamed away. One descriptor per directory is shared by every
+//! connection of the process.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use rustix::fs::{Mode, OFlags, CWD};
+
+use crate::identity::{identity_of_fd, FileId};
+
+/// A string to show for `path`: the path itself when it is UTF-8, else with each invalid
+/// sequence replaced by U+FFFD. Never to be turned back into a path: see [`path_hex`].
+pub fn path_display(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// The exact bytes of `path` in lowercase hex, only when they are not UTF-8 (when they are, the
+/// display string is the path).
+pub fn path_hex(path: &Path) -> Option<String> {
+    path.to_str()
+        .is_none()
+        .then(|| hex(path.as_os_str().as_bytes()))
+}
+
+/// The path from its display string and, when present, its exact bytes in hex.
+pub fn path_from_parts(display: String, hex: Option<&str>) -> Result<PathBuf, String> {
+    match hex {
+        None => Ok(PathBuf::from(display)),
+        Some(h) => unhex(h)
+            .map(|bytes| PathBuf::from(OsString::from_vec(bytes)))
+            .ok_or_else(|| format!("malformed hex path bytes for {display:?}")),
+    }
+}
+
+/// Lowercase hex, two digits per byte.
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+fn unhex(h: &str) -> Option<Vec<u8>> {
+    if !h.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// A read-only descriptor of a directory (`O_DIRECTORY|O_CLOEXEC`), shared by every connection
+/// of the process whose database is in it. Read-only so it can be `fsync`ed; holding it takes
+/// no lock (SQLite's POSIX locks are on the database file).
+#[derive(Debug)]
+pub struct DirHandle {
+    fd: OwnedFd,
+    id: FileId,
+    /// The path it was opened by, for when `/proc` cannot say where it is now.
+    opened_as: PathBuf,
+}
+
+static SHARED: Mutex<Option<HashMap<FileId, Weak<DirHandle>>>> = Mutex::new(None);
+
+impl DirHandle {
+    /// Opens `dir`, or joins the descriptor another connection of this process holds on the same
+    /// directory (same `(dev, ino)`).
+    pub fn open_shared(dir: &Path) -> io::Result<Arc<DirHandle>> {
+        let fd = open_dir(CWD, dir)?;
+        let id = identity_of_fd(&fd)?;
+        let mut shared = SHARED.lock();
+        let map = shared.get_or_insert_with(HashMap::new);
+        if let Some(held) = map.get(&id).and_then(Weak::upgrade) {
+            // Ours is closed on return; the held one is the same directory.
+            return Ok(held);
+        }
+        map.retain(|_, w| w.strong_count() > 0);
+        let handle = Arc::new(DirHandle {
+            fd,
+            id,
+            opened_as: dir.to_path_buf(),
+        });
+        map.insert(id, Arc::downgrade(&handle));
+        Ok(handle)
+    }
+
+    /// The descriptor.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// The directory's identity.
+    pub fn id(&self) -> FileId {
+        self.id
+    }
+
+    /// Where the directory is now, byte for byte (`/proc/self/fd/N`); the path it was opened by
+    /// when `/proc` cannot say.
+    pub fn current_path(&self) -> PathBuf {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .ok()
+            .filter(|p| p.is_absolute())
+            .unwrap_or_else(|| self.opened_as.clone())
+    }
+}
+
+/// Opens the directory `path` (relative to `at`) read-only, `O_DIRECTORY|O_CLOEXEC`.
+pub fn open_dir<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        at,
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn a_utf8_path_has_no_hex() {
+        assert_eq!(path_hex(Path::new("/srv/state.db")), None);
+    }
+
+    #[test]
+    fn a_non_utf8_path_round_trips_through_display_and_hex() {
+        let path = Path::new(OsStr::from_bytes(b"/srv/st\xffate\x80.db"));
+        let hex = path_hex(path).expect("not UTF-8");
+        assert_eq!(hex, "2f7372762f7374ff617465802e6462");
+        let back = path_from_parts(path_display(path), Some(&hex)).unwrap();
+        assert_eq!(back, path);
+    }
+
+    #[test]
+    fn malformed_hex_is_an_error() {
+        assert!(path_from_parts("x".into(), Some("abc")).is_err());
+        assert!(path_from_parts("x".into(), Some("zz")).is_err());
+    }
+
+    #[test]
+    fn two_opens_of_one_directory_share_one_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = DirHandle::open_shared(dir.path()).unwrap();
+        let b = DirHandle::open_shared(&dir.path().join(".")).unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!(a.current_path(), dir.path().canonicalize().unwrap());
+    }
+
+    #[test]
+    fn a_moved_directory_reports_where_it_is_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let before = dir.path().join("before");
+        std::fs::create_dir(&before).unwrap();
+        let handle = DirHandle::open_shared(&before).unwrap();
+        let after = dir.path().join("after");
+        std::fs::rename(&before, &after).unwrap();
+        assert_eq!(handle.current_path(), after.canonicalize().unwrap());
+    }
+}
