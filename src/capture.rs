@@ -16,7 +16,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::identity::{identity_of_path, FileId, PinnedWal};
@@ -328,6 +328,16 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
 
     let stem = capture_dir_stem(name);
     let file_name = capture_file_name(name);
+    if let Some(existing) = find_identical_capture(input, dir_fd, &stem) {
+        let existing = dir_path.join(existing);
+        log::warn!(
+            "hermes-guard: the retired generation of {} is already captured, byte for byte, in {} \
+             (by another process); not writing it again",
+            database.display(),
+            existing.display()
+        );
+        return Ok(existing);
+    }
     let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
         .map_err(|(staging, e)| io_err(&dir_path.join(staging), e))?;
     let final_dir = dir_path.join(&final_name);
@@ -364,6 +374,94 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
             Err(io_err(&staging_dir, e))
         }
     }
+}
+
+/// What a complete capture's manifest says of the WAL it holds; enough to recognise the same
+/// retired WAL captured by another process.
+#[derive(Deserialize)]
+struct CapturedWal {
+    wal: CapturedWalEntry,
+    main: CapturedMainEntry,
+}
+
+#[derive(Deserialize)]
+struct CapturedWalEntry {
+    identity: FileId,
+    bytes: u64,
+    sha256: String,
+}
+
+#[derive(Deserialize)]
+struct CapturedMainEntry {
+    identity: Option<FileId>,
+}
+
+/// A complete capture in `dir` of exactly the WAL `input` would capture: the same main and WAL
+/// inodes, the same size and the same sha256. Another process that retired the same generation
+/// (the WAL inode is shared) has captured it already. The WAL is hashed only when a candidate's
+/// inodes and size match; anything unreadable is no match.
+fn find_identical_capture(
+    input: &CaptureInput<'_>,
+    dir: BorrowedFd<'_>,
+    stem: &str,
+) -> Option<String> {
+    let prefix = format!("{stem}{ARTIFACT_MARKER}");
+    let size = input.wal.size().ok()?;
+    let mut our_sha256: Option<String> = None;
+    for entry in rustix::fs::Dir::read_from(dir).ok()? {
+        let Ok(entry) = entry else {
+            break;
+        };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if !name.starts_with(&prefix) || name.ends_with(STAGING_SUFFIX) {
+            continue;
+        }
+        let Some(captured) = read_captured_wal(dir, name) else {
+            continue;
+        };
+        let same_files =
+            captured.wal.identity == input.wal.id() && captured.main.identity == input.main_id;
+        if !same_files || captured.wal.bytes != size {
+            continue;
+        }
+        if our_sha256.is_none() {
+            our_sha256 = Some(sha256_of(input.wal.file(), size).ok()?);
+        }
+        if our_sha256.as_deref() == Some(captured.wal.sha256.as_str()) {
+            return Some(name.to_owned());
+        }
+    }
+    None
+}
+
+fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<CapturedWal> {
+    let fd = rustix::fs::openat(
+        dir,
+        format!("{capture}/{MANIFEST_NAME}"),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    serde_json::from_reader(io::BufReader::new(File::from(fd))).ok()
+}
+
+/// sha256 of the first `len` bytes of `file`, hex.
+fn sha256_of(file: &File, len: u64) -> io::Result<String> {
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut hash = Sha256::new();
+    let mut offset = 0u64;
+    while offset < len {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 {
+            break;
+        }
+        let n = n.min((len - offset) as usize);
+        hash.update(&buf[..n]);
+        offset += n as u64;
+    }
+    Ok(paths::hex(&hash.finalize()))
 }
 
 /// Picks the first free `<stem>.retired-wal-<UTC>-<pid>[-n]` in `dir` and creates its

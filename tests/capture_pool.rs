@@ -109,3 +109,70 @@ fn two_databases_lost_at_once_get_a_capture_each() {
     assert_ne!(ca, cb);
     assert_eq!(artifacts(dir.path()).len(), 2);
 }
+
+#[test]
+fn a_second_process_retiring_the_same_generation_reuses_the_first_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let (mut gw, _) = Gateway::start(&path, "guard");
+    let here = open_guarded(&path);
+    assert_eq!(count_like(&here, "uncheckpointed %"), 4);
+    lose_sidecars(&path, false);
+
+    gw.send("write");
+    let refused = gw.next_event("write");
+    assert_eq!(refused["refused"], true);
+    let first = std::path::PathBuf::from(refused["artifact"].as_str().expect("captured"));
+
+    let err = insert(&here, "here after the loss").unwrap_err();
+    assert!(is_refusal(&err), "{err}");
+    let status = hermes_guard::status(&here).unwrap();
+    assert_eq!(
+        status.capture.as_ref(),
+        Some(&first),
+        "the same bytes are not captured twice"
+    );
+    assert_eq!(artifacts(dir.path()), vec![first.clone()]);
+
+    hermes_guard::close(here).map_err(|(_, e)| e).unwrap();
+    gw.send("close");
+    assert_eq!(gw.next_event("closed")["error"], serde_json::Value::Null);
+    assert!(gw.quit().success());
+    assert_eq!(artifacts(dir.path()), vec![first]);
+}
+
+#[test]
+fn a_second_process_whose_retired_wal_grew_since_captures_it_again() {
+    // The first capture holds fewer bytes than the WAL the second process retires with: that is
+    // not the same capture, and the second one writes its own, with the later commit in it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let (mut gw, _) = Gateway::start(&path, "guard");
+    let here = open_guarded(&path);
+    let stock = open_stock(&path);
+    lose_sidecars(&path, false);
+
+    gw.send("write");
+    let refused = gw.next_event("write");
+    assert_eq!(refused["refused"], true);
+    let first = std::path::PathBuf::from(refused["artifact"].as_str().expect("captured"));
+    // Unguarded, the stock connection commits into the retired WAL after that capture.
+    insert(&stock, "stock after the first capture").unwrap();
+
+    assert!(is_refusal(
+        &insert(&here, "here after the loss").unwrap_err()
+    ));
+    let second = hermes_guard::status(&here)
+        .unwrap()
+        .capture
+        .expect("captured");
+    assert_ne!(second, first);
+    let recovered = recover(&second, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, "stock after the first capture"), 1);
+
+    drop(stock);
+    hermes_guard::close(here).map_err(|(_, e)| e).unwrap();
+    gw.send("close");
+    gw.next_event("closed");
+    assert!(gw.quit().success());
+}
