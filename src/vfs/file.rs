@@ -14,7 +14,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
-use super::state::{DbState, Site, WalIndex};
+use super::state::{DbState, Gate, Site, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{ImageSource, Trigger};
 use crate::identity::identity_of_mapping;
@@ -39,6 +39,10 @@ pub(super) struct GuardFile {
 /// The wrapped VFS's file object, in memory of our own.
 struct SubFile {
     ptr: *mut ffi::sqlite3_file,
+    /// The wrapped file's method table, copied from its `pMethods` once its xOpen succeeded (a
+    /// VFS never changes a file's table while it is open): one load less on every call. NULL
+    /// until then.
+    methods: *const ffi::sqlite3_io_methods,
     layout: Layout,
 }
 
@@ -51,13 +55,18 @@ impl SubFile {
         let layout = Layout::from_size_align(size.max(size_of::<ffi::sqlite3_file>()), 8).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut ffi::sqlite3_file;
-        (!ptr.is_null()).then_some(SubFile { ptr, layout })
+        (!ptr.is_null()).then_some(SubFile {
+            ptr,
+            methods: ptr::null(),
+            layout,
+        })
     }
 
+    #[inline(always)]
     fn methods(&self) -> &ffi::sqlite3_io_methods {
-        // SAFETY: a SubFile only escapes `open` once the wrapped xOpen succeeded, which sets a
-        // non-NULL, static method table.
-        unsafe { &*(*self.ptr).pMethods }
+        // SAFETY: a SubFile only escapes `open` once the wrapped xOpen succeeded and `methods`
+        // was set from the non-NULL method table it installed, which outlives the file.
+        unsafe { &*self.methods }
     }
 
     /// Closes the wrapped file (if it was opened) and frees its memory.
@@ -204,8 +213,10 @@ pub(super) unsafe fn open(
     };
     // SAFETY: SQLite's own arguments, with our allocation of the wrapped VFS's size.
     let rc = unsafe { x_open(sub_vfs, z_name, sub.ptr, flags, out_flags) };
+    let mut sub = sub;
     // SAFETY: `sub.ptr` is our zeroed allocation; xOpen set pMethods or left it NULL.
-    if rc != ffi::SQLITE_OK || unsafe { (*sub.ptr).pMethods.is_null() } {
+    sub.methods = unsafe { (*sub.ptr).pMethods };
+    if rc != ffi::SQLITE_OK || sub.methods.is_null() {
         sub.close();
         return if rc == ffi::SQLITE_OK {
             ffi::SQLITE_CANTOPEN
@@ -282,11 +293,16 @@ unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<DbState>> {
 
 /// # Safety
 /// `f` is a live GuardFile (SQLite only calls our methods on files we opened).
+#[inline(always)]
 unsafe fn guard<'a>(f: *mut ffi::sqlite3_file) -> &'a GuardFile {
     // SAFETY: as the caller promises.
     unsafe { &*(f as *const GuardFile) }
 }
 
+/// Calls the wrapped file's method `slot` with SQLite's arguments, or returns `$missing` when the
+/// wrapped table lacks it. Panic-free: a field read, a branch and a call into C (which cannot
+/// unwind into Rust). The pass-through methods below are nothing else but this and the cast of
+/// `f`, so they run without `catch_unwind`.
 macro_rules! sub_call {
     ($gf:expr, $slot:ident, $missing:expr $(, $arg:expr)*) => {{
         let gf: &GuardFile = $gf;
@@ -296,6 +312,42 @@ macro_rules! sub_call {
             None => $missing,
         }
     }};
+}
+
+/// Carries out a write gate: `SQLITE_OK` to go ahead, else the code to return. The common
+/// verdicts — already checked in this transaction, or the directory watch vouches — are decided
+/// by panic-free code (the gates are atomics; `check_fast` is atomics and one `epoll_wait`), so
+/// they need no `catch_unwind`; only a full check or a refusal (`stat`, logging, allocation, a
+/// capture) runs inside `ffi_guard`.
+#[inline(always)]
+fn gate_rc(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+    if gate == Gate::Go {
+        ffi::SQLITE_OK
+    } else {
+        gate_check(state, gate, on_panic)
+    }
+}
+
+/// `gate_rc` past `Go`: out of line, so the pass-through path of the callers stays short.
+#[inline(never)]
+fn gate_check(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+    match gate {
+        Gate::Check(site) if state.check_fast(site) => ffi::SQLITE_OK,
+        _ => slow_gate(state, gate, on_panic),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn slow_gate(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+    ffi_guard(on_panic, || {
+        let verdict = match gate {
+            Gate::Go => Ok(()),
+            Gate::Check(site) => state.check(site),
+            Gate::Refuse => Err(state.refuse()),
+        };
+        verdict.err().unwrap_or(ffi::SQLITE_OK)
+    })
 }
 
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
@@ -354,37 +406,30 @@ unsafe extern "C" fn x_read(
     sub_call!(gf, xRead, ffi::SQLITE_IOERR_READ, buf, amt, ofst)
 }
 
+/// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
+/// slow verdicts enter `ffi_guard` (see `gate_rc`).
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
     amt: c_int,
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
-    ffi_guard(ffi::SQLITE_IOERR_WRITE, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
-        let Some(state) = &gf.state else {
-            return sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst);
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    if let Some(state) = &gf.state {
+        let gate = match gf.kind {
+            Kind::Wal => state.wal_write_gate(ofst),
+            // In WAL mode the main file is written only by checkpoints; in rollback mode the
+            // RESERVED lock before any write was checked.
+            _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
+            _ => Gate::Go,
         };
-        match gf.kind {
-            Kind::Wal => {
-                if let Err(code) = state.before_wal_write(ofst) {
-                    return code;
-                }
-                sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
-            }
-            _ => {
-                // In WAL mode the main file is written only by checkpoints; in rollback mode
-                // the RESERVED lock before any write was checked.
-                if state.wal_pinned() || state.is_retired() {
-                    if let Err(code) = state.before_main_write() {
-                        return code;
-                    }
-                }
-                sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
-            }
+        let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_WRITE);
+        if rc != ffi::SQLITE_OK {
+            return rc;
         }
-    })
+    }
+    sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
 }
 
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
@@ -426,32 +471,32 @@ unsafe extern "C" fn x_file_size(
     sub_call!(gf, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
 }
 
+/// No `catch_unwind` on the way through (see `x_write`).
 unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    ffi_guard(ffi::SQLITE_IOERR_LOCK, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
-        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
-            // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
-            // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
-            // EXCLUSIVE straight from SHARED to roll back a hot journal (which writes the main
-            // file and deletes the journal by pathname): both are checked, once per lock.
-            let allowed = if state.wal_pinned() {
-                if level == ffi::SQLITE_LOCK_EXCLUSIVE {
-                    state.check(Site::MainWrite)
-                } else {
-                    Ok(())
-                }
-            } else if level >= ffi::SQLITE_LOCK_RESERVED {
-                state.before_main_write()
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
+        // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
+        // EXCLUSIVE straight from SHARED to roll back a hot journal (which writes the main
+        // file and deletes the journal by pathname): both are checked, once per lock.
+        let gate = if state.wal_pinned() {
+            if level == ffi::SQLITE_LOCK_EXCLUSIVE {
+                Gate::Check(Site::MainWrite)
             } else {
-                Ok(())
-            };
-            if let Err(code) = allowed {
-                return code;
+                Gate::Go
             }
+        } else if level >= ffi::SQLITE_LOCK_RESERVED {
+            state.main_write_gate()
+        } else {
+            Gate::Go
+        };
+        let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_LOCK);
+        if rc != ffi::SQLITE_OK {
+            return rc;
         }
-        sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
-    })
+    }
+    sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
 }
 
 unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
@@ -478,24 +523,36 @@ unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut 
     )
 }
 
+/// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
+/// (SQLite sends several per transaction) passes straight down, and the commit boundary only
+/// stores atomics: neither can panic.
 unsafe extern "C" fn x_file_control(
     f: *mut ffi::sqlite3_file,
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    match op {
+        ffi::SQLITE_FCNTL_VFSNAME
+        | ffi::SQLITE_FCNTL_SIZE_HINT
+        | ffi::SQLITE_FCNTL_HAS_MOVED
+        | ffi::SQLITE_FCNTL_PRAGMA => {}
+        ffi::SQLITE_FCNTL_COMMIT_PHASETWO => {
+            if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+                // Sent after every commit, in every locking mode: the transaction is over.
+                state.end_of_transaction();
+            }
+            return sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+        }
+        _ => return sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+    }
     ffi_guard(ffi::SQLITE_ERROR, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
         match (op, gf.kind, &gf.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
                 let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
                 // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
                 unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
-            }
-            (ffi::SQLITE_FCNTL_COMMIT_PHASETWO, Kind::Main, Some(state)) => {
-                // Sent after every commit, in every locking mode: the transaction is over.
-                state.end_of_transaction();
-                sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
             }
             (ffi::SQLITE_FCNTL_SIZE_HINT, Kind::Main, Some(state))
                 if state.wal_pinned() || state.is_retired() =>
@@ -624,43 +681,56 @@ unsafe extern "C" fn x_shm_map(
     })
 }
 
+/// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
+/// around the two watched locks only atomics run outside `slow_gate`.
 unsafe extern "C" fn x_shm_lock(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    ffi_guard(ffi::SQLITE_IOERR_SHMLOCK, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
-        let site = match (gf.kind, &gf.state, ofst, n) {
-            (Kind::Main, Some(state), 0, 1) => Some((state, Site::WalWrite)),
-            (Kind::Main, Some(state), 1, 1) => Some((state, Site::MainWrite)),
-            _ => None,
-        };
-        let Some((state, site)) = site else {
-            return sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
-        };
-        const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-        const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-        // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
-        // checkpoints); the checkpoint lock opens every checkpoint.
-        if flags == LOCK_EXCLUSIVE {
-            if let Err(code) = state.check(site) {
-                return code;
-            }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
+    // Only the WAL write lock (0) and the checkpoint lock (1) of a guarded main file are
+    // watched; every other lock (each read transaction's read mark) passes straight down.
+    if ofst as u32 > 1 || n != 1 {
+        return sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
+    }
+    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        return shm_lock_watched(gf, state, ofst, flags);
+    }
+    sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags)
+}
+
+/// `x_shm_lock` of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot. Out of
+/// line so that the pass-through of every other lock stays a few instructions.
+#[inline(never)]
+fn shm_lock_watched(gf: &GuardFile, state: &DbState, ofst: c_int, flags: c_int) -> c_int {
+    let site = if ofst == 0 {
+        Site::WalWrite
+    } else {
+        Site::MainWrite
+    };
+    const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+    const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+    // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
+    // checkpoints); the checkpoint lock opens every checkpoint.
+    if flags == LOCK_EXCLUSIVE {
+        let rc = gate_rc(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+        if rc != ffi::SQLITE_OK {
+            return rc;
         }
-        let rc = sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
-        let locked = flags == LOCK_EXCLUSIVE && rc == ffi::SQLITE_OK;
-        if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
-            match site {
-                Site::WalWrite => state.write_lock(locked),
-                Site::MainWrite if !locked => state.end_of_checkpoint(),
-                Site::MainWrite => {}
-            }
+    }
+    let rc = sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, 1, flags);
+    let locked = flags == LOCK_EXCLUSIVE && rc == ffi::SQLITE_OK;
+    if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
+        match site {
+            Site::WalWrite => state.write_lock(locked),
+            Site::MainWrite if !locked => state.end_of_checkpoint(),
+            Site::MainWrite => {}
         }
-        rc
-    })
+    }
+    rc
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {

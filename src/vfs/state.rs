@@ -28,6 +28,18 @@ pub(crate) enum Site {
     MainWrite,
 }
 
+/// What a write's fast path decided ([`DbState::wal_write_gate`], [`DbState::main_write_gate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gate {
+    /// Already checked for this transaction or checkpoint: go ahead.
+    Go,
+    /// A transaction or checkpoint starts here: check ([`DbState::check_fast`], else
+    /// [`DbState::check`]).
+    Check(Site),
+    /// The generation is retired: refuse ([`DbState::refuse`], which may capture).
+    Refuse,
+}
+
 pub(crate) struct DbState {
     db_path: PathBuf,
     wal_path: PathBuf,
@@ -54,6 +66,9 @@ pub(crate) struct DbState {
     /// the mount table is the same, so a transaction start needs no `stat`.
     watch: Option<DirWatch>,
     verified_generation: AtomicU64,
+    /// The watcher-wide change count read at the start of the last full check that passed:
+    /// while it stands, the fast path vouches with one `epoll_wait`.
+    verified_changes: AtomicU64,
     /// The database's directory, held since the open (shared per directory): the capture is
     /// written into it, so it lands beside the database even if the directory was moved away.
     dir: Option<Arc<DirHandle>>,
@@ -192,6 +207,7 @@ impl DbState {
             refusals: AtomicU64::new(0),
             watch,
             verified_generation: AtomicU64::new(u64::MAX),
+            verified_changes: AtomicU64::new(u64::MAX),
             dir,
             inner: Mutex::new(Inner {
                 main_id,
@@ -279,32 +295,84 @@ impl DbState {
     /// A main-file write, truncate or size hint is about to happen; `Err(code)` refuses it.
     #[inline]
     pub(crate) fn before_main_write(&self) -> Result<(), i32> {
-        if self.is_retired() {
-            return Err(self.refuse());
-        }
-        if self.main_checked.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        self.check(Site::MainWrite)
+        self.pass(self.main_write_gate())
     }
 
     /// A WAL write (or truncate) at `offset` is about to happen; `Err(code)` refuses it.
     #[inline]
     pub(crate) fn before_wal_write(&self, offset: i64) -> Result<(), i32> {
+        self.pass(self.wal_write_gate(offset))
+    }
+
+    /// Carries out a gate's verdict: the check (fast or full), or the refusal.
+    pub(crate) fn pass(&self, gate: Gate) -> Result<(), i32> {
+        match gate {
+            Gate::Go => Ok(()),
+            Gate::Check(site) if self.check_fast(site) => Ok(()),
+            Gate::Check(site) => self.check(site),
+            Gate::Refuse => Err(self.refuse()),
+        }
+    }
+
+    /// The fast half of [`DbState::before_main_write`]. Panic-free (atomics only), so the
+    /// shim calls it outside `catch_unwind`.
+    #[inline]
+    pub(crate) fn main_write_gate(&self) -> Gate {
         if self.is_retired() {
-            return Err(self.refuse());
+            Gate::Refuse
+        } else if self.main_checked.load(Ordering::Acquire) {
+            Gate::Go
+        } else {
+            Gate::Check(Site::MainWrite)
+        }
+    }
+
+    /// The fast half of [`DbState::before_wal_write`]. Panic-free (atomics only), so the
+    /// shim calls it outside `catch_unwind`.
+    #[inline]
+    pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
+        if self.is_retired() {
+            return Gate::Refuse;
         }
         if self.lock_checked.load(Ordering::Acquire) {
-            return Ok(());
+            return Gate::Go;
         }
         // No write lock (exclusive locking mode): the first write of a transaction checks. A
         // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
         // the next transaction writes at or below where the last write was.
         let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
         if self.wal_checked.load(Ordering::Acquire) && offset > previous {
-            return Ok(());
+            return Gate::Go;
         }
-        self.check(Site::WalWrite)
+        Gate::Check(Site::WalWrite)
+    }
+
+    /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
+    /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
+    /// with one `epoll_wait` that nothing on the path changed since the last full check that
+    /// passed. `false`: nothing was decided, run [`DbState::check`].
+    #[inline]
+    pub(crate) fn check_fast(&self, site: Site) -> bool {
+        if self.is_retired() {
+            return false;
+        }
+        let Some(watch) = &self.watch else {
+            return false;
+        };
+        if watch.current_fast(self.verified_changes.load(Ordering::Acquire)) {
+            self.checked(site);
+            true
+        } else {
+            false
+        }
+    }
+
+    #[inline]
+    fn checked(&self, site: Site) {
+        match site {
+            Site::WalWrite => self.wal_checked.store(true, Ordering::Release),
+            Site::MainWrite => self.main_checked.store(true, Ordering::Release),
+        }
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
@@ -312,6 +380,9 @@ impl DbState {
     /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
     /// check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
+        // Read first: any change from here on (including one the drain below takes in) moves
+        // it, so recording it below vouches for nothing that happened after this read.
+        let changes = self.watch.as_ref().map(DirWatch::changes);
         let generation = self.watch.as_ref().and_then(DirWatch::current);
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
@@ -323,10 +394,12 @@ impl DbState {
                 self.verified_generation.store(g, Ordering::Release);
             }
         }
-        match site {
-            Site::WalWrite => self.wal_checked.store(true, Ordering::Release),
-            Site::MainWrite => self.main_checked.store(true, Ordering::Release),
+        if let (Some(_), Some(c)) = (generation, changes) {
+            // Vouched for by the path's generations, or verified by `stat` just now: the path was
+            // as pinned when `changes` was read, or `changes` has moved since.
+            self.verified_changes.store(c, Ordering::Release);
         }
+        self.checked(site);
         Ok(())
     }
 
@@ -404,7 +477,7 @@ impl DbState {
 
     /// Counts a refusal, captures the generation if that has not happened yet, and returns the
     /// code to hand back to SQLite.
-    fn refuse(&self) -> i32 {
+    pub(crate) fn refuse(&self) -> i32 {
         self.refusals.fetch_add(1, Ordering::Relaxed);
         let mut inner = self.inner.lock();
         if inner.capture.is_none() && inner.worth_capturing() {

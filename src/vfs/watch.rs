@@ -24,9 +24,10 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -41,6 +42,12 @@ pub(crate) struct DirWatch {
     /// The epoch of the watcher that made it: only that watcher, in this process, may vouch for
     /// it or release it.
     epoch: u64,
+    /// That watcher's epoll set, for the lock-free fast path ([`DirWatch::current_fast`]). The
+    /// descriptor stays open for the life of the process that made it: a `Watcher` is never
+    /// dropped (`STATE` leaves `Ready` only through `forget_inherited`, which leaks it).
+    epoll: BorrowedFd<'static>,
+    /// That watcher's wipe-on-fork page (never unmapped, for the same reason).
+    shared: *const Shared,
     /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
     /// VFS a path with its symbolic links resolved, so these are the directories a `stat` of it
     /// walks through.
@@ -156,8 +163,74 @@ impl DirWatch {
         }
         Some(DirWatch {
             epoch: watcher.epoch,
+            // SAFETY: the watcher's descriptor is open for the rest of this process's life (see
+            // the field); only used while the page says this is that process.
+            epoll: unsafe { BorrowedFd::borrow_raw(watcher.epoll.as_raw_fd()) },
+            shared: watcher.fork_marker.page,
             entries,
         })
+    }
+
+    /// The watcher-wide change count; read by a full check before its drain and its `stat`s
+    /// (see [`DirWatch::current_fast`]).
+    #[inline]
+    pub(crate) fn changes(&self) -> u64 {
+        // SAFETY: as in `current_fast`.
+        let shared = unsafe { &*self.shared };
+        shared.changes.load(Ordering::Acquire)
+    }
+
+    /// The transaction start's fast path: whether nothing changed since the change count was
+    /// `verified`, without the watcher's mutex and
+    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
+    /// this process made the watch, no other thread is draining, and the epoll set has nothing
+    /// ready. `None` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
+    /// readiness this call took from the set (left in `pending` for the next drain to handle),
+    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
+    /// whether it is on this path).
+    ///
+    /// Sound because every readiness is handled under the drain lock, which this holds too: an
+    /// event that left the set before this `epoll_wait` has either moved `changes` already or
+    /// sits in `pending`.
+    ///
+    /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
+    /// only conversions are checked and return errors).
+    #[inline]
+    pub(crate) fn current_fast(&self, verified: u64) -> bool {
+        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`);
+        // in a forked child it reads as zero, which `same_process` reports.
+        let shared = unsafe { &*self.shared };
+        if !shared.same_process() || !shared.try_lock_drain() {
+            return false;
+        }
+        let vouched = shared.pending.load(Ordering::Acquire) == 0
+            && match epoll_ready(self.epoll) {
+                0 => shared.changes.load(Ordering::Acquire) == verified,
+                ready => {
+                    // Taken from the set (mountinfo's readiness resets when reported): the next
+                    // drain handles it, before anybody's check can vouch again.
+                    shared.pending.fetch_or(ready, Ordering::AcqRel);
+                    false
+                }
+            };
+        shared.unlock_drain();
+        vouched
+    }
+
+    /// The sum of the path's generations, `None` if a watch on it can no longer vouch.
+    #[inline]
+    fn sum(&self) -> Option<u64> {
+        let mut sum = 0u64;
+        for entry in &self.entries {
+            // A removed watch (directory deleted or unmounted), or one on a directory its path
+            // no longer names: never vouch again.
+            if !entry.current.load(Ordering::Acquire) {
+                return None;
+            }
+            // Generations only grow, so an event anywhere on the path changes the sum.
+            sum = sum.wrapping_add(entry.generation.load(Ordering::Acquire));
+        }
+        Some(sum)
     }
 
     /// A figure that changes whenever the directory or one above it changed, or the mount table
@@ -175,17 +248,37 @@ impl DirWatch {
             return None;
         }
         watcher.drain();
-        let mut sum = 0u64;
-        for entry in &self.entries {
-            // A removed watch (directory deleted or unmounted), or one on a directory its path
-            // no longer names: never vouch again.
-            if !entry.current.load(Ordering::Acquire) {
-                return None;
-            }
-            // Generations only grow, so an event anywhere on the path changes the sum.
-            sum = sum.wrapping_add(entry.generation.load(Ordering::Acquire));
-        }
-        Some(sum)
+        self.sum()
+    }
+}
+
+// SAFETY: the raw descriptor and page pointer are only used from the process that made them
+// (checked through the page itself), and everything they reach is the kernel's or atomics.
+unsafe impl Send for DirWatch {}
+// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
+unsafe impl Sync for DirWatch {}
+
+/// Asks the epoll set, without waiting, what is ready: `INOTIFY_READY | MOUNTS_CHANGED` bits,
+/// all of them when the call fails (assume everything changed). Panic-free (see
+/// `DirWatch::current_fast`).
+#[inline]
+fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
+    let empty = || epoll::Event {
+        flags: epoll::EventFlags::empty(),
+        data: epoll::EventData::new_u64(0),
+    };
+    let mut ready = [empty(), empty()];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match epoll::wait(epoll, &mut ready, Some(&zero)) {
+        Ok(n) => ready.iter().take(n).fold(0, |bits, event| {
+            // Copied out first: the event is a packed struct.
+            let data = event.data;
+            bits | (data.u64() & (INOTIFY_READY | MOUNTS_CHANGED))
+        }),
+        Err(_) => INOTIFY_READY | MOUNTS_CHANGED,
     }
 }
 
@@ -297,6 +390,7 @@ impl Watcher {
                 if !Arc::ptr_eq(&old, &entry) {
                     // The path names another directory now.
                     old.current.store(false, Ordering::Release);
+                    self.changed();
                 }
             }
         }
@@ -338,33 +432,24 @@ impl Watcher {
     }
 
     /// Takes in everything that happened since the last call: one `epoll_wait` that returns at
-    /// once, normally with nothing; the inotify queue is read only when it holds events.
+    /// once, normally with nothing, plus whatever a fast path took from the set and left in
+    /// `pending`; the inotify queue is read only when it holds events. Holds the drain lock
+    /// throughout, so no fast path vouches between an event leaving the set and its generation
+    /// moving.
     fn drain(&mut self) {
-        let mut ready = [MaybeUninit::<epoll::Event>::uninit(); 2];
-        let zero = Timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        let (mut inotify_ready, mut mounts_changed) = (false, false);
-        match epoll::wait(&self.epoll, &mut ready, Some(&zero)) {
-            Ok((events, _)) => {
-                for event in events.iter() {
-                    let data = event.data;
-                    match data.u64() {
-                        INOTIFY_READY => inotify_ready = true,
-                        MOUNTS_CHANGED => mounts_changed = true,
-                        _ => {}
-                    }
-                }
-            }
-            // Unknown: assume everything changed and read the queue.
-            Err(_) => (inotify_ready, mounts_changed) = (true, true),
-        }
-        if mounts_changed {
+        // SAFETY: our own page, mapped while the watcher lives.
+        let shared = unsafe { &*self.fork_marker.page };
+        let _held = shared.lock_drain();
+        let ready = shared.pending.swap(0, Ordering::AcqRel) | epoll_ready(self.epoll.as_fd());
+        if ready & MOUNTS_CHANGED != 0 {
             self.mounts_changed();
         }
-        if inotify_ready {
+        if ready & INOTIFY_READY != 0 {
             self.read_events();
+        }
+        if ready != 0 {
+            // Before the drain lock is released (the guard drops after this).
+            self.changed();
         }
     }
 
@@ -429,6 +514,16 @@ fn bump_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
     }
 }
 
+impl Watcher {
+    /// Something some watch vouches for moved: every fast path asks the full way next time.
+    fn changed(&self) {
+        // SAFETY: our own page, mapped while the watcher lives.
+        unsafe { &*self.fork_marker.page }
+            .changes
+            .fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// Filesystems whose every change passes through this kernel, so inotify sees it.
 fn local_filesystem(dir: &Path) -> bool {
     const LOCAL: [i64; 8] = [
@@ -448,12 +543,64 @@ fn local_filesystem(dir: &Path) -> bool {
     }
 }
 
-/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child.
-struct ForkMarker {
-    page: *mut AtomicU64,
+/// The start of the wipe-on-fork page: what the fast path of every `DirWatch` of one watcher
+/// shares. All zero in a forked child (`MADV_WIPEONFORK`), whatever it was in the parent.
+#[repr(C)]
+struct Shared {
+    /// 1 in the process that made the page.
+    alive: AtomicU64,
+    /// Held across every `epoll_wait` on the set and the handling of what it returned.
+    drain: AtomicU8,
+    /// Readiness a fast path took from the set and left for the next drain.
+    pending: AtomicU64,
+    /// Moves whenever any watch of this watcher can vouch for less than before: a generation
+    /// moved, or an entry stopped being current. One load tells the fast path that nothing
+    /// changed anywhere since a full check, without walking a path's entries.
+    changes: AtomicU64,
 }
 
-// SAFETY: the page is process-private memory accessed only through an atomic.
+impl Shared {
+    #[inline]
+    fn same_process(&self) -> bool {
+        self.alive.load(Ordering::Acquire) == 1
+    }
+
+    #[inline]
+    fn try_lock_drain(&self) -> bool {
+        self.drain
+            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    #[inline]
+    fn unlock_drain(&self) {
+        self.drain.store(0, Ordering::Release);
+    }
+
+    /// Waits for the drain lock (fast paths hold it for one syscall); released when the guard
+    /// drops, unwinding included.
+    fn lock_drain(&self) -> DrainGuard<'_> {
+        while !self.try_lock_drain() {
+            std::thread::yield_now();
+        }
+        DrainGuard(self)
+    }
+}
+
+struct DrainGuard<'a>(&'a Shared);
+
+impl Drop for DrainGuard<'_> {
+    fn drop(&mut self) {
+        self.0.unlock_drain();
+    }
+}
+
+/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child.
+struct ForkMarker {
+    page: *mut Shared,
+}
+
+// SAFETY: the page is process-private memory accessed only through atomics.
 unsafe impl Send for ForkMarker {}
 
 impl ForkMarker {
@@ -477,22 +624,24 @@ impl ForkMarker {
             let _ = unsafe { rustix::mm::munmap(page, Self::PAGE) };
             return None;
         }
-        let page = page as *mut AtomicU64;
-        // SAFETY: page-aligned, writable, and large enough for a u64.
-        unsafe { (*page).store(1, Ordering::Release) };
+        let page = page as *mut Shared;
+        // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
+        // and large enough for one.
+        unsafe { (*page).alive.store(1, Ordering::Release) };
         Some(ForkMarker { page })
     }
 
     #[inline]
     fn same_process(&self) -> bool {
         // SAFETY: the mapping lives as long as the marker (never unmapped while in use).
-        unsafe { (*self.page).load(Ordering::Acquire) == 1 }
+        unsafe { (*self.page).same_process() }
     }
 }
 
 impl Drop for ForkMarker {
     fn drop(&mut self) {
-        // SAFETY: unmapping our own page; no reference to it outlives the marker.
+        // SAFETY: unmapping our own page; no reference to it outlives the marker (a watcher,
+        // whose DirWatches point at it, is never dropped: only leaked).
         let _ = unsafe { rustix::mm::munmap(self.page as *mut _, Self::PAGE) };
     }
 }

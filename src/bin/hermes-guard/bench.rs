@@ -9,6 +9,7 @@
 //! docs/benchmarks.md.
 
 mod capture;
+mod cost;
 mod mp;
 mod st;
 mod stats;
@@ -47,6 +48,11 @@ pub struct BenchArgs {
     /// WAL size of the capture workload, MiB [default: 256]; the main image is a quarter of it.
     #[arg(long)]
     capture_wal_mib: Option<u64>,
+    /// Instead of the wall clock: syscalls (`strace -c -f`) and user-space instructions
+    /// (`valgrind --tool=callgrind`) per operation of W1, R1 and W2 through both VFSes, each the
+    /// difference between two run lengths of a child process. Needs strace and valgrind.
+    #[arg(long)]
+    cost: bool,
 }
 
 /// Which benchmark child this process is.
@@ -56,6 +62,8 @@ pub enum ChildRole {
     MpWriter,
     /// The process that captures, alone, so its memory high-water mark is the capture's.
     Capture,
+    /// A run of a cost workload, under strace or callgrind.
+    Cost,
 }
 
 /// Arguments of the benchmark child process.
@@ -70,12 +78,23 @@ pub struct ChildArgs {
     /// The VFS to open it through.
     #[arg(long, value_enum, default_value = "guard")]
     vfs: Vfs,
+    /// The cost workload (role `cost`); `--db` is then the directory its database goes in, or
+    /// R1's database.
+    #[arg(long, value_enum)]
+    workload: Option<cost::CostWorkload>,
+    /// Operations of the cost workload.
+    #[arg(long, default_value_t = 0)]
+    ops: u64,
 }
 
 pub fn child(args: ChildArgs) -> Result<()> {
     match args.role {
         ChildRole::MpWriter => mp::writer_child(&args.db, args.vfs)?,
         ChildRole::Capture => capture::child(&args.db)?,
+        ChildRole::Cost => {
+            let workload = args.workload.ok_or("--role cost needs --workload")?;
+            cost::child(workload, args.vfs, &args.db, args.ops)?
+        }
     }
     Ok(())
 }
@@ -319,7 +338,21 @@ fn selected(only: &[String]) -> Result<Vec<Id>> {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let ids = selected(&args.only)?;
+    let cost_workloads = if args.cost {
+        Some(cost::selected(&args.only).ok_or_else(|| {
+            format!(
+                "--only {}: bench --cost measures W1, R1 and W2 only",
+                args.only.join(",")
+            )
+        })?)
+    } else {
+        None
+    };
+    let ids = if args.cost {
+        Vec::new()
+    } else {
+        selected(&args.only)?
+    };
     let sizes = Sizes::new(&args);
     let rounds = args.rounds.unwrap_or(if args.smoke { 2 } else { 7 }).max(1);
     let warmup = args.warmup.unwrap_or(if args.smoke { 0 } else { 1 });
@@ -336,6 +369,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
     let dir = temp.path();
     let exe = std::env::current_exe()?;
+    if let Some(workloads) = cost_workloads {
+        return cost::run(&exe, dir, &workloads, args.smoke);
+    }
 
     print_header(dir, rounds, warmup, args.smoke);
     let started = Instant::now();

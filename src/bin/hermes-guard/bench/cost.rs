@@ -1,0 +1,414 @@
+//! `hermes-guard bench --cost`: the guard's cost in counts that a noisy machine does not move.
+//!
+//! For each workload and each VFS, this binary runs itself as a child (`bench-child --role
+//! cost`) that opens the workload (untimed setup) and runs N of its operations, once under
+//! `strace -c -f` (syscalls) and once under `valgrind --tool=callgrind` (user-space instructions),
+//! at two run lengths. The difference between the two runs, divided by the difference of their
+//! lengths, is the cost of one operation: process start-up, opening and closing cancel.
+//!
+//! The workloads are the wall-clock bench's own sessions (`workloads.rs`), so the statements are
+//! the same: W1 (one-row autocommit INSERT, WAL, synchronous=NORMAL), R1 (point SELECT by
+//! primary key) and W2 (1,000-row transactions).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::workloads::{self, BenchError, Context, Synchronous, Vfs};
+use super::Result;
+
+/// A workload the cost mode measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CostWorkload {
+    /// One-row autocommit INSERT, WAL, synchronous=NORMAL.
+    W1,
+    /// Point SELECT by primary key.
+    R1,
+    /// 1,000-row transactions, synchronous=NORMAL.
+    W2,
+}
+
+const W2_ROWS: u64 = 1000;
+/// Rows of the database R1 reads.
+const READ_ROWS: u64 = 100_000;
+
+impl CostWorkload {
+    const ALL: [CostWorkload; 3] = [CostWorkload::W1, CostWorkload::R1, CostWorkload::W2];
+
+    fn code(self) -> &'static str {
+        match self {
+            CostWorkload::W1 => "W1",
+            CostWorkload::R1 => "R1",
+            CostWorkload::W2 => "W2",
+        }
+    }
+
+    fn arg(self) -> &'static str {
+        match self {
+            CostWorkload::W1 => "w1",
+            CostWorkload::R1 => "r1",
+            CostWorkload::W2 => "w2",
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            CostWorkload::W1 => "1-row INSERT per txn, WAL, synchronous=NORMAL",
+            CostWorkload::R1 => "point SELECT by primary key",
+            CostWorkload::W2 => "1000-row transactions, synchronous=NORMAL",
+        }
+    }
+
+    /// The two run lengths (operations); their difference is what is divided by.
+    fn lengths(self, smoke: bool) -> (u64, u64) {
+        match (self, smoke) {
+            (CostWorkload::W1, false) => (500, 2500),
+            (CostWorkload::R1, false) => (2_000, 12_000),
+            (CostWorkload::W2, false) => (5, 35),
+            (CostWorkload::W1, true) => (5, 15),
+            (CostWorkload::R1, true) => (10, 30),
+            (CostWorkload::W2, true) => (1, 2),
+        }
+    }
+
+    /// The targets of the guard's figures against stock: extra syscalls, extra instructions (%).
+    fn target(self) -> (f64, f64) {
+        match self {
+            CostWorkload::W1 => (1.0, 1.0),
+            CostWorkload::R1 => (0.0, 1.0),
+            CostWorkload::W2 => (1.0, 0.1),
+        }
+    }
+}
+
+/// Workloads named by `only` (all when empty): an ID prefix (`W`, `R1`) or a wall-clock row of
+/// the same workload (`W1-NORMAL`); `None` when `only` names none of them.
+pub fn selected(only: &[String]) -> Option<Vec<CostWorkload>> {
+    if only.is_empty() {
+        return Some(CostWorkload::ALL.to_vec());
+    }
+    let picked: Vec<CostWorkload> = CostWorkload::ALL
+        .into_iter()
+        .filter(|w| {
+            only.iter().any(|t| {
+                let t = t.trim().to_ascii_uppercase();
+                w.code().starts_with(&t) || t.starts_with(w.code())
+            })
+        })
+        .collect();
+    (!picked.is_empty()).then_some(picked)
+}
+
+/// The child's side: set up `workload` through `vfs` (untimed), run `ops` operations, close.
+/// `place` is the directory W1/W2 make their database in, or R1's database.
+pub fn child(workload: CostWorkload, vfs: Vfs, place: &Path, ops: u64) -> Result<()> {
+    let mut session = match workload {
+        CostWorkload::W1 => workloads::Inserts::open(vfs, place, Synchronous::Normal, 1)?,
+        CostWorkload::W2 => workloads::Inserts::open(vfs, place, Synchronous::Normal, W2_ROWS)?,
+        CostWorkload::R1 => {
+            // The parent built it with READ_ROWS rows, or fewer for a smoke run.
+            let rows: i64 = rusqlite::Connection::open(place)
+                .and_then(|c| c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)))
+                .ctx("counting the rows of", place)?;
+            workloads::Reads::open(vfs, place, rows as u64, false)?
+        }
+    };
+    session.prepare()?;
+    session.run(ops)?;
+    session.finish()?;
+    Ok(())
+}
+
+/// One workload's figures per operation.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    syscalls: f64,
+    instructions: f64,
+}
+
+/// The tools the cost mode runs, checked before anything is measured.
+fn check_tools() -> Result<()> {
+    for (tool, version) in [("strace", "-V"), ("valgrind", "--version")] {
+        match Command::new(tool).arg(version).output() {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => {
+                return Err(format!(
+                    "bench --cost: `{tool} {version}` failed ({}): {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )
+                .into())
+            }
+            Err(e) => {
+                return Err(format!(
+                    "bench --cost needs `{tool}` on PATH ({e}); install it (e.g. `apt-get install \
+                     strace valgrind`) or run the wall-clock bench without --cost"
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the cost mode and prints its table.
+pub fn run(exe: &Path, dir: &Path, workloads: &[CostWorkload], smoke: bool) -> Result<()> {
+    check_tools()?;
+    let read_db = if workloads.contains(&CostWorkload::R1) {
+        Some(workloads::build_read_db(
+            dir,
+            if smoke { 200 } else { READ_ROWS },
+        )?)
+    } else {
+        None
+    };
+    println!("hermes-guard bench --cost: syscalls (strace -c -f) and user-space instructions");
+    println!("(valgrind --tool=callgrind) per operation, from the difference of two run lengths");
+    if smoke {
+        println!("  SMOKE RUN: tiny run lengths, the numbers mean nothing");
+    }
+    let mut rows = Vec::new();
+    for &w in workloads {
+        let place = match w {
+            CostWorkload::R1 => read_db.clone().expect("built above"),
+            _ => dir.to_path_buf(),
+        };
+        let (n1, n2) = w.lengths(smoke);
+        let mut per_vfs = Vec::new();
+        for vfs in [Vfs::Stock, Vfs::Guard] {
+            let child = ChildRun {
+                exe,
+                dir,
+                workload: w,
+                vfs,
+                place: &place,
+            };
+            let s1 = child.syscalls(n1)?;
+            let s2 = child.syscalls(n2)?;
+            let i1 = child.instructions(n1)?;
+            let i2 = child.instructions(n2)?;
+            let span = (n2 - n1) as f64;
+            let f = Figures {
+                syscalls: (s2 as f64 - s1 as f64) / span,
+                instructions: (i2 as f64 - i1 as f64) / span,
+            };
+            eprintln!(
+                "{:<3} {:<6} syscalls {s1} @{n1}, {s2} @{n2}: {:.2}/op; instructions {i1} @{n1}, \
+                 {i2} @{n2}: {:.0}/op",
+                w.code(),
+                vfs.arg(),
+                f.syscalls,
+                f.instructions
+            );
+            per_vfs.push(f);
+        }
+        rows.push((w, per_vfs[0], per_vfs[1]));
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
+    println!();
+    println!(
+        "{:<4} {:<46} {:>9} {:>9} {:>7} {:>14} {:>14} {:>8} {:>16}  result",
+        "id",
+        "workload",
+        "sys stock",
+        "sys guard",
+        "extra",
+        "instr stock",
+        "instr guard",
+        "extra",
+        "target"
+    );
+    for (w, stock, guard) in rows {
+        let extra_sys = guard.syscalls - stock.syscalls;
+        let extra_pct = (guard.instructions / stock.instructions - 1.0) * 100.0;
+        let (max_sys, max_pct) = w.target();
+        // Syscall counts per operation are exact up to the amortised checkpoints, which both
+        // VFSes run at the same operations: a hundredth is rounding, not cost.
+        let pass = extra_sys <= max_sys + 0.01 && extra_pct <= max_pct;
+        println!(
+            "{:<4} {:<46} {:>9.2} {:>9.2} {:>+7.2} {:>14} {:>14} {:>+7.2}% {:>16}  {}",
+            w.code(),
+            w.title(),
+            stock.syscalls,
+            guard.syscalls,
+            extra_sys,
+            super::number(stock.instructions),
+            super::number(guard.instructions),
+            extra_pct,
+            format!("+{max_sys:.0} sys, +{max_pct}%"),
+            if pass { "PASS" } else { "MISS" }
+        );
+    }
+    println!(
+        "\nsys: syscalls per operation (strace -c -f, every thread); instr: user-space instructions\n\
+         per operation (callgrind's Ir); each is (count at the long run - count at the short run) /\n\
+         (difference of their lengths), so process start-up, setup and close cancel.\n\
+         extra: guard - stock; target: the most the guard may add."
+    );
+}
+
+/// One child configuration, run under a tool at some length.
+struct ChildRun<'a> {
+    exe: &'a Path,
+    dir: &'a Path,
+    workload: CostWorkload,
+    vfs: Vfs,
+    place: &'a Path,
+}
+
+impl ChildRun<'_> {
+    fn child_args(&self, ops: u64) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec![self.exe.into()];
+        for a in [
+            "bench-child",
+            "--role",
+            "cost",
+            "--vfs",
+            self.vfs.arg(),
+            "--workload",
+            self.workload.arg(),
+            "--ops",
+        ] {
+            args.push(a.into());
+        }
+        args.push(ops.to_string().into());
+        args.push("--db".into());
+        args.push(self.place.into());
+        args
+    }
+
+    fn out_file(&self, tool: &str, ops: u64) -> PathBuf {
+        self.dir.join(format!(
+            "cost-{tool}-{}-{}-{ops}.out",
+            self.workload.arg(),
+            self.vfs.arg()
+        ))
+    }
+
+    fn run_tool(&self, tool: &str, tool_args: &[std::ffi::OsString], out: &Path) -> Result<String> {
+        let output = Command::new(tool)
+            .args(tool_args)
+            .output()
+            .ctx("running", Path::new(tool))?;
+        let text = std::fs::read_to_string(out);
+        let _ = std::fs::remove_file(out);
+        if !output.status.success() {
+            return Err(BenchError::Invalid(format!(
+                "{tool} of the {} {} child exited with {}: {}",
+                self.workload.code(),
+                self.vfs.arg(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+            .into());
+        }
+        Ok(text.ctx("reading", out)?)
+    }
+
+    /// Syscalls of a child running `ops` operations, all threads.
+    fn syscalls(&self, ops: u64) -> Result<u64> {
+        let out = self.out_file("strace", ops);
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["-f".into(), "-c".into(), "-o".into(), out.clone().into()];
+        args.push("--".into());
+        args.extend(self.child_args(ops));
+        let text = self.run_tool("strace", &args, &out)?;
+        strace_total(&text).ok_or_else(|| {
+            format!(
+                "no `total` line in strace's summary of {}:\n{text}",
+                out.display()
+            )
+            .into()
+        })
+    }
+
+    /// User-space instructions of a child running `ops` operations.
+    fn instructions(&self, ops: u64) -> Result<u64> {
+        let out = self.out_file("callgrind", ops);
+        let mut file_arg = std::ffi::OsString::from("--callgrind-out-file=");
+        file_arg.push(&out);
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["--tool=callgrind".into(), "-q".into(), file_arg];
+        args.extend(self.child_args(ops));
+        let text = self.run_tool("valgrind", &args, &out)?;
+        callgrind_total(&text).ok_or_else(|| {
+            format!(
+                "no `totals:`/`summary:` line in callgrind's output {}",
+                out.display()
+            )
+            .into()
+        })
+    }
+}
+
+/// The call count of the `total` line of `strace -c`'s summary table.
+pub fn strace_total(summary: &str) -> Option<u64> {
+    summary.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        // % time, seconds, usecs/call, calls, [errors,] "total"
+        if fields.last() != Some(&"total") || fields.len() < 5 {
+            return None;
+        }
+        fields[3].parse().ok()
+    })
+}
+
+/// The total of the first event (`Ir`) in a callgrind output file.
+pub fn callgrind_total(out: &str) -> Option<u64> {
+    let find = |key: &str| {
+        out.lines().find_map(|line| {
+            line.strip_prefix(key)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+    };
+    find("totals:").or_else(|| find("summary:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strace_summary_total_with_and_without_errors() {
+        let with_errors = "\
+% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 40.00    0.000400           1       400           pwrite64
+ 60.00    0.000600           1       600        12 fcntl
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.001000           1      1000        12 total
+";
+        assert_eq!(strace_total(with_errors), Some(1000));
+        let without = "100.00    0.000010           0        17           total\n";
+        assert_eq!(strace_total(without), Some(17));
+        assert_eq!(strace_total("strace: exec failed\n"), None);
+    }
+
+    #[test]
+    fn callgrind_totals_line() {
+        let out = "# callgrind format\nversion: 1\nevents: Ir\nfn=(1) main\n3 4\nsummary: 99\ntotals: 123456\n";
+        assert_eq!(callgrind_total(out), Some(123456));
+        assert_eq!(callgrind_total("events: Ir\nsummary: 42\n"), Some(42));
+        assert_eq!(callgrind_total("events: Ir\n"), None);
+    }
+
+    #[test]
+    fn only_selects_cost_workloads_by_prefix() {
+        assert_eq!(selected(&[]).map(|v| v.len()), Some(3));
+        assert_eq!(
+            selected(&["w".into()]),
+            Some(vec![CostWorkload::W1, CostWorkload::W2])
+        );
+        assert_eq!(
+            selected(&["r1".into(), "W1-NORMAL".into()]),
+            Some(vec![CostWorkload::W1, CostWorkload::R1])
+        );
+        assert_eq!(selected(&["CK".into()]), None);
+    }
+}
