@@ -3,7 +3,7 @@
 //! descriptor held since the open, so it lands beside the database in the directory's new place
 //! and close settles.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

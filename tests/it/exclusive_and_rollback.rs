@@ -2,7 +2,7 @@
 //! (no shm locks at all) and rollback-journal mode (a hot-journal rollback takes EXCLUSIVE
 //! straight from SHARED).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! A WAL lost while only partly checkpointed leaves the main file torn: the guard says so at the
 //! loss, in the status and in the capture's manifest.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rusqlite::Connection;

@@ -8,7 +8,7 @@
 //! its release, so a teardown hook records which generation was torn down and whether it ended
 //! closed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

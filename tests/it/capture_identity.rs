@@ -1,6 +1,6 @@
 //! The capture is located by the pinned inode, never by pathname.
 
-mod common;
+use crate::common;
 
 use std::fs;
 

@@ -1,7 +1,7 @@
 //! Paths are bytes: a database whose directory or file name is not valid UTF-8 is guarded like
 //! any other, and its capture records the exact bytes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@
 //! process that shares the test's code). Run normally, `child` is ignored; run by hand
 //! without the variable it does nothing.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -101,7 +101,12 @@ struct ChildProcess {
 impl ChildProcess {
     fn spawn(role: &str, path: &Path, rows: usize) -> ChildProcess {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "store_processes::child",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(ROLE, role)
             .env(DB, path)
             .env(ROWS, rows.to_string())

@@ -1,6 +1,6 @@
 //! The first refused write captures the exact retired generation.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sha2::{Digest, Sha256};

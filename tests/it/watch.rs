@@ -1,7 +1,7 @@
 //! The directory watch that spares transaction starts their `stat` calls must never make the
 //! guard miss a loss, nor invent one.
 
-mod common;
+use crate::common;
 
 use std::fs;
 

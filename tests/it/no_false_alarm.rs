@@ -2,7 +2,7 @@
 //! `hermes-guard` doing one thing SQLite users do every day, then asserts that no write was refused,
 //! that nothing was retired or captured, and that every committed row is there afterwards.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -627,7 +627,7 @@ fn many_connections_writing_concurrently_from_threads_never_trip_the_guard() {
 }
 
 // Multi-process tests re-execute this very test binary (`std::env::current_exe()`) as
-// `<binary> --exact <child test> --nocapture --test-threads=1` with an environment variable that
+// `<binary> --exact no_false_alarm::<child test> --nocapture --test-threads=1` with an environment variable that
 // carries the child's role (database path, writer number). The child "test" is not a test of its
 // own: in an ordinary `cargo test` run its variable is absent and it returns at once. A failed
 // assertion in a child makes it exit non-zero, which the parent reports with the child's output.
@@ -693,7 +693,7 @@ fn many_processes_writing_concurrently_never_trip_the_guard() {
     let children: Vec<_> = (0..PROCESSES)
         .map(|n| {
             spawn_child(
-                "child_process_writer",
+                "no_false_alarm::child_process_writer",
                 WRITER_ENV,
                 format!("{n}:{}", path.display()),
             )
@@ -736,7 +736,7 @@ fn a_wal_left_by_a_process_that_exited_without_closing_never_trips_the_guard() {
     let path = dir.path().join("state.db");
     close(open_guarded(&path));
     wait_child(spawn_child(
-        "child_process_exiting_without_close",
+        "no_false_alarm::child_process_exiting_without_close",
         EXITING_ENV,
         path.display().to_string(),
     ));

@@ -1,7 +1,7 @@
 //! The main file replaced under a connection (the snapshot-restore case), and `-shm` alone lost
 //! while another process writes.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! again and again: no deadlock, no leaked reference, no use of a closed handle, and the only
 //! errors anyone sees are the StateDbReplaced kind.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

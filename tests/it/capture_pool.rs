@@ -1,7 +1,7 @@
 //! One loss under a pool of connections in one process is captured once: every connection that
 //! retired the generation references the same capture.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Barrier};
 

@@ -1,7 +1,7 @@
 //! Close: the loss first seen at close is captured there, and a close that cannot capture does
 //! not settle.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hermes_guard::GuardError;

@@ -1,10 +1,9 @@
 //! Losing a generation under a SessionDb: every write is refused with the typed error, nothing
 //! lands, the retired generation is captured, and close() never settles without the capture.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::sync::Once;
 
 use common::*;
 use hermes_guard::store::{NewMessage, NewSession};
@@ -119,12 +118,12 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
 }
 
 #[test]
-fn halt_captures_the_exact_retired_generation_after_unlink() {
+fn store_halt_captures_the_exact_retired_generation_after_unlink() {
     halt_captures_the_exact_retired_generation(false);
 }
 
 #[test]
-fn halt_captures_the_exact_retired_generation_after_rename() {
+fn store_halt_captures_the_exact_retired_generation_after_rename() {
     halt_captures_the_exact_retired_generation(true);
 }
 
@@ -193,7 +192,7 @@ fn every_public_write_method_fails_with_state_db_replaced_after_a_restore_and_no
 }
 
 #[test]
-fn close_captures_when_the_loss_is_first_seen_at_close() {
+fn store_close_captures_when_the_loss_is_first_seen_at_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
@@ -209,7 +208,7 @@ fn close_captures_when_the_loss_is_first_seen_at_close() {
 }
 
 #[test]
-fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
+fn store_close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
@@ -248,31 +247,19 @@ fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
 
 // ── release_or_close logs a capture failure ─────────────────────────────────────────────────
 
-/// (level, target, message) of every record logged in this test binary.
+/// (level, target, message) of every record logged in this test process.
 static LOGS: Mutex<Vec<(log::Level, String, String)>> = Mutex::new(Vec::new());
 
-struct Recorder;
-
-impl log::Log for Recorder {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        LOGS.lock().push((
-            record.level(),
-            record.target().to_owned(),
-            record.args().to_string(),
-        ));
-    }
-    fn flush(&self) {}
+fn record_log(record: &log::Record<'_>) {
+    LOGS.lock().push((
+        record.level(),
+        record.target().to_owned(),
+        record.args().to_string(),
+    ));
 }
 
 fn record_logs() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        log::set_logger(&Recorder).unwrap();
-        log::set_max_level(log::LevelFilter::Debug);
-    });
+    record_logs_into(record_log);
 }
 
 #[test]

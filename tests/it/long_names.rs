@@ -5,7 +5,7 @@
 //! SQLite itself cannot use a name longer than 251 bytes in WAL mode (`<name>-wal` would exceed
 //! NAME_MAX), so 251 is the longest name that can have a retired WAL generation.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
