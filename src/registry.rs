@@ -3,12 +3,12 @@
 //! [`Registry::acquire`] lends one shared [`SessionDb`] per *generation* of a path: the main
 //! file's `(dev, ino)` as the lent handle opened it. When the file at the path is replaced (a
 //! snapshot restore, a recovery), that generation is *retired*: the holders keep a valid handle
-//! whose writes fail with [`StoreError::StateDbReplaced`], new callers get a fresh generation, a
+//! whose writes fail with [`StoreError::MainReplaced`], new callers get a fresh generation, a
 //! retired generation is never lent again, and each generation's final release tears down
 //! exactly that generation — never one that others still hold.
 //!
 //! A lost `-wal`/`-shm` leaves the main file in place, so it does not change the generation:
-//! its holders (old and new) all get [`StoreError::DeletedWalGeneration`] from writes until the
+//! its holders (old and new) all get [`StoreError::WalLost`] from writes until the
 //! last of them releases it; the next acquire then opens afresh. Lending a fresh connection
 //! earlier would not help: SQLite's unix VFS shares one `-shm` mapping per main-file inode among
 //! all connections of a process, so a new connection opened while the lost one is still open
@@ -21,7 +21,7 @@
 //!
 //! A final teardown that cannot capture a retired generation leaves it open, *unsettled*: it
 //! holds the only copy of the retired transactions. The next acquire of its path retries that
-//! teardown before opening anything, and refuses with [`StoreError::RetiredGenerationCapture`]
+//! teardown before opening anything, and refuses with [`StoreError::CaptureFailed`]
 //! while it still fails (a new connection would attach to the lost `-shm` anyway);
 //! [`Registry::close_all`] retries every unsettled generation.
 //!
@@ -161,12 +161,12 @@ impl Registry {
     /// Lends the live generation of `path`, opening one if there is none or if the file at the
     /// path was replaced (the one there is then retired: its holders keep it, nobody new gets
     /// it). A generation whose `-wal`/`-shm` was lost is the same main file, so it is still lent
-    /// (its writes fail with [`StoreError::DeletedWalGeneration`]) until its last holder
+    /// (its writes fail with [`StoreError::WalLost`]) until its last holder
     /// releases it.
     ///
     /// Before opening, the teardown of an unsettled generation of this path (one whose capture
     /// failed at its final release) is retried, outside the registry's lock; while it still
-    /// fails, the acquire returns [`StoreError::RetiredGenerationCapture`] and opens nothing.
+    /// fails, the acquire returns [`StoreError::CaptureFailed`] and opens nothing.
     ///
     /// Concurrent first acquires end up sharing one generation: each may open, but only one
     /// open is installed and the others are torn down. If the open fails, the registry keeps no
@@ -277,8 +277,8 @@ impl Registry {
                     "{}: the retired generation owed a capture is captured and closed",
                     path.display()
                 ),
-                Err(StoreError::RetiredGenerationCapture { message, .. }) => {
-                    return Err(StoreError::RetiredGenerationCapture {
+                Err(StoreError::CaptureFailed { message, .. }) => {
+                    return Err(StoreError::CaptureFailed {
                         database: path.to_path_buf(),
                         message,
                         held_back: HeldBack::Acquire,
@@ -377,7 +377,7 @@ impl Inner {
     /// keeps it, open, among the unsettled.
     fn teardown(&self, path: &Path, db: Arc<SessionDb>) -> Result<(), StoreError> {
         let result = (self.teardown)(&db);
-        if let Err(StoreError::RetiredGenerationCapture { .. }) = &result {
+        if let Err(StoreError::CaptureFailed { .. }) = &result {
             self.state.lock().unsettled.push(Unsettled {
                 path: path.to_path_buf(),
                 db,
@@ -408,7 +408,7 @@ impl Inner {
     /// keeps failing; any other outcome lets it go, as a first teardown would.
     fn retry_unsettled(&self, db: &Arc<SessionDb>) -> Result<(), StoreError> {
         let result = (self.teardown)(db);
-        if !matches!(result, Err(StoreError::RetiredGenerationCapture { .. })) {
+        if !matches!(result, Err(StoreError::CaptureFailed { .. })) {
             let mut state = self.state.lock();
             state.unsettled.retain(|u| !Arc::ptr_eq(&u.db, db));
         }
@@ -418,7 +418,7 @@ impl Inner {
 
 fn log_teardown_error(e: &StoreError) {
     match e {
-        StoreError::RetiredGenerationCapture { .. } => log::error!("{e}"),
+        StoreError::CaptureFailed { .. } => log::error!("{e}"),
         _ => log::debug!("closing a shared session store: {e}"),
     }
 }
@@ -482,7 +482,7 @@ impl SharedSessionDb {
 
     /// Gives back this reference, first making sure a retired generation is captured — also
     /// when others still hold it, so the capture never waits on the last holder. On failure,
-    /// notably [`StoreError::RetiredGenerationCapture`], returns the error together with the
+    /// notably [`StoreError::CaptureFailed`], returns the error together with the
     /// handle, still open and usable, so `close()` can be retried: the shape of
     /// [`hermes_guard::close`](crate::close) and rusqlite's `Connection::close`. Never closes
     /// what other holders still use; the last reference's teardown does.

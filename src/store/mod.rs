@@ -3,7 +3,7 @@
 //! Every connection is opened through the `hermes-guard` VFS, so a write that would land in a
 //! retired generation (the `-wal`/`-shm` taken away, or the file at the path replaced) is refused
 //! before any byte of it reaches a file. The store turns that refusal into
-//! [`StoreError::DeletedWalGeneration`] or [`StoreError::StateDbReplaced`], from every public
+//! [`StoreError::WalLost`] or [`StoreError::MainReplaced`], from every public
 //! write method, every time; and its `close()` refuses to settle until a retired generation is
 //! captured. `docs/store.md` has the whole story.
 
@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::error::GuardError;
 use crate::identity::FileId;
 use crate::status::{ErrorClass, GuardStatus, RetireReason};
+use crate::GuardExt;
 
 pub use error::{HeldBack, StoreError};
 pub use model::{Checkpoint, Message, NewMessage, NewSession, SearchHit, Session};
@@ -223,7 +224,9 @@ impl SessionDb {
     pub fn guard_status(&self) -> Result<GuardStatus, StoreError> {
         let slot = self.conn.lock();
         let conn = slot.as_ref().ok_or_else(|| self.closed())?;
-        let status = crate::status(conn).map_err(|source| self.guard_error(source))?;
+        let status = conn
+            .guard_status()
+            .map_err(|source| self.guard_error(source))?;
         self.remember_capture(status.capture.as_ref());
         if status.retired {
             self.retired_seen.store(true, Ordering::Release);
@@ -234,7 +237,7 @@ impl SessionDb {
     /// Where this handle's retired generation was captured, if it was; still known after close.
     pub fn retired_generation_capture(&self) -> Option<PathBuf> {
         if let Some(conn) = self.conn.lock().as_ref() {
-            if let Ok(status) = crate::status(conn) {
+            if let Ok(status) = conn.guard_status() {
                 self.remember_capture(status.capture.as_ref());
             }
         }
@@ -501,7 +504,7 @@ impl SessionDb {
     pub fn try_wal_checkpoint(&self) -> Option<Checkpoint> {
         let slot = self.conn.lock();
         let conn = slot.as_ref()?;
-        match crate::status(conn) {
+        match conn.guard_status() {
             Ok(status) if status.retired => {
                 log::debug!(
                     "{}: not checkpointing a retired generation",
@@ -521,11 +524,11 @@ impl SessionDb {
     /// If this handle's generation is retired, makes sure its capture exists (trigger `close`
     /// when the loss is first seen here) and returns where it is; `Ok(None)` when the generation
     /// is live or its lost WAL held no complete frame. On failure returns
-    /// [`StoreError::RetiredGenerationCapture`]; the handle is untouched and a later call retries.
+    /// [`StoreError::CaptureFailed`]; the handle is untouched and a later call retries.
     pub fn ensure_captured(&self) -> Result<Option<PathBuf>, StoreError> {
         let slot = self.conn.lock();
         let conn = slot.as_ref().ok_or_else(|| self.closed())?;
-        let status = crate::ensure_captured(conn).map_err(|e| self.capture_error(e))?;
+        let status = conn.ensure_captured().map_err(|e| self.capture_error(e))?;
         self.remember_capture(status.capture.as_ref());
         if status.retired {
             self.retired_seen.store(true, Ordering::Release);
@@ -535,7 +538,7 @@ impl SessionDb {
 
     /// Closes the handle. If its generation was retired, first makes sure the retired generation
     /// is captured (trigger `close` when the loss is first seen here); if that fails, returns
-    /// [`StoreError::RetiredGenerationCapture`] and stays open, usable, so a later `close()` can
+    /// [`StoreError::CaptureFailed`] and stays open, usable, so a later `close()` can
     /// retry. A live handle gets a PASSIVE checkpoint first; a retired one is never checkpointed.
     /// Closing a closed handle does nothing.
     ///
@@ -557,7 +560,7 @@ impl SessionDb {
         let Some(conn) = slot.take() else {
             return Ok(());
         };
-        match crate::ensure_captured(&conn) {
+        match conn.ensure_captured() {
             Ok(status) => {
                 self.remember_capture(status.capture.as_ref());
                 if !status.retired {
@@ -577,7 +580,7 @@ impl SessionDb {
                 Ok(())
             }
             Err((conn, e)) => {
-                if let Ok(status) = crate::status(&conn) {
+                if let Ok(status) = conn.guard_status() {
                     self.remember_capture(status.capture.as_ref());
                 }
                 *slot = Some(conn);
@@ -674,13 +677,13 @@ impl SessionDb {
         operation: &'static str,
         err: rusqlite::Error,
     ) -> StoreError {
-        let Ok(status) = crate::status(conn) else {
+        let Ok(status) = conn.guard_status() else {
             return self.sqlite_error(operation, err);
         };
         // Classifies a refusal, and an I/O-level failure of a connection whose generation is gone
         // (e.g. a read through a -shm mapping that was unlinked), by the retirement reason.
         match (ErrorClass::from_parts(&err, status.reason), status.reason) {
-            (ErrorClass::WalGenerationLost | ErrorClass::DatabaseReplaced, Some(reason)) => {
+            (ErrorClass::WalLost | ErrorClass::MainReplaced, Some(reason)) => {
                 self.retired_error(reason, status.capture, status.capture_error)
             }
             _ => self.sqlite_error(operation, err),
@@ -688,7 +691,7 @@ impl SessionDb {
     }
 
     /// The typed error for a retired generation: a lost sidecar is
-    /// [`StoreError::DeletedWalGeneration`], a replaced main file [`StoreError::StateDbReplaced`].
+    /// [`StoreError::WalLost`], a replaced main file [`StoreError::MainReplaced`].
     fn retired_error(
         &self,
         reason: RetireReason,
@@ -698,13 +701,13 @@ impl SessionDb {
         self.retired_seen.store(true, Ordering::Release);
         self.remember_capture(capture.as_ref());
         match reason {
-            RetireReason::WalLost | RetireReason::ShmLost => StoreError::DeletedWalGeneration {
+            RetireReason::WalLost | RetireReason::ShmLost => StoreError::WalLost {
                 database: self.path.clone(),
                 capture,
                 capture_error,
                 reason: Some(reason),
             },
-            RetireReason::MainReplaced => StoreError::StateDbReplaced {
+            RetireReason::MainReplaced => StoreError::MainReplaced {
                 database: self.path.clone(),
                 reason: Some(reason),
             },
@@ -721,7 +724,12 @@ impl SessionDb {
 
     fn capture_error(&self, err: GuardError) -> StoreError {
         match err {
-            GuardError::CaptureFailed { message, .. } => StoreError::RetiredGenerationCapture {
+            GuardError::Capture(e) => StoreError::CaptureFailed {
+                database: self.path.clone(),
+                message: e.to_string(),
+                held_back: HeldBack::Close,
+            },
+            GuardError::CaptureRefused { message, .. } => StoreError::CaptureFailed {
                 database: self.path.clone(),
                 message,
                 held_back: HeldBack::Close,

@@ -16,7 +16,7 @@ use rusqlite::ffi;
 
 use super::state::{DbState, Site, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
-use crate::capture::{ImageSource, Trigger};
+use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::identity_of_mapping;
 use crate::status::Backfill;
 
@@ -564,7 +564,11 @@ unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
     let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
         Ok(())
     } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
-        state.ensure_captured(Trigger::Close).map(|_| ())
+        // The typed error stays on this thread for the library call that ran the pragma.
+        state
+            .ensure_captured(Trigger::Close)
+            .map(|_| ())
+            .map_err(capture::hand_over)
     } else {
         return None;
     };

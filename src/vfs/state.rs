@@ -15,6 +15,7 @@ use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Tri
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
+use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 /// The extended code of every refusal.
 pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
@@ -121,9 +122,6 @@ impl GenerationCapture {
     }
 }
 
-/// The smallest WAL that holds a transaction: its header and one frame of the smallest page.
-const MIN_WAL_WITH_A_FRAME: u64 = 32 + 24 + 512;
-
 impl Inner {
     /// Whether the retired generation holds anything a capture would save. A replaced main file
     /// always does: its image is the retired data. After a lost `-wal`/`-shm` the main file is
@@ -138,7 +136,7 @@ impl Inner {
         match self.reason {
             Some(RetireReason::MainReplaced) => true,
             // Unknown size: capture rather than risk losing frames.
-            _ => wal.size().map_or(true, |n| n >= MIN_WAL_WITH_A_FRAME),
+            _ => wal.size().map_or(true, |n| n >= SMALLEST_WAL_WITH_A_FRAME),
         }
     }
 }
@@ -414,7 +412,10 @@ impl DbState {
     }
 
     /// Makes sure a retired generation is captured; `Ok(None)` when not retired.
-    pub(crate) fn ensure_captured(&self, trigger: Trigger) -> Result<Option<PathBuf>, String> {
+    pub(crate) fn ensure_captured(
+        &self,
+        trigger: Trigger,
+    ) -> Result<Option<PathBuf>, CaptureError> {
         if self.observe().is_none() {
             return Ok(None);
         }
@@ -422,9 +423,7 @@ impl DbState {
         if inner.capture.is_none() && !inner.worth_capturing() {
             return Ok(None);
         }
-        self.capture_locked(&mut inner, trigger)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        self.capture_locked(&mut inner, trigger).map(Some)
     }
 
     /// Whether the main file object must be kept open after SQLite closes it, because it is the

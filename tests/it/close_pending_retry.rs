@@ -37,7 +37,7 @@ test_alone! {
         let wal_id = identity(&sidecar(&path, "-wal"));
         lose_sidecars(&path, false);
 
-        hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
         drop(conn);
 
         assert!(artifacts(dir.path()).is_empty());
@@ -61,7 +61,7 @@ test_alone! {
         // The retired WAL is still reachable through the held descriptor.
         assert!(!descriptor_contents(wal_id).is_empty());
 
-        hermes_guard::capture::clear_capture_fault(dir.path());
+        hermes_guard::test_hooks::clear_capture_fault(dir.path());
         assert_eq!(hermes_guard::retry_pending_captures(), 0);
         let found = artifacts(dir.path());
         assert_eq!(found.len(), 1);

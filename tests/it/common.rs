@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hermes_guard::FileId;
+pub use hermes_guard::GuardExt;
 use rusqlite::{Connection, OpenFlags};
 
 pub const SENTINEL_PREFIX: &str = "committed only in the retired WAL ";
@@ -103,7 +104,7 @@ pub fn replace_main_file(path: &Path) {
 }
 
 pub fn identity(path: &Path) -> FileId {
-    hermes_guard::identity::identity_of_path(path)
+    hermes_guard::test_hooks::identity_of_path(path)
         .unwrap()
         .unwrap()
 }
@@ -129,7 +130,7 @@ pub fn descriptor_contents(id: FileId) -> Vec<u8> {
 }
 
 pub fn manifest(artifact: &Path) -> serde_json::Value {
-    serde_json::from_slice(&fs::read(artifact.join(hermes_guard::capture::MANIFEST_NAME)).unwrap())
+    serde_json::from_slice(&fs::read(artifact.join(hermes_guard::Manifest::FILE_NAME)).unwrap())
         .unwrap()
 }
 

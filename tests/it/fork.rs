@@ -89,7 +89,7 @@ test_alone! {
         assert_eq!(wait(child), 0);
 
         assert_refused(&conn, 20);
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(status.retired);
         assert!(status.capture.is_some(), "{status:?}");
         assert_eq!(artifacts(dir.path()).len(), 1);
@@ -130,7 +130,7 @@ test_alone! {
         }
         lose_sidecars(&path, true);
         assert_refused(&conn, 20);
-        assert!(hermes_guard::status(&conn).unwrap().capture.is_some());
+        assert!(conn.guard_status().unwrap().capture.is_some());
     }
 }
 
@@ -246,7 +246,7 @@ test_alone! {
         for i in 0..10 {
             insert(&conn, &format!("after the worker {i}")).unwrap();
         }
-        assert!(!hermes_guard::status(&conn).unwrap().retired);
+        assert!(!conn.guard_status().unwrap().retired);
         lose_sidecars(&path, false);
         assert_refused(&conn, 20);
     }

@@ -92,7 +92,7 @@ test_alone! {
                 &insert(&conn, &format!("again {i}")).unwrap_err()
             ));
         }
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(status.retired, "{status:?}");
         let artifact = status.capture.expect("captured at the halt");
         hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
@@ -127,7 +127,7 @@ test_alone! {
                 &insert(&conn, &format!("again {i}")).unwrap_err()
             ));
         }
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(status.retired, "{status:?}");
         drop(conn);
         drop(tmpfs);
@@ -149,7 +149,7 @@ test_alone! {
         }
         tmpfs.unmount_lazily();
         insert(&conn, "after").unwrap();
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(!status.retired && status.refusals == 0, "{status:?}");
     }
 }

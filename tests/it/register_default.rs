@@ -1,6 +1,7 @@
 //! `register_as_default()` makes every plain open guarded. It runs alone, in a process of its own
 //! (`test_alone!`): the default VFS is process-wide.
 
+use hermes_guard::GuardExt;
 use rusqlite::Connection;
 
 test_alone! {
@@ -16,7 +17,7 @@ test_alone! {
         conn.pragma_update(None, "journal_mode", "WAL").unwrap();
         conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
             .unwrap();
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(!status.retired);
         assert!(status.wal.is_some(), "the WAL is pinned");
         assert!(status.main.is_some(), "the main file is pinned");
@@ -24,6 +25,6 @@ test_alone! {
         // An explicit unix open still bypasses the guard.
         let stock =
             Connection::open_with_flags_and_vfs(&path, rusqlite::OpenFlags::default(), "unix").unwrap();
-        assert!(hermes_guard::status(&stock).is_err());
+        assert!(stock.guard_status().is_err());
     }
 }

@@ -451,7 +451,7 @@ fn a_closed_handle_gives_a_closed_error_and_closing_again_is_harmless() {
         db.set_meta("k", "v").unwrap_err(),
     ] {
         assert!(matches!(err, StoreError::Closed { .. }), "{err}");
-        assert!(!err.is_state_db_replaced());
+        assert!(!err.is_retired());
     }
     assert!(db.try_wal_checkpoint().is_none());
 }

@@ -71,15 +71,15 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
     let err = db
         .append_message("gw-0", &NewMessage::new("user", "after the loss"))
         .unwrap_err();
-    let StoreError::DeletedWalGeneration {
+    let StoreError::WalLost {
         capture: Some(artifact),
         reason,
         ..
     } = &err
     else {
-        panic!("expected DeletedWalGeneration with a capture, got {err:?}");
+        panic!("expected WalLost with a capture, got {err:?}");
     };
-    assert!(err.is_state_db_replaced(), "a kind of StateDbReplaced");
+    assert!(err.is_retired(), "a kind of MainReplaced");
     assert!(matches!(
         reason,
         Some(RetireReason::WalLost | RetireReason::ShmLost)
@@ -138,7 +138,7 @@ fn every_public_write_method_fails_with_deleted_wal_generation_every_time_and_no
     for round in 0..2 {
         for (method, result) in every_write(&db) {
             match result {
-                Err(StoreError::DeletedWalGeneration {
+                Err(StoreError::WalLost {
                     capture: Some(capture),
                     ..
                 }) => {
@@ -146,7 +146,7 @@ fn every_public_write_method_fails_with_deleted_wal_generation_every_time_and_no
                     assert_eq!(&capture, first, "{method}: one capture per generation");
                 }
                 other => {
-                    panic!("round {round}, {method}: expected DeletedWalGeneration, got {other:?}")
+                    panic!("round {round}, {method}: expected WalLost, got {other:?}")
                 }
             }
         }
@@ -174,11 +174,11 @@ fn every_public_write_method_fails_with_state_db_replaced_after_a_restore_and_no
     for round in 0..2 {
         for (method, result) in every_write(&db) {
             match result {
-                Err(e @ StoreError::StateDbReplaced { .. }) => {
-                    assert!(e.is_state_db_replaced());
+                Err(e @ StoreError::MainReplaced { .. }) => {
+                    assert!(e.is_retired());
                     assert!(e.to_string().contains("replaced"), "{e}");
                 }
-                other => panic!("round {round}, {method}: expected StateDbReplaced, got {other:?}"),
+                other => panic!("round {round}, {method}: expected MainReplaced, got {other:?}"),
             }
         }
     }
@@ -214,10 +214,10 @@ fn store_close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
     lose_sidecars(&path, false);
 
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
     let err = db.close().unwrap_err();
     assert!(
-        matches!(&err, StoreError::RetiredGenerationCapture { message, .. } if message.contains("no space left on device")),
+        matches!(&err, StoreError::CaptureFailed { message, .. } if message.contains("no space left on device")),
         "{err:?}"
     );
     assert!(err.to_string().contains("NOT closed"), "{err}");
@@ -229,15 +229,15 @@ fn store_close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     // Still a working handle: reads answer, writes are refused with the pending capture error.
     assert_eq!(db.get_messages("gw-0").unwrap().len(), 21);
     match db.set_meta("k", "v") {
-        Err(StoreError::DeletedWalGeneration {
+        Err(StoreError::WalLost {
             capture: None,
             capture_error: Some(why),
             ..
         }) => assert!(why.contains("no space left on device")),
-        other => panic!("expected an uncaptured DeletedWalGeneration, got {other:?}"),
+        other => panic!("expected an uncaptured WalLost, got {other:?}"),
     }
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     db.close().unwrap();
     assert!(db.is_closed());
     let artifact = db.retired_generation_capture().expect("captured on retry");
@@ -270,7 +270,7 @@ fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_handle_st
     let (db, _) = store_with_wal_only_sentinel(&path);
     lose_sidecars(&path, false);
     let marker = format!("no space left on device ({})", dir.path().display());
-    hermes_guard::capture::inject_capture_fault(dir.path(), &marker);
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), &marker);
 
     hermes_guard::registry::release_or_close(&db); // must not fail
 
@@ -286,7 +286,7 @@ fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_handle_st
         "release_or_close must log the capture failure at ERROR"
     );
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     db.close().unwrap();
     assert!(db.is_closed() && db.retired_generation_capture().is_some());
 }
@@ -316,8 +316,8 @@ fn opening_the_path_again_in_process_while_a_lost_generation_is_open_is_a_typed_
     // connection attaches to the lost one: its first read fails at the file layer. The store
     // reports the generation's loss instead of a bare "disk I/O error".
     match SessionDb::open(&path) {
-        Err(e @ StoreError::DeletedWalGeneration { .. }) => assert!(e.is_state_db_replaced()),
-        other => panic!("expected DeletedWalGeneration, got {other:?}"),
+        Err(e @ StoreError::WalLost { .. }) => assert!(e.is_retired()),
+        other => panic!("expected WalLost, got {other:?}"),
     }
     // The refused open's own WAL held nothing: no capture of it.
     assert!(artifacts(dir.path()).is_empty());

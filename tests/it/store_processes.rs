@@ -75,7 +75,7 @@ fn child_gateway(path: &Path, rows: usize) {
                 let result = db.append_message("gw-0", &NewMessage::new("user", "after the loss"));
                 emit(json!({
                     "event": "write",
-                    "refused": matches!(result, Err(StoreError::DeletedWalGeneration { .. })),
+                    "refused": matches!(result, Err(StoreError::WalLost { .. })),
                     "artifact": result.as_ref().err().and_then(StoreError::capture),
                     "error": result.err().map(|e| e.to_string()),
                 }));
