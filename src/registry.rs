@@ -119,7 +119,7 @@ impl fmt::Debug for Registry {
 /// The registry's own teardown of a generation: a PASSIVE checkpoint when it is live, then the
 /// guarded close (which captures a retired generation first and refuses to close without it).
 pub fn default_teardown(db: &SessionDb) -> Result<(), StoreError> {
-    db.close_unshared()
+    db.close_in_place()
 }
 
 impl Registry {
@@ -196,7 +196,6 @@ impl Registry {
                 Some(identity) if Some(identity) == current => {
                     let serial = state.next_serial;
                     state.next_serial += 1;
-                    db.mark_shared();
                     state.live.insert(
                         path.clone(),
                         Generation {
@@ -352,25 +351,30 @@ impl Registry {
 }
 
 impl Inner {
-    /// Drops one reference of generation `serial`; the database to tear down if it was the last.
-    /// `None` when the registry no longer has the generation (after `close_all`).
-    fn release_ref(&self, path: &Path, serial: u64) -> Option<Option<Arc<SessionDb>>> {
+    /// Drops one reference of generation `serial`.
+    fn release_ref(&self, path: &Path, serial: u64) -> Released {
         let mut state = self.state.lock();
         let state = &mut *state;
         let (generation, live) = match state.live.get_mut(path) {
             Some(g) if g.serial == serial => (g, true),
-            _ => (state.retired.get_mut(&serial)?, false),
+            _ => match state.retired.get_mut(&serial) {
+                Some(g) => (g, false),
+                None => return Released::Unknown,
+            },
         };
         generation.refs -= 1;
         if generation.refs > 0 {
-            return Some(None);
+            return Released::StillHeld;
         }
         let generation = if live {
             state.live.remove(path)
         } else {
             state.retired.remove(&serial)
         };
-        Some(generation.map(|g| g.db))
+        match generation {
+            Some(g) => Released::Last(g.db),
+            None => Released::StillHeld,
+        }
     }
 
     /// Tears down `db`, a generation of `path` no longer in the registry; on a capture failure
@@ -414,6 +418,24 @@ impl Inner {
         }
         result
     }
+}
+
+/// What giving back one reference did.
+enum Released {
+    /// The registry no longer has the generation (after `close_all`).
+    Unknown,
+    /// Others still hold it.
+    StillHeld,
+    /// That was the last reference: the generation is out of the registry, to be torn down.
+    Last(Arc<SessionDb>),
+}
+
+/// What a handle's release came to.
+struct Release {
+    /// The registry still had the generation (false after `close_all`, or a second release).
+    found: bool,
+    /// The teardown's outcome, when this was the last reference.
+    teardown: Result<(), StoreError>,
 }
 
 fn log_teardown_error(e: &StoreError) {
@@ -471,13 +493,11 @@ impl SharedSessionDb {
     /// at DEBUG. Unlike [`close`](SharedSessionDb::close), it does not capture a retired
     /// generation that others still hold: their final release will.
     pub fn release(mut self) -> bool {
-        match self.release_inner() {
-            (found, Err(e)) => {
-                log_teardown_error(&e);
-                found
-            }
-            (found, Ok(())) => found,
+        let release = self.release_inner();
+        if let Err(e) = &release.teardown {
+            log_teardown_error(e);
         }
+        release.found
     }
 
     /// Gives back this reference, first making sure a retired generation is captured — also
@@ -512,24 +532,31 @@ impl SharedSessionDb {
             }
             return Ok(());
         }
-        self.release_inner().1
+        self.release_inner().teardown
     }
 
-    fn release_inner(&mut self) -> (bool, Result<(), StoreError>) {
+    fn release_inner(&mut self) -> Release {
+        let nothing = |found| Release {
+            found,
+            teardown: Ok(()),
+        };
         if std::mem::replace(&mut self.released, true) {
-            return (false, Ok(()));
+            return nothing(false);
         }
         match self.registry.release_ref(&self.path, self.serial) {
-            None => (false, Ok(())),
-            Some(None) => (true, Ok(())),
-            Some(Some(db)) => (true, self.registry.teardown(&self.path, db)),
+            Released::Unknown => nothing(false),
+            Released::StillHeld => nothing(true),
+            Released::Last(db) => Release {
+                found: true,
+                teardown: self.registry.teardown(&self.path, db),
+            },
         }
     }
 }
 
 impl Drop for SharedSessionDb {
     fn drop(&mut self) {
-        if let (_, Err(e)) = self.release_inner() {
+        if let Err(e) = self.release_inner().teardown {
             log_teardown_error(&e);
         }
     }
@@ -553,10 +580,13 @@ impl ReleaseOrClose for SharedSessionDb {
     }
 }
 
-impl ReleaseOrClose for &SessionDb {
+impl ReleaseOrClose for SessionDb {
     fn release_or_close(self) {
-        if let Err(e) = self.close() {
+        if let Err((db, e)) = self.close() {
             log_teardown_error(&e);
+            // Dropped all the same: the guard keeps the retired generation's files held and
+            // `hermes_guard::retry_pending_captures()` retries the capture.
+            drop(db);
         }
     }
 }
@@ -578,9 +608,11 @@ pub fn release(handle: SharedSessionDb) -> bool {
 }
 
 /// Gives back a lent handle or closes an own `SessionDb`, never failing: for shutdown paths.
-/// A capture failure is logged at ERROR, other errors at DEBUG. An own `SessionDb` then stays
-/// open for a retry; a lent handle's reference is given back, and a final teardown that cannot
-/// capture leaves the generation unsettled (retried by the next acquire and by `close_all`).
+/// A capture failure is logged at ERROR, other errors at DEBUG. An own `SessionDb` is then
+/// dropped, and the guard holds its retired generation for
+/// [`retry_pending_captures`](crate::retry_pending_captures); a lent handle's reference is given
+/// back, and a final teardown that cannot capture leaves the generation unsettled (retried by
+/// the next acquire and by `close_all`).
 pub fn release_or_close(db: impl ReleaseOrClose) {
     db.release_or_close();
 }

@@ -10,6 +10,7 @@ use crate::status::RetireReason;
 
 /// An error from [`SessionDb`](super::SessionDb) or the [registry](crate::registry).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The database file behind this handle was replaced (a snapshot restore, a recovery, another
     /// process swapping `state.db`): this handle's generation is retired and refuses every write.
@@ -63,17 +64,6 @@ pub enum StoreError {
     /// The handle was closed (or the registry that lent it was closed with `close_all`).
     #[error("{database}: this SessionDb handle is closed")]
     Closed {
-        /// The database's path.
-        database: PathBuf,
-    },
-
-    /// `close()` was called on a [`SessionDb`](super::SessionDb) that the registry lends to
-    /// several holders; closing it would pull it from under the others.
-    #[error(
-        "{database}: this SessionDb is shared through the registry; close or drop your \
-         SharedSessionDb handle instead, which releases exactly your reference"
-    )]
-    Shared {
         /// The database's path.
         database: PathBuf,
     },
@@ -194,6 +184,7 @@ pub enum StoreError {
 /// What a capture that could not be written held back (see
 /// [`StoreError::CaptureFailed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeldBack {
     /// A close: the handle was not closed and is still usable.
     Close,
@@ -260,7 +251,6 @@ impl StoreError {
             | StoreError::WalLost { database, .. }
             | StoreError::CaptureFailed { database, .. }
             | StoreError::Closed { database }
-            | StoreError::Shared { database }
             | StoreError::InvalidSearchQuery { database, .. }
             | StoreError::UnknownSession { database, .. }
             | StoreError::SchemaTooNew { database, .. }

@@ -33,6 +33,7 @@ use crate::GuardExt;
 pub use error::{HeldBack, StoreError};
 pub use model::{Checkpoint, Message, NewMessage, NewSession, SearchHit, Session};
 pub use schema::SCHEMA_VERSION;
+pub use upkeep::Closed;
 
 /// How a [`SessionDb`] is opened.
 #[derive(Debug, Clone)]
@@ -88,8 +89,6 @@ pub struct SessionDb {
     generation: Option<FileId>,
     /// The last capture of this handle's retired generation the guard reported, kept after close.
     capture: Mutex<Option<PathBuf>>,
-    /// Lent by the registry: `close()` must go through the handle so others are not closed under.
-    shared: AtomicBool,
     /// A write was refused or the guard reported this generation retired.
     retired_seen: AtomicBool,
 }
@@ -100,7 +99,6 @@ impl std::fmt::Debug for SessionDb {
             .field("path", &self.path)
             .field("generation", &self.generation)
             .field("closed", &self.is_closed())
-            .field("shared", &self.shared.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -135,7 +133,6 @@ impl SessionDb {
             conn: Mutex::new(Some(conn)),
             generation: None,
             capture: Mutex::new(None),
-            shared: AtomicBool::new(false),
             retired_seen: AtomicBool::new(false),
         };
         // The first statements of a connection can meet SQLITE_BUSY without SQLite's busy
@@ -418,7 +415,7 @@ impl Drop for SessionDb {
         // Dropping without close() still goes through the guarded close, so a retired generation
         // is captured; if that fails the guard keeps the retired bytes and
         // `hermes_guard::retry_pending_captures()` retries.
-        if let Err(e) = self.close_unshared() {
+        if let Err(e) = self.close_in_place() {
             log::error!(
                 "{}: dropped without a clean close: {e}",
                 self.path.display()

@@ -7,6 +7,15 @@ use crate::GuardExt;
 
 use super::{passive_checkpoint, Checkpoint, SessionDb, StoreError};
 
+/// What [`SessionDb::close`] settled.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Closed {
+    /// Where the retired generation was captured, when the handle's generation was retired
+    /// and its WAL held anything to capture.
+    pub capture: Option<PathBuf>,
+}
+
 impl SessionDb {
     /// Runs a PASSIVE checkpoint, which never waits for readers or writers. Never fails loudly:
     /// any error is logged at DEBUG and `None` returned. Does nothing on a closed handle or a
@@ -46,26 +55,30 @@ impl SessionDb {
         Ok(status.capture)
     }
 
-    /// Closes the handle. If its generation was retired, first makes sure the retired generation
-    /// is captured (trigger `close` when the loss is first seen here); if that fails, returns
-    /// [`StoreError::CaptureFailed`] and stays open, usable, so a later `close()` can
-    /// retry. A live handle gets a PASSIVE checkpoint first; a retired one is never checkpointed.
-    /// Closing a closed handle does nothing.
+    /// Closes the handle, which it consumes. If its generation was retired, first makes sure the
+    /// retired generation is captured (trigger `close` when the loss is first seen here); if that
+    /// fails, hands the handle back with [`StoreError::CaptureFailed`], still open and usable, so
+    /// `close()` can be retried: the shape of [`hermes_guard::close`](crate::close) and
+    /// rusqlite's `Connection::close`. A live handle gets a PASSIVE checkpoint first; a retired
+    /// one is never checkpointed.
     ///
-    /// A `SessionDb` lent by the registry is closed through its
-    /// [`SharedSessionDb`](crate::registry::SharedSessionDb) handle; here it returns
-    /// [`StoreError::Shared`] and closes nothing.
-    pub fn close(&self) -> Result<(), StoreError> {
-        if self.shared.load(Ordering::Acquire) {
-            return Err(StoreError::Shared {
-                database: self.path.clone(),
-            });
+    /// A `SessionDb` lent by the registry is reached through a
+    /// [`SharedSessionDb`](crate::registry::SharedSessionDb), never owned, so it cannot be closed
+    /// here: closing the shared handle gives back exactly its reference.
+    // Unboxed, to keep the shape of `hermes_guard::close` and rusqlite's `Connection::close`.
+    #[allow(clippy::result_large_err)]
+    pub fn close(self) -> Result<Closed, (SessionDb, StoreError)> {
+        match self.close_in_place() {
+            Ok(()) => Ok(Closed {
+                capture: self.retired_generation_capture(),
+            }),
+            Err(e) => Err((self, e)),
         }
-        self.close_unshared()
     }
 
-    /// The close itself, whoever owns the handle.
-    pub(crate) fn close_unshared(&self) -> Result<(), StoreError> {
+    /// The close itself, for the owner and for the registry's teardown; closing a closed handle
+    /// does nothing.
+    pub(crate) fn close_in_place(&self) -> Result<(), StoreError> {
         let mut slot = self.conn.lock();
         let Some(conn) = slot.take() else {
             return Ok(());
@@ -105,9 +118,5 @@ impl SessionDb {
     /// lent until its last holder releases it.
     pub fn has_seen_retirement(&self) -> bool {
         self.retired_seen.load(Ordering::Acquire)
-    }
-
-    pub(crate) fn mark_shared(&self) {
-        self.shared.store(true, Ordering::Release);
     }
 }

@@ -89,7 +89,7 @@ fn writers_in_several_threads_each_on_its_own_connection_all_land_with_consisten
             .spawn(move || {
                 let result = SessionDb::open_with(&path, options).and_then(|db| {
                     write(&db, t)?;
-                    db.close()
+                    db.close().map(drop).map_err(|(_, e)| e)
                 });
                 let _ = done_tx.send((t, result));
             })
