@@ -412,7 +412,7 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     let rc = sub_call!(gf, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
-        state.end_of_checkpoint();
+        state.end_of_main_write();
     }
     rc
 }
@@ -461,7 +461,7 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         if level <= ffi::SQLITE_LOCK_SHARED {
             // A rollback-mode write (or hot-journal rollback) is over.
-            state.end_of_checkpoint();
+            state.end_of_main_write();
         }
     }
     rc
@@ -510,7 +510,7 @@ unsafe extern "C" fn x_file_control(
                 let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
-                if state.observe().is_some() {
+                if state.check_pins().is_some() {
                     let _ = state.ensure_captured(Trigger::Close);
                     // SAFETY: for HAS_MOVED, `arg` is an `int *`.
                     unsafe { *(arg as *mut c_int) = 1 };
@@ -659,7 +659,7 @@ unsafe extern "C" fn x_shm_lock(
         if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
             match site {
                 Site::WalWrite => state.write_lock(locked),
-                Site::MainWrite if !locked => state.end_of_checkpoint(),
+                Site::MainWrite if !locked => state.end_of_main_write(),
                 Site::MainWrite => {}
             }
         }

@@ -314,7 +314,7 @@ impl DbState {
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {
-            if self.observe().is_some() {
+            if self.check_pins().is_some() {
                 return Err(self.refuse());
             }
             if let Some(g) = generation {
@@ -347,15 +347,18 @@ impl DbState {
         self.main_checked.store(false, Ordering::Release);
     }
 
-    /// A checkpoint ended (its lock released, or the main file synced): the next one checks.
+    /// A main-file write ended — a checkpoint (its lock released, or the main file synced) or a
+    /// rollback-mode write (its lock dropped to SHARED): the next one checks.
     #[inline]
-    pub(crate) fn end_of_checkpoint(&self) {
+    pub(crate) fn end_of_main_write(&self) {
         self.main_checked.store(false, Ordering::Release);
     }
 
-    /// Compares each pinned identity with what its pathname resolves to now; retires the
-    /// generation (sticky) at the first mismatch. Up to three `stat` calls.
-    pub(crate) fn observe(&self) -> Option<RetireReason> {
+    /// Compares each pinned identity with what its pathname resolves to now; at the first
+    /// mismatch retires the generation (sticky), logs it at ERROR (and a torn main file), and
+    /// returns the reason. A retired generation returns its reason at once. Up to three `stat`
+    /// calls.
+    pub(crate) fn check_pins(&self) -> Option<RetireReason> {
         let mut inner = self.inner.lock();
         if inner.reason.is_some() {
             return inner.reason;
@@ -416,7 +419,7 @@ impl DbState {
         &self,
         trigger: Trigger,
     ) -> Result<Option<PathBuf>, CaptureError> {
-        if self.observe().is_none() {
+        if self.check_pins().is_none() {
             return Ok(None);
         }
         let mut inner = self.inner.lock();
@@ -528,7 +531,7 @@ impl DbState {
     }
 
     pub(crate) fn status(&self) -> GuardStatus {
-        self.observe();
+        self.check_pins();
         let inner = self.inner.lock();
         GuardStatus {
             database: self.db_path.clone(),
