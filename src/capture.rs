@@ -247,7 +247,8 @@ impl Manifest {
 pub struct WalEntry {
     /// Pinned identity.
     pub identity: FileId,
-    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,
@@ -283,7 +284,8 @@ pub struct MainEntry {
     pub header: MainHeader,
     /// How the image is kept: `copied`, the whole image is in the artifact.
     pub mode: ImageMode,
-    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,

@@ -197,3 +197,8 @@ pub mod test_hooks {
     pub use crate::identity::identity_of_path;
     pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 }
+
+/// The README's code blocks, compiled by `cargo test` so its example keeps up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -26,8 +26,8 @@ pub enum StoreError {
         reason: Option<RetireReason>,
     },
 
-    /// The `-wal` (or `-shm`) generation this handle wrote was taken away: a kind of
-    /// [`StoreError::MainReplaced`] ([`StoreError::is_retired`] is true for both).
+    /// The `-wal` (or `-shm`) generation this handle wrote was taken away: the other retirement
+    /// beside [`StoreError::MainReplaced`] ([`StoreError::is_retired`] is true for both).
     /// Transactions committed only in that WAL are not in the file now at the path; they are in
     /// the capture, when there is one.
     #[error(
@@ -226,7 +226,7 @@ fn describe_capture(capture: Option<&Path>, capture_error: Option<&str>) -> Stri
 }
 
 impl StoreError {
-    /// True for [`StoreError::MainReplaced`] and its kind [`StoreError::WalLost`]:
+    /// True for both retirements, [`StoreError::WalLost`] and [`StoreError::MainReplaced`]:
     /// this handle's generation is retired for good, the write did not land, and the remedy is
     /// to release the handle and open the path again.
     pub fn is_retired(&self) -> bool {
