@@ -276,11 +276,14 @@ impl Registry {
                     "{}: the retired generation owed a capture is captured and closed",
                     path.display()
                 ),
-                Err(StoreError::CaptureFailed { message, .. }) => {
+                Err(StoreError::CaptureFailed {
+                    message, source, ..
+                }) => {
                     return Err(StoreError::CaptureFailed {
                         database: path.to_path_buf(),
                         message,
                         held_back: HeldBack::Acquire,
+                        source,
                     })
                 }
                 Err(e) => log_teardown_error(&e),

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::capture::CaptureError;
 use crate::error::GuardError;
 use crate::status::RetireReason;
 
@@ -59,6 +60,10 @@ pub enum StoreError {
         message: String,
         /// What the failure held back.
         held_back: HeldBack,
+        /// The capture's own error, typed, when the guard handed it back whole (always, unless
+        /// the library and the VFS disagree).
+        #[source]
+        source: Option<CaptureError>,
     },
 
     /// The handle was closed (or the registry that lent it was closed with `close_all`).

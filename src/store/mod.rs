@@ -372,11 +372,13 @@ impl SessionDb {
                 database: self.path.clone(),
                 message: e.to_string(),
                 held_back: HeldBack::Close,
+                source: Some(e),
             },
             GuardError::CaptureRefused { message, .. } => StoreError::CaptureFailed {
                 database: self.path.clone(),
                 message,
                 held_back: HeldBack::Close,
+                source: None,
             },
             source => self.guard_error(source),
         }

@@ -60,7 +60,7 @@ fn assert_no_write_landed(path: &Path) {
     fresh.close().unwrap();
 }
 
-fn halt_captures_the_exact_retired_generation(rename: bool) {
+fn store_halt_captures_the_exact_retired_generation(rename: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
@@ -118,12 +118,12 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
 
 #[test]
 fn store_halt_captures_the_exact_retired_generation_after_unlink() {
-    halt_captures_the_exact_retired_generation(false);
+    store_halt_captures_the_exact_retired_generation(false);
 }
 
 #[test]
 fn store_halt_captures_the_exact_retired_generation_after_rename() {
-    halt_captures_the_exact_retired_generation(true);
+    store_halt_captures_the_exact_retired_generation(true);
 }
 
 #[test]
