@@ -14,7 +14,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use parking_lot::Mutex;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -46,9 +45,10 @@ pub const DIR_STEM_MAX: usize = NAME_MAX - DIR_SUFFIX_MAX;
 /// a database's name (`-wal` for the WAL beside it, `-shm` when the copy is opened).
 pub const FILE_STEM_MAX: usize = NAME_MAX - "-journal".len();
 
-/// Why a capture was taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Why a capture was taken (`trigger` in the manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Trigger {
     /// At the first refused write.
     Halt,
@@ -58,6 +58,7 @@ pub enum Trigger {
 
 /// A capture that could not be made. Nothing is left behind but, at worst, a `.partial` directory.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CaptureError {
     /// Asked to capture without an identity: guessing by pathname could capture somebody else's WAL.
     #[error(
@@ -89,6 +90,15 @@ pub enum CaptureError {
         /// The database asked about.
         database: PathBuf,
     },
+    /// The retired generation holds nothing a capture would save: its WAL has no frame, so the
+    /// main file at the path holds everything.
+    #[error(
+        "nothing to capture for {database}: the retired WAL holds no frame, so nothing is at stake"
+    )]
+    NothingAtStake {
+        /// The database asked about.
+        database: PathBuf,
+    },
     /// Reading the retired generation or writing the artifact failed.
     #[error("capturing the retired generation of {database} into {artifact}: {source}")]
     Io {
@@ -100,6 +110,44 @@ pub enum CaptureError {
         #[source]
         source: io::Error,
     },
+}
+
+impl CaptureError {
+    /// The database whose generation the capture was for.
+    pub fn database(&self) -> &Path {
+        match self {
+            CaptureError::NoPinnedIdentity { database }
+            | CaptureError::NotHeld { database, .. }
+            | CaptureError::NotRetired { database }
+            | CaptureError::NothingAtStake { database }
+            | CaptureError::Io { database, .. } => database,
+        }
+    }
+}
+
+thread_local! {
+    /// The capture failure a `PRAGMA hermes_guard_capture` on this thread just reported to SQLite
+    /// as text, kept whole for the library call that ran the pragma on this same thread.
+    static HANDED_OVER: std::cell::RefCell<Option<CaptureError>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Keeps `error` for [`take_handed_over`] on this thread and returns the message SQLite shows.
+pub(crate) fn hand_over(error: CaptureError) -> String {
+    let message = error.to_string();
+    HANDED_OVER.with(|slot| *slot.borrow_mut() = Some(error));
+    message
+}
+
+/// The capture failure [`hand_over`] kept on this thread for `database`, if any (taken).
+pub(crate) fn take_handed_over(database: &Path) -> Option<CaptureError> {
+    HANDED_OVER.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        match slot.as_ref() {
+            Some(e) if e.database() == database => slot.take(),
+            _ => None,
+        }
+    })
 }
 
 /// Where the main image comes from: the retiring connection's own file object, so no second
@@ -134,8 +182,10 @@ pub struct CaptureInput<'a> {
     pub backfill_at_loss: Option<Backfill>,
 }
 
-/// `manifest.json`, version 1 (keys compatible with the Python implementation).
-#[derive(Debug, Serialize)]
+/// `manifest.json`, version 1 (keys compatible with the Python implementation): what a capture
+/// holds and where it came from. Read one back with [`Manifest::read`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Manifest {
     /// Format version: 1.
     pub version: u32,
@@ -163,17 +213,42 @@ pub struct Manifest {
     /// What the three pathnames resolved to when the capture was taken.
     pub path_generation_at_capture: PathGeneration,
     /// The retired WAL's checkpoint progress when the loss was seen (from the `-shm`).
+    #[serde(default)]
     pub backfill_at_loss: Option<Backfill>,
     /// The loss left the live main file torn (see [`Backfill::tears_main`]): it needs repair.
+    #[serde(default)]
     pub main_torn: bool,
 }
 
+impl Manifest {
+    /// The manifest's file name inside a capture directory.
+    pub const FILE_NAME: &'static str = MANIFEST_NAME;
+
+    /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).
+    ///
+    /// [`GuardStatus::capture`]: crate::status::GuardStatus::capture
+    pub fn read(capture: &Path) -> Result<Manifest, crate::error::GuardError> {
+        let path = capture.join(MANIFEST_NAME);
+        let bytes =
+            std::fs::read(&path).map_err(|source| crate::error::GuardError::ManifestRead {
+                manifest: path.clone(),
+                source,
+            })?;
+        serde_json::from_slice(&bytes).map_err(|source| crate::error::GuardError::ManifestParse {
+            manifest: path,
+            source,
+        })
+    }
+}
+
 /// The WAL part of the manifest.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WalEntry {
     /// Pinned identity.
     pub identity: FileId,
-    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,
@@ -190,14 +265,16 @@ pub struct WalEntry {
 }
 
 /// The `-shm` part of the manifest.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ShmEntry {
     /// Pinned identity.
     pub identity: FileId,
 }
 
 /// The main-image part of the manifest.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MainEntry {
     /// Pinned identity.
     pub identity: Option<FileId>,
@@ -205,9 +282,10 @@ pub struct MainEntry {
     pub size: u64,
     /// The database header.
     pub header: MainHeader,
-    /// `copied`: the whole image is in the artifact.
-    pub mode: &'static str,
-    /// File name inside the artifact (always UTF-8: see [`capture_file_name`]).
+    /// How the image is kept: `copied`, the whole image is in the artifact.
+    pub mode: ImageMode,
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
     pub file: String,
     /// Bytes copied.
     pub bytes: u64,
@@ -215,8 +293,18 @@ pub struct MainEntry {
     pub sha256: String,
 }
 
+/// How a capture keeps the main image (`main.mode` in the manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ImageMode {
+    /// The whole image is copied into the artifact.
+    Copied,
+}
+
 /// What the pathnames resolved to at capture time.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PathGeneration {
     /// `<db>`.
     pub main: Option<FileId>,
@@ -226,28 +314,38 @@ pub struct PathGeneration {
     pub shm: Option<FileId>,
 }
 
-static FAULTS: Mutex<Vec<(PathBuf, String)>> = Mutex::new(Vec::new());
+/// Injected capture failures (test builds only: the `test-hooks` feature).
+#[cfg(any(test, feature = "test-hooks"))]
+static FAULTS: parking_lot::Mutex<Vec<(PathBuf, String)>> = parking_lot::Mutex::new(Vec::new());
 
 /// Test hook: make every capture of a database under `dir` fail with `message` (as a disk-full
 /// would) until [`clear_capture_fault`] is called. Scoped by directory so parallel tests do not
 /// see each other's faults.
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn inject_capture_fault(dir: &Path, message: &str) {
     FAULTS.lock().push((dir.to_path_buf(), message.to_owned()));
 }
 
 /// Test hook: undo [`inject_capture_fault`] for `dir`.
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn clear_capture_fault(dir: &Path) {
     FAULTS.lock().retain(|(d, _)| d != dir);
 }
 
+#[cfg(any(test, feature = "test-hooks"))]
 fn injected_fault(database: &Path) -> Option<String> {
     let faults = FAULTS.lock();
     faults
         .iter()
         .find(|(dir, _)| database.starts_with(dir))
         .map(|(_, m)| m.clone())
+}
+
+/// Without the test hooks no fault is ever injected, and nothing is locked to find that out.
+#[cfg(not(any(test, feature = "test-hooks")))]
+#[inline]
+fn injected_fault(_database: &Path) -> Option<String> {
+    None
 }
 
 /// The name a capture gives `name` in a place that holds at most `max` bytes: `name` itself
@@ -591,7 +689,7 @@ fn fill_staging(
             identity: input.main_id,
             size: main_size,
             header: parse_main_header(&header_bytes),
-            mode: "copied",
+            mode: ImageMode::Copied,
             file: name.to_owned(),
             bytes: main_size,
             sha256: hex(&main_hash.finalize()),

@@ -6,6 +6,7 @@ use crate::capture::CaptureError;
 
 /// An error from the guard's public API.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum GuardError {
     /// The VFS could not be registered.
     #[error("registering the hermes-guard VFS failed: {0}")]
@@ -19,18 +20,37 @@ pub enum GuardError {
         /// The database asked about.
         database: PathBuf,
     },
-    /// The retired generation could not be captured; the connection keeps its descriptor and a
-    /// later close retries.
-    #[error("the retired generation of {database} could not be captured, so it was not closed: {message}")]
-    CaptureFailed {
-        /// The database whose generation is uncaptured.
-        database: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
-    /// Capturing by identity failed.
+    /// The retired generation could not be captured (or was not, by identity): the connection
+    /// keeps its descriptors and a later close retries. The capture's own error, whole.
     #[error(transparent)]
     Capture(#[from] CaptureError),
+    /// A capture's `manifest.json` could not be read.
+    #[error("reading the capture manifest {manifest}: {source}")]
+    ManifestRead {
+        /// The manifest's path.
+        manifest: PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A capture's `manifest.json` is not a manifest this version reads.
+    #[error("parsing the capture manifest {manifest}: {source}")]
+    ManifestParse {
+        /// The manifest's path.
+        manifest: PathBuf,
+        /// What the parser said.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The guard answered a capture request with a failure this library could not take back
+    /// typed (the VFS and the library disagree: a version mismatch).
+    #[error("the retired generation of {database} could not be captured: {message}")]
+    CaptureRefused {
+        /// The database whose generation is uncaptured.
+        database: PathBuf,
+        /// What SQLite relayed.
+        message: String,
+    },
     /// SQLite said no.
     #[error("SQLite error: {0}")]
     Sqlite(#[from] rusqlite::Error),

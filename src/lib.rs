@@ -6,51 +6,140 @@
 //! `SQLITE_READONLY_DBMOVED`, captures the retired generation next to the database, and never
 //! checkpoints it over the newer one.
 //!
-//! ```no_run
+//! ```
+//! use hermes_guard::{ErrorClass, GuardExt};
 //! use rusqlite::{Connection, OpenFlags};
-//! hermes_guard::register()?;
-//! let conn = Connection::open_with_flags_and_vfs(
-//!     "state.db",
-//!     OpenFlags::default(),
-//!     hermes_guard::VFS_NAME,
-//! )?;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("state.db");
+//! hermes_guard::register()?; // once per process; idempotent
+//! let conn = Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), hermes_guard::VFS_NAME)?;
 //! conn.pragma_update(None, "journal_mode", "WAL")?;
+//! conn.execute_batch("CREATE TABLE t (x)")?;
+//!
+//! if let Err(e) = conn.execute("INSERT INTO t VALUES (1)", []) {
+//!     match conn.classify(&e) {
+//!         ErrorClass::WalLost => { /* captured: see conn.guard_status()?.capture */ }
+//!         ErrorClass::MainReplaced => { /* the file was restored: reopen */ }
+//!         _ => return Err(e.into()),
+//!     }
+//! }
+//! assert!(!conn.guard_status()?.retired);
+//! hermes_guard::close(conn).map_err(|(_conn, e)| e)?; // settles only once a retired generation is captured
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! The surface: [`register`] / [`register_as_default`] and [`VFS_NAME`]; the connection-level
+//! calls of [`GuardExt`]; [`close`] and [`retry_pending_captures`]; what they report
+//! ([`GuardStatus`], [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`]); a
+//! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
+//! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
 
-pub mod capture;
+// All `unsafe` lives under `src/vfs/` (the lints deny an `unsafe` block without a SAFETY line).
+mod capture;
 mod error;
-pub mod identity;
-pub mod paths;
+mod identity;
+mod paths;
+#[cfg(feature = "store")]
 pub mod registry;
 mod status;
+#[cfg(feature = "store")]
 pub mod store;
 mod vfs;
-pub mod walfile;
+mod walfile;
 
 use std::path::PathBuf;
 
 use rusqlite::Connection;
 
-pub use capture::{CaptureError, Trigger};
+pub use capture::CaptureError;
 pub use error::GuardError;
 pub use identity::FileId;
-pub use registry::{Registry, RegistryStats, SharedSessionDb};
-pub use status::{ErrorClass, GuardStatus, RetireReason};
-pub use store::{SessionDb, StoreError, StoreOptions};
+pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason};
 pub use vfs::{register, register_as_default, VFS_NAME};
 
-/// The guard's status for the `main` database of `conn`. Runs the retirement check now.
-pub fn status(conn: &Connection) -> Result<GuardStatus, GuardError> {
-    guard_pragma(conn, "hermes_guard_status")
+pub use manifest::Manifest;
+#[cfg(feature = "store")]
+pub use registry::{Registry, RegistryStats, SharedSessionDb};
+#[cfg(feature = "store")]
+pub use store::{SessionDb, StoreError, StoreOptions};
+
+pub mod manifest {
+    //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
+    pub use crate::capture::{
+        ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
+    };
+    pub use crate::walfile::{MainHeader, WalHeader};
 }
 
-/// Makes sure that, if `conn`'s generation is retired, it is captured; returns the status.
+/// The guard's calls on a [`rusqlite::Connection`] opened through it: `use hermes_guard::GuardExt`
+/// and call them on the connection. Each asks the guard of the connection's `main` database,
+/// through `PRAGMA hermes_guard_status` / `hermes_guard_capture`, on the calling thread.
 ///
-/// Fails with [`GuardError::CaptureFailed`] when the capture cannot be written: the connection
-/// then keeps its descriptors so a retry can still succeed.
-pub fn ensure_captured(conn: &Connection) -> Result<GuardStatus, GuardError> {
-    guard_pragma(conn, "hermes_guard_capture")
+/// Sealed: implemented for `rusqlite::Connection` only.
+pub trait GuardExt: sealed::Sealed {
+    /// The guard's status. Runs the retirement check now.
+    ///
+    /// Fails with [`GuardError::NotGuarded`] on a connection not opened through the guard.
+    fn guard_status(&self) -> Result<GuardStatus, GuardError>;
+
+    /// Makes sure that, if the connection's generation is retired, it is captured; returns the
+    /// status.
+    ///
+    /// Fails with [`GuardError::Capture`] when the capture cannot be written: the connection then
+    /// keeps its descriptors so a retry can still succeed.
+    fn ensure_captured(&self) -> Result<GuardStatus, GuardError>;
+
+    /// What `err`, returned by this connection, means for the application.
+    fn classify(&self, err: &rusqlite::Error) -> ErrorClass;
+
+    /// Captures the retired generation whose WAL inode is `wal` (as [`GuardStatus::wal`]
+    /// reported it), from the descriptor the connection holds; returns the capture's directory.
+    ///
+    /// Never guesses by pathname: for an identity the connection does not hold it fails with
+    /// [`CaptureError::NotHeld`] and writes nothing; a live generation is not captured
+    /// ([`CaptureError::NotRetired`]: a capture stands for its generation, and would miss every
+    /// later commit), nor one whose WAL holds no frame ([`CaptureError::NothingAtStake`]).
+    fn capture_retired_generation(&self, wal: FileId) -> Result<PathBuf, GuardError>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for rusqlite::Connection {}
+}
+
+impl GuardExt for Connection {
+    fn guard_status(&self) -> Result<GuardStatus, GuardError> {
+        guard_pragma(self, "hermes_guard_status")
+    }
+
+    fn ensure_captured(&self) -> Result<GuardStatus, GuardError> {
+        guard_pragma(self, "hermes_guard_capture")
+    }
+
+    fn classify(&self, err: &rusqlite::Error) -> ErrorClass {
+        let reason = self.guard_status().ok().and_then(|s| s.reason);
+        ErrorClass::from_parts(err, reason)
+    }
+
+    fn capture_retired_generation(&self, wal: FileId) -> Result<PathBuf, GuardError> {
+        let database = PathBuf::from(self.path().unwrap_or_default());
+        let status = self.guard_status()?;
+        if status.wal != Some(wal) {
+            return Err(CaptureError::NotHeld {
+                database,
+                identity: wal,
+            }
+            .into());
+        }
+        if !status.retired {
+            return Err(CaptureError::NotRetired { database }.into());
+        }
+        match self.ensure_captured()?.capture {
+            Some(dir) => Ok(dir),
+            None => Err(CaptureError::NothingAtStake { database }.into()),
+        }
+    }
 }
 
 /// Closes `conn`, but only once a retired generation is safely captured. On failure the
@@ -58,7 +147,7 @@ pub fn ensure_captured(conn: &Connection) -> Result<GuardStatus, GuardError> {
 // The shape of `rusqlite::Connection::close`, so callers can treat both alike.
 #[allow(clippy::result_large_err)]
 pub fn close(conn: Connection) -> Result<(), (Connection, GuardError)> {
-    if let Err(e) = ensure_captured(&conn) {
+    if let Err(e) = conn.ensure_captured() {
         if !matches!(e, GuardError::NotGuarded { .. }) {
             return Err((conn, e));
         }
@@ -67,49 +156,14 @@ pub fn close(conn: Connection) -> Result<(), (Connection, GuardError)> {
         .map_err(|(conn, e)| (conn, GuardError::Sqlite(e)))
 }
 
-/// What `err`, returned by `conn`, means for the application.
-pub fn classify(conn: &Connection, err: &rusqlite::Error) -> ErrorClass {
-    let reason = status(conn).ok().and_then(|s| s.reason);
-    ErrorClass::from_parts(err, reason)
-}
-
-/// Captures the retired generation of `conn` whose WAL inode is `wal_identity`, from the
-/// descriptor the connection holds. Never guesses by pathname: without an identity, or for one the
-/// connection no longer holds, it fails and writes nothing; a live generation is not captured
-/// (a capture stands for its generation, and would miss every later commit).
-///
-/// It runs through `conn` itself, so the capture reads the connection's files on the thread that
-/// owns them.
-pub fn capture_retired_wal_generation(
-    conn: &Connection,
-    wal_identity: Option<FileId>,
-) -> Result<PathBuf, GuardError> {
-    let database = PathBuf::from(conn.path().unwrap_or_default());
-    let Some(identity) = wal_identity else {
-        return Err(CaptureError::NoPinnedIdentity { database }.into());
-    };
-    let status = status(conn)?;
-    if status.wal != Some(identity) {
-        return Err(CaptureError::NotHeld { database, identity }.into());
-    }
-    if !status.retired {
-        return Err(CaptureError::NotRetired { database }.into());
-    }
-    match ensure_captured(conn)?.capture {
-        Some(dir) => Ok(dir),
-        None => Err(GuardError::CaptureFailed {
-            database,
-            message: "the retired WAL holds no frame: nothing is at stake".into(),
-        }),
-    }
-}
-
 /// Retries the captures of retired generations whose connections were closed (dropped) while
 /// their capture could not be written. Returns how many remain uncaptured.
 pub fn retry_pending_captures() -> usize {
     vfs::retry_pending_captures()
 }
 
+/// Runs one of the guard's pragmas on `conn`'s main database and reads its JSON status. A
+/// capture failure comes back as the [`CaptureError`] the VFS kept on this thread.
 fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardError> {
     let database = || PathBuf::from(conn.path().unwrap_or_default());
     let json: Option<String> =
@@ -119,10 +173,11 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
             Err(rusqlite::Error::SqliteFailure(e, Some(message)))
                 if e.code == rusqlite::ErrorCode::Unknown =>
             {
-                return Err(GuardError::CaptureFailed {
-                    database: database(),
-                    message,
-                })
+                let database = database();
+                return Err(match capture::take_handed_over(&database) {
+                    Some(typed) => GuardError::Capture(typed),
+                    None => GuardError::CaptureRefused { database, message },
+                });
             }
             Err(e) => return Err(e.into()),
         };
@@ -133,3 +188,17 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
         }),
     }
 }
+
+/// Hooks for this crate's own tests (the `test-hooks` feature); not part of the API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod test_hooks {
+    pub use crate::capture::{clear_capture_fault, inject_capture_fault};
+    pub use crate::identity::identity_of_path;
+    pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
+}
+
+/// The README's code blocks, compiled by `cargo test` so its example keeps up with the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -73,7 +73,6 @@ fn unhex(h: &str) -> Option<Vec<u8>> {
 #[derive(Debug)]
 pub struct DirHandle {
     fd: OwnedFd,
-    id: FileId,
     /// The path it was opened by, for when `/proc` cannot say where it is now.
     opened_as: PathBuf,
 }
@@ -95,7 +94,6 @@ impl DirHandle {
         map.retain(|_, w| w.strong_count() > 0);
         let handle = Arc::new(DirHandle {
             fd,
-            id,
             opened_as: dir.to_path_buf(),
         });
         map.insert(id, Arc::downgrade(&handle));
@@ -105,11 +103,6 @@ impl DirHandle {
     /// The descriptor.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
-    }
-
-    /// The directory's identity.
-    pub fn id(&self) -> FileId {
-        self.id
     }
 
     /// Where the directory is now, byte for byte (`/proc/self/fd/N`); the path it was opened by

@@ -3,12 +3,12 @@
 //! [`Registry::acquire`] lends one shared [`SessionDb`] per *generation* of a path: the main
 //! file's `(dev, ino)` as the lent handle opened it. When the file at the path is replaced (a
 //! snapshot restore, a recovery), that generation is *retired*: the holders keep a valid handle
-//! whose writes fail with [`StoreError::StateDbReplaced`], new callers get a fresh generation, a
+//! whose writes fail with [`StoreError::MainReplaced`], new callers get a fresh generation, a
 //! retired generation is never lent again, and each generation's final release tears down
 //! exactly that generation — never one that others still hold.
 //!
 //! A lost `-wal`/`-shm` leaves the main file in place, so it does not change the generation:
-//! its holders (old and new) all get [`StoreError::DeletedWalGeneration`] from writes until the
+//! its holders (old and new) all get [`StoreError::WalLost`] from writes until the
 //! last of them releases it; the next acquire then opens afresh. Lending a fresh connection
 //! earlier would not help: SQLite's unix VFS shares one `-shm` mapping per main-file inode among
 //! all connections of a process, so a new connection opened while the lost one is still open
@@ -21,7 +21,7 @@
 //!
 //! A final teardown that cannot capture a retired generation leaves it open, *unsettled*: it
 //! holds the only copy of the retired transactions. The next acquire of its path retries that
-//! teardown before opening anything, and refuses with [`StoreError::RetiredGenerationCapture`]
+//! teardown before opening anything, and refuses with [`StoreError::CaptureFailed`]
 //! while it still fails (a new connection would attach to the lost `-shm` anyway);
 //! [`Registry::close_all`] retries every unsettled generation.
 //!
@@ -119,7 +119,7 @@ impl fmt::Debug for Registry {
 /// The registry's own teardown of a generation: a PASSIVE checkpoint when it is live, then the
 /// guarded close (which captures a retired generation first and refuses to close without it).
 pub fn default_teardown(db: &SessionDb) -> Result<(), StoreError> {
-    db.close_unshared()
+    db.close_in_place()
 }
 
 impl Registry {
@@ -161,12 +161,12 @@ impl Registry {
     /// Lends the live generation of `path`, opening one if there is none or if the file at the
     /// path was replaced (the one there is then retired: its holders keep it, nobody new gets
     /// it). A generation whose `-wal`/`-shm` was lost is the same main file, so it is still lent
-    /// (its writes fail with [`StoreError::DeletedWalGeneration`]) until its last holder
+    /// (its writes fail with [`StoreError::WalLost`]) until its last holder
     /// releases it.
     ///
     /// Before opening, the teardown of an unsettled generation of this path (one whose capture
     /// failed at its final release) is retried, outside the registry's lock; while it still
-    /// fails, the acquire returns [`StoreError::RetiredGenerationCapture`] and opens nothing.
+    /// fails, the acquire returns [`StoreError::CaptureFailed`] and opens nothing.
     ///
     /// Concurrent first acquires end up sharing one generation: each may open, but only one
     /// open is installed and the others are torn down. If the open fails, the registry keeps no
@@ -196,7 +196,6 @@ impl Registry {
                 Some(identity) if Some(identity) == current => {
                     let serial = state.next_serial;
                     state.next_serial += 1;
-                    db.mark_shared();
                     state.live.insert(
                         path.clone(),
                         Generation {
@@ -277,11 +276,14 @@ impl Registry {
                     "{}: the retired generation owed a capture is captured and closed",
                     path.display()
                 ),
-                Err(StoreError::RetiredGenerationCapture { message, .. }) => {
-                    return Err(StoreError::RetiredGenerationCapture {
+                Err(StoreError::CaptureFailed {
+                    message, source, ..
+                }) => {
+                    return Err(StoreError::CaptureFailed {
                         database: path.to_path_buf(),
                         message,
                         held_back: HeldBack::Acquire,
+                        source,
                     })
                 }
                 Err(e) => log_teardown_error(&e),
@@ -352,32 +354,37 @@ impl Registry {
 }
 
 impl Inner {
-    /// Drops one reference of generation `serial`; the database to tear down if it was the last.
-    /// `None` when the registry no longer has the generation (after `close_all`).
-    fn release_ref(&self, path: &Path, serial: u64) -> Option<Option<Arc<SessionDb>>> {
+    /// Drops one reference of generation `serial`.
+    fn release_ref(&self, path: &Path, serial: u64) -> Released {
         let mut state = self.state.lock();
         let state = &mut *state;
         let (generation, live) = match state.live.get_mut(path) {
             Some(g) if g.serial == serial => (g, true),
-            _ => (state.retired.get_mut(&serial)?, false),
+            _ => match state.retired.get_mut(&serial) {
+                Some(g) => (g, false),
+                None => return Released::Unknown,
+            },
         };
         generation.refs -= 1;
         if generation.refs > 0 {
-            return Some(None);
+            return Released::StillHeld;
         }
         let generation = if live {
             state.live.remove(path)
         } else {
             state.retired.remove(&serial)
         };
-        Some(generation.map(|g| g.db))
+        match generation {
+            Some(g) => Released::Last(g.db),
+            None => Released::StillHeld,
+        }
     }
 
     /// Tears down `db`, a generation of `path` no longer in the registry; on a capture failure
     /// keeps it, open, among the unsettled.
     fn teardown(&self, path: &Path, db: Arc<SessionDb>) -> Result<(), StoreError> {
         let result = (self.teardown)(&db);
-        if let Err(StoreError::RetiredGenerationCapture { .. }) = &result {
+        if let Err(StoreError::CaptureFailed { .. }) = &result {
             self.state.lock().unsettled.push(Unsettled {
                 path: path.to_path_buf(),
                 db,
@@ -408,7 +415,7 @@ impl Inner {
     /// keeps failing; any other outcome lets it go, as a first teardown would.
     fn retry_unsettled(&self, db: &Arc<SessionDb>) -> Result<(), StoreError> {
         let result = (self.teardown)(db);
-        if !matches!(result, Err(StoreError::RetiredGenerationCapture { .. })) {
+        if !matches!(result, Err(StoreError::CaptureFailed { .. })) {
             let mut state = self.state.lock();
             state.unsettled.retain(|u| !Arc::ptr_eq(&u.db, db));
         }
@@ -416,9 +423,27 @@ impl Inner {
     }
 }
 
+/// What giving back one reference did.
+enum Released {
+    /// The registry no longer has the generation (after `close_all`).
+    Unknown,
+    /// Others still hold it.
+    StillHeld,
+    /// That was the last reference: the generation is out of the registry, to be torn down.
+    Last(Arc<SessionDb>),
+}
+
+/// What a handle's release came to.
+struct Release {
+    /// The registry still had the generation (false after `close_all`, or a second release).
+    found: bool,
+    /// The teardown's outcome, when this was the last reference.
+    teardown: Result<(), StoreError>,
+}
+
 fn log_teardown_error(e: &StoreError) {
     match e {
-        StoreError::RetiredGenerationCapture { .. } => log::error!("{e}"),
+        StoreError::CaptureFailed { .. } => log::error!("{e}"),
         _ => log::debug!("closing a shared session store: {e}"),
     }
 }
@@ -471,18 +496,16 @@ impl SharedSessionDb {
     /// at DEBUG. Unlike [`close`](SharedSessionDb::close), it does not capture a retired
     /// generation that others still hold: their final release will.
     pub fn release(mut self) -> bool {
-        match self.release_inner() {
-            (found, Err(e)) => {
-                log_teardown_error(&e);
-                found
-            }
-            (found, Ok(())) => found,
+        let release = self.release_inner();
+        if let Err(e) = &release.teardown {
+            log_teardown_error(e);
         }
+        release.found
     }
 
     /// Gives back this reference, first making sure a retired generation is captured — also
     /// when others still hold it, so the capture never waits on the last holder. On failure,
-    /// notably [`StoreError::RetiredGenerationCapture`], returns the error together with the
+    /// notably [`StoreError::CaptureFailed`], returns the error together with the
     /// handle, still open and usable, so `close()` can be retried: the shape of
     /// [`hermes_guard::close`](crate::close) and rusqlite's `Connection::close`. Never closes
     /// what other holders still use; the last reference's teardown does.
@@ -512,24 +535,31 @@ impl SharedSessionDb {
             }
             return Ok(());
         }
-        self.release_inner().1
+        self.release_inner().teardown
     }
 
-    fn release_inner(&mut self) -> (bool, Result<(), StoreError>) {
+    fn release_inner(&mut self) -> Release {
+        let nothing = |found| Release {
+            found,
+            teardown: Ok(()),
+        };
         if std::mem::replace(&mut self.released, true) {
-            return (false, Ok(()));
+            return nothing(false);
         }
         match self.registry.release_ref(&self.path, self.serial) {
-            None => (false, Ok(())),
-            Some(None) => (true, Ok(())),
-            Some(Some(db)) => (true, self.registry.teardown(&self.path, db)),
+            Released::Unknown => nothing(false),
+            Released::StillHeld => nothing(true),
+            Released::Last(db) => Release {
+                found: true,
+                teardown: self.registry.teardown(&self.path, db),
+            },
         }
     }
 }
 
 impl Drop for SharedSessionDb {
     fn drop(&mut self) {
-        if let (_, Err(e)) = self.release_inner() {
+        if let Err(e) = self.release_inner().teardown {
             log_teardown_error(&e);
         }
     }
@@ -553,10 +583,13 @@ impl ReleaseOrClose for SharedSessionDb {
     }
 }
 
-impl ReleaseOrClose for &SessionDb {
+impl ReleaseOrClose for SessionDb {
     fn release_or_close(self) {
-        if let Err(e) = self.close() {
+        if let Err((db, e)) = self.close() {
             log_teardown_error(&e);
+            // Dropped all the same: the guard keeps the retired generation's files held and
+            // `hermes_guard::retry_pending_captures()` retries the capture.
+            drop(db);
         }
     }
 }
@@ -578,9 +611,11 @@ pub fn release(handle: SharedSessionDb) -> bool {
 }
 
 /// Gives back a lent handle or closes an own `SessionDb`, never failing: for shutdown paths.
-/// A capture failure is logged at ERROR, other errors at DEBUG. An own `SessionDb` then stays
-/// open for a retry; a lent handle's reference is given back, and a final teardown that cannot
-/// capture leaves the generation unsettled (retried by the next acquire and by `close_all`).
+/// A capture failure is logged at ERROR, other errors at DEBUG. An own `SessionDb` is then
+/// dropped, and the guard holds its retired generation for
+/// [`retry_pending_captures`](crate::retry_pending_captures); a lent handle's reference is given
+/// back, and a final teardown that cannot capture leaves the generation unsettled (retried by
+/// the next acquire and by `close_all`).
 pub fn release_or_close(db: impl ReleaseOrClose) {
     db.release_or_close();
 }

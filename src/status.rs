@@ -7,9 +7,14 @@ use serde::{Deserialize, Serialize};
 use crate::identity::FileId;
 use crate::paths::{path_display, path_from_parts, path_hex};
 
-/// Why a generation was retired.
+/// Why a generation was retired (`reason` in the status and the manifest: `wal-lost`,
+/// `shm-lost`, `main-replaced`).
+///
+/// The same words name what an error means ([`ErrorClass`]) and the store's typed errors
+/// (`StoreError::WalLost`, `StoreError::MainReplaced`): a lost `-shm` is a lost WAL generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum RetireReason {
     /// `<db>-wal` no longer resolves to the WAL this connection writes.
     WalLost,
@@ -37,6 +42,7 @@ impl RetireReason {
 /// prefers, so the paths round-trip byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(into = "StatusJson", try_from = "StatusJson")]
+#[non_exhaustive]
 pub struct GuardStatus {
     /// The database's pathname, as SQLite opened it.
     pub database: PathBuf,
@@ -66,6 +72,7 @@ pub struct GuardStatus {
 
 /// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Backfill {
     /// Valid frames in the WAL (`mxFrame`).
     pub frames: u32,
@@ -156,11 +163,14 @@ impl TryFrom<StatusJson> for GuardStatus {
 
 /// What an error from a guarded connection means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorClass {
-    /// The WAL (or `-shm`) generation was lost; the retired bytes are captured next to the database.
-    WalGenerationLost,
-    /// The main file was replaced (e.g. a snapshot restore): reopen to see the new database.
-    DatabaseReplaced,
+    /// The WAL generation was lost ([`RetireReason::WalLost`] or [`RetireReason::ShmLost`]); the
+    /// retired bytes are captured next to the database.
+    WalLost,
+    /// The main file was replaced ([`RetireReason::MainReplaced`], e.g. a snapshot restore):
+    /// reopen to see the new database.
+    MainReplaced,
     /// Anything else.
     Other,
 }
@@ -189,12 +199,10 @@ impl ErrorClass {
         );
         match reason {
             Some(RetireReason::WalLost | RetireReason::ShmLost) if refused || file_level => {
-                ErrorClass::WalGenerationLost
+                ErrorClass::WalLost
             }
-            Some(RetireReason::MainReplaced) if refused || file_level => {
-                ErrorClass::DatabaseReplaced
-            }
-            None if refused => ErrorClass::DatabaseReplaced,
+            Some(RetireReason::MainReplaced) if refused || file_level => ErrorClass::MainReplaced,
+            None if refused => ErrorClass::MainReplaced,
             _ => ErrorClass::Other,
         }
     }
@@ -279,15 +287,15 @@ mod tests {
         let refused = sqlite_error(rusqlite::ffi::SQLITE_READONLY_DBMOVED);
         assert_eq!(
             ErrorClass::from_parts(&refused, Some(RetireReason::WalLost)),
-            ErrorClass::WalGenerationLost
+            ErrorClass::WalLost
         );
         assert_eq!(
             ErrorClass::from_parts(&refused, Some(RetireReason::ShmLost)),
-            ErrorClass::WalGenerationLost
+            ErrorClass::WalLost
         );
         assert_eq!(
             ErrorClass::from_parts(&refused, Some(RetireReason::MainReplaced)),
-            ErrorClass::DatabaseReplaced
+            ErrorClass::MainReplaced
         );
     }
 
@@ -296,7 +304,7 @@ mod tests {
         let refused = sqlite_error(rusqlite::ffi::SQLITE_READONLY_DBMOVED);
         assert_eq!(
             ErrorClass::from_parts(&refused, None),
-            ErrorClass::DatabaseReplaced
+            ErrorClass::MainReplaced
         );
     }
 
@@ -306,7 +314,7 @@ mod tests {
         assert_eq!(ErrorClass::from_parts(&short_read, None), ErrorClass::Other);
         assert_eq!(
             ErrorClass::from_parts(&short_read, Some(RetireReason::ShmLost)),
-            ErrorClass::WalGenerationLost
+            ErrorClass::WalLost
         );
     }
 

@@ -23,7 +23,7 @@
 //! first invalid frame; everything after it is "torn tail" (including stale
 //! frames left over from before a WAL reset, which carry old salts).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Size in bytes of the WAL file header.
 pub const WAL_HEADER_SIZE: usize = 32;
@@ -43,6 +43,10 @@ const WAL_FORMAT_VERSION: u32 = 3_007_000;
 /// Smallest legal page size.
 const MIN_PAGE_SIZE: u32 = 512;
 
+/// The smallest WAL that holds a transaction: its header and one frame of the smallest page.
+pub const SMALLEST_WAL_WITH_A_FRAME: u64 =
+    (WAL_HEADER_SIZE + WAL_FRAME_HEADER_SIZE) as u64 + MIN_PAGE_SIZE as u64;
+
 /// Largest legal page size (`SQLITE_MAX_PAGE_SIZE`).
 const MAX_PAGE_SIZE: u32 = 65_536;
 
@@ -56,7 +60,8 @@ const MAIN_MAGIC: &[u8; 16] = b"SQLite format 3\0";
 ///
 /// Fields are filled in on a best-effort basis even when `valid` is false
 /// (fields that lie beyond the end of a short input read as 0).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WalHeader {
     /// True iff the magic is one of the two WAL magics, the format version is
     /// 3007000, the page size is a power of two in `512..=65536`, and the
@@ -118,20 +123,8 @@ enum ScanState {
 /// Whole frames that lie entirely within a fed chunk are checked in place;
 /// only a frame straddling chunk boundaries is copied into an internal buffer
 /// of `24 + page_size` bytes, allocated once. The scanner never panics, on any
-/// input, and never allocates per byte.
-///
-/// ```
-/// use hermes_guard::walfile::{encode_test_wal, summarize_wal, WalScanner};
-///
-/// let wal = encode_test_wal(512, [1, 2], &[(1, 1, vec![7u8; 512])], false);
-/// let mut scanner = WalScanner::new();
-/// for chunk in wal.chunks(100) {
-///     scanner.feed(chunk);
-/// }
-/// let summary = scanner.finish();
-/// assert_eq!(summary, summarize_wal(&wal));
-/// assert_eq!(summary.commits, 1);
-/// ```
+/// input, and never allocates per byte (`a_scanner_fed_in_chunks_matches_one_shot_summary`
+/// below shows its use).
 #[derive(Debug, Clone)]
 pub struct WalScanner {
     state: ScanState,
@@ -400,6 +393,7 @@ pub fn parse_wal_header(bytes: &[u8]) -> WalHeader {
 }
 
 /// Summarises a complete WAL file held in memory (one `feed` + `finish`).
+#[cfg(any(test, feature = "test-hooks"))]
 pub fn summarize_wal(bytes: &[u8]) -> WalSummary {
     let mut scanner = WalScanner::new();
     scanner.feed(bytes);
@@ -415,6 +409,7 @@ pub fn summarize_wal(bytes: &[u8]) -> WalSummary {
 /// truncated to `page_size` bytes. The page size is written as given, even if
 /// SQLite would reject it.
 #[doc(hidden)]
+#[cfg(test)]
 pub fn encode_test_wal(
     page_size: u32,
     salts: [u32; 2],
@@ -465,7 +460,8 @@ pub fn encode_test_wal(
 ///
 /// Fields are filled in on a best-effort basis even when `valid` is false
 /// (fields beyond the end of a short input read as 0).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MainHeader {
     /// True iff at least 100 bytes were given, the magic is
     /// `"SQLite format 3\0"`, and the page size is a power of two in
@@ -514,6 +510,18 @@ pub fn parse_main_header(bytes: &[u8]) -> MainHeader {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_scanner_fed_in_chunks_matches_one_shot_summary() {
+        let wal = encode_test_wal(512, [1, 2], &[(1, 1, vec![7u8; 512])], false);
+        let mut scanner = WalScanner::new();
+        for chunk in wal.chunks(100) {
+            scanner.feed(chunk);
+        }
+        let summary = scanner.finish();
+        assert_eq!(summary, summarize_wal(&wal));
+        assert_eq!(summary.commits, 1);
+    }
+
     use super::*;
 
     const PS: u32 = 512;

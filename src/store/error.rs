@@ -5,11 +5,13 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::capture::CaptureError;
 use crate::error::GuardError;
 use crate::status::RetireReason;
 
 /// An error from [`SessionDb`](super::SessionDb) or the [registry](crate::registry).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The database file behind this handle was replaced (a snapshot restore, a recovery, another
     /// process swapping `state.db`): this handle's generation is retired and refuses every write.
@@ -18,15 +20,15 @@ pub enum StoreError {
         "{database} was replaced under this handle ({why}); writes through it are refused and \
          none of them lands — release this handle and open the database again to write to the new file"
     , why = reason.map_or("the file at the path is no longer the one this handle opened", RetireReason::describe))]
-    StateDbReplaced {
+    MainReplaced {
         /// The database's path.
         database: PathBuf,
         /// What the guard saw.
         reason: Option<RetireReason>,
     },
 
-    /// The `-wal` (or `-shm`) generation this handle wrote was taken away: a kind of
-    /// [`StoreError::StateDbReplaced`] ([`StoreError::is_state_db_replaced`] is true for both).
+    /// The `-wal` (or `-shm`) generation this handle wrote was taken away: the other retirement
+    /// beside [`StoreError::MainReplaced`] ([`StoreError::is_retired`] is true for both).
     /// Transactions committed only in that WAL are not in the file now at the path; they are in
     /// the capture, when there is one.
     #[error(
@@ -34,7 +36,7 @@ pub enum StoreError {
          writes through it are refused and none of them lands. {captured}"
     , why = reason.map_or("a sidecar file is no longer the one this handle wrote", RetireReason::describe)
     , captured = describe_capture(capture.as_deref(), capture_error.as_deref()))]
-    DeletedWalGeneration {
+    WalLost {
         /// The database's path.
         database: PathBuf,
         /// The directory holding the retired generation (WAL, main image, manifest), once written.
@@ -51,29 +53,22 @@ pub enum StoreError {
     /// (the path's earlier generation is still open and owed its capture, so nothing new was
     /// opened; acquire again).
     #[error("{}", describe_capture_failure(database, message, *held_back))]
-    RetiredGenerationCapture {
+    CaptureFailed {
         /// The database's path.
         database: PathBuf,
         /// What went wrong writing the capture.
         message: String,
         /// What the failure held back.
         held_back: HeldBack,
+        /// The capture's own error, typed, when the guard handed it back whole (always, unless
+        /// the library and the VFS disagree).
+        #[source]
+        source: Option<CaptureError>,
     },
 
     /// The handle was closed (or the registry that lent it was closed with `close_all`).
     #[error("{database}: this SessionDb handle is closed")]
     Closed {
-        /// The database's path.
-        database: PathBuf,
-    },
-
-    /// `close()` was called on a [`SessionDb`](super::SessionDb) that the registry lends to
-    /// several holders; closing it would pull it from under the others.
-    #[error(
-        "{database}: this SessionDb is shared through the registry; close or drop your \
-         SharedSessionDb handle instead, which releases exactly your reference"
-    )]
-    Shared {
         /// The database's path.
         database: PathBuf,
     },
@@ -192,8 +187,9 @@ pub enum StoreError {
 }
 
 /// What a capture that could not be written held back (see
-/// [`StoreError::RetiredGenerationCapture`]).
+/// [`StoreError::CaptureFailed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HeldBack {
     /// A close: the handle was not closed and is still usable.
     Close,
@@ -235,20 +231,20 @@ fn describe_capture(capture: Option<&Path>, capture_error: Option<&str>) -> Stri
 }
 
 impl StoreError {
-    /// True for [`StoreError::StateDbReplaced`] and its kind [`StoreError::DeletedWalGeneration`]:
+    /// True for both retirements, [`StoreError::WalLost`] and [`StoreError::MainReplaced`]:
     /// this handle's generation is retired for good, the write did not land, and the remedy is
     /// to release the handle and open the path again.
-    pub fn is_state_db_replaced(&self) -> bool {
+    pub fn is_retired(&self) -> bool {
         matches!(
             self,
-            StoreError::StateDbReplaced { .. } | StoreError::DeletedWalGeneration { .. }
+            StoreError::MainReplaced { .. } | StoreError::WalLost { .. }
         )
     }
 
     /// The capture of the retired generation, when the error carries one.
     pub fn capture(&self) -> Option<&Path> {
         match self {
-            StoreError::DeletedWalGeneration { capture, .. } => capture.as_deref(),
+            StoreError::WalLost { capture, .. } => capture.as_deref(),
             _ => None,
         }
     }
@@ -256,11 +252,10 @@ impl StoreError {
     /// The database the error concerns.
     pub fn database(&self) -> &Path {
         match self {
-            StoreError::StateDbReplaced { database, .. }
-            | StoreError::DeletedWalGeneration { database, .. }
-            | StoreError::RetiredGenerationCapture { database, .. }
+            StoreError::MainReplaced { database, .. }
+            | StoreError::WalLost { database, .. }
+            | StoreError::CaptureFailed { database, .. }
             | StoreError::Closed { database }
-            | StoreError::Shared { database }
             | StoreError::InvalidSearchQuery { database, .. }
             | StoreError::UnknownSession { database, .. }
             | StoreError::SchemaTooNew { database, .. }

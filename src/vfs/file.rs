@@ -16,7 +16,7 @@ use rusqlite::ffi;
 
 use super::state::{DbState, Gate, Site, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
-use crate::capture::{ImageSource, Trigger};
+use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::identity_of_mapping;
 use crate::status::Backfill;
 
@@ -457,7 +457,7 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     let rc = sub_call!(gf, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
-        state.end_of_checkpoint();
+        state.end_of_main_write();
     }
     rc
 }
@@ -506,7 +506,7 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         if level <= ffi::SQLITE_LOCK_SHARED {
             // A rollback-mode write (or hot-journal rollback) is over.
-            state.end_of_checkpoint();
+            state.end_of_main_write();
         }
     }
     rc
@@ -567,7 +567,7 @@ unsafe extern "C" fn x_file_control(
                 let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
-                if state.observe().is_some() {
+                if state.check_pins().is_some() {
                     let _ = state.ensure_captured(Trigger::Close);
                     // SAFETY: for HAS_MOVED, `arg` is an `int *`.
                     unsafe { *(arg as *mut c_int) = 1 };
@@ -621,7 +621,11 @@ unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
     let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
         Ok(())
     } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
-        state.ensure_captured(Trigger::Close).map(|_| ())
+        // The typed error stays on this thread for the library call that ran the pragma.
+        state
+            .ensure_captured(Trigger::Close)
+            .map(|_| ())
+            .map_err(capture::hand_over)
     } else {
         return None;
     };
@@ -726,7 +730,7 @@ fn shm_lock_watched(gf: &GuardFile, state: &DbState, ofst: c_int, flags: c_int) 
     if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
         match site {
             Site::WalWrite => state.write_lock(locked),
-            Site::MainWrite if !locked => state.end_of_checkpoint(),
+            Site::MainWrite if !locked => state.end_of_main_write(),
             Site::MainWrite => {}
         }
     }

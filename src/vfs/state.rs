@@ -15,6 +15,7 @@ use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Tri
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
+use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 /// The extended code of every refusal.
 pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
@@ -136,9 +137,6 @@ impl GenerationCapture {
     }
 }
 
-/// The smallest WAL that holds a transaction: its header and one frame of the smallest page.
-const MIN_WAL_WITH_A_FRAME: u64 = 32 + 24 + 512;
-
 impl Inner {
     /// Whether the retired generation holds anything a capture would save. A replaced main file
     /// always does: its image is the retired data. After a lost `-wal`/`-shm` the main file is
@@ -153,7 +151,7 @@ impl Inner {
         match self.reason {
             Some(RetireReason::MainReplaced) => true,
             // Unknown size: capture rather than risk losing frames.
-            _ => wal.size().map_or(true, |n| n >= MIN_WAL_WITH_A_FRAME),
+            _ => wal.size().map_or(true, |n| n >= SMALLEST_WAL_WITH_A_FRAME),
         }
     }
 }
@@ -387,7 +385,7 @@ impl DbState {
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {
-            if self.observe().is_some() {
+            if self.check_pins().is_some() {
                 return Err(self.refuse());
             }
             if let Some(g) = generation {
@@ -422,15 +420,18 @@ impl DbState {
         self.main_checked.store(false, Ordering::Release);
     }
 
-    /// A checkpoint ended (its lock released, or the main file synced): the next one checks.
+    /// A main-file write ended — a checkpoint (its lock released, or the main file synced) or a
+    /// rollback-mode write (its lock dropped to SHARED): the next one checks.
     #[inline]
-    pub(crate) fn end_of_checkpoint(&self) {
+    pub(crate) fn end_of_main_write(&self) {
         self.main_checked.store(false, Ordering::Release);
     }
 
-    /// Compares each pinned identity with what its pathname resolves to now; retires the
-    /// generation (sticky) at the first mismatch. Up to three `stat` calls.
-    pub(crate) fn observe(&self) -> Option<RetireReason> {
+    /// Compares each pinned identity with what its pathname resolves to now; at the first
+    /// mismatch retires the generation (sticky), logs it at ERROR (and a torn main file), and
+    /// returns the reason. A retired generation returns its reason at once. Up to three `stat`
+    /// calls.
+    pub(crate) fn check_pins(&self) -> Option<RetireReason> {
         let mut inner = self.inner.lock();
         if inner.reason.is_some() {
             return inner.reason;
@@ -487,17 +488,18 @@ impl DbState {
     }
 
     /// Makes sure a retired generation is captured; `Ok(None)` when not retired.
-    pub(crate) fn ensure_captured(&self, trigger: Trigger) -> Result<Option<PathBuf>, String> {
-        if self.observe().is_none() {
+    pub(crate) fn ensure_captured(
+        &self,
+        trigger: Trigger,
+    ) -> Result<Option<PathBuf>, CaptureError> {
+        if self.check_pins().is_none() {
             return Ok(None);
         }
         let mut inner = self.inner.lock();
         if inner.capture.is_none() && !inner.worth_capturing() {
             return Ok(None);
         }
-        self.capture_locked(&mut inner, trigger)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        self.capture_locked(&mut inner, trigger).map(Some)
     }
 
     /// Whether the main file object must be kept open after SQLite closes it, because it is the
@@ -602,7 +604,7 @@ impl DbState {
     }
 
     pub(crate) fn status(&self) -> GuardStatus {
-        self.observe();
+        self.check_pins();
         let inner = self.inner.lock();
         GuardStatus {
             database: self.db_path.clone(),

@@ -107,7 +107,9 @@ fn scenario(dir: &Path, vfs: Vfs, args: &DemoArgs) -> Result<Outcome> {
     gateway.expect("ready")?;
 
     for suffix in ["-wal", "-shm"] {
-        std::fs::remove_file(hermes_guard::capture::sidecar(&db, suffix))?;
+        let mut sidecar = db.clone().into_os_string();
+        sidecar.push(suffix);
+        std::fs::remove_file(sidecar)?;
     }
 
     let write = gateway.command("write", "write")?;

@@ -14,6 +14,7 @@
 use std::io::{self, BufRead, Write};
 use std::path::PathBuf;
 
+use hermes_guard::GuardExt;
 use rusqlite::{Connection, OpenFlags};
 use serde_json::{json, Value};
 
@@ -112,9 +113,16 @@ fn gateway(args: &WriterArgs) -> Result<()> {
             [format!("uncheckpointed {i}")],
         )?;
     }
-    let wal = hermes_guard::identity::identity_of_path(&hermes_guard::capture::sidecar(
-        &args.db, "-wal",
-    ))?;
+    let wal = {
+        use std::os::unix::fs::MetadataExt;
+        let mut path = args.db.clone().into_os_string();
+        path.push("-wal");
+        let meta = std::fs::metadata(path)?;
+        hermes_guard::FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    };
     emit(json!({"event": "ready", "pid": std::process::id(), "wal_identity": wal}))?;
 
     let mut conn = Some(conn);
@@ -128,7 +136,7 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                     [],
                 );
                 let artifact = match args.vfs {
-                    Vfs::Guard => hermes_guard::status(c)?.capture,
+                    Vfs::Guard => c.guard_status()?.capture,
                     Vfs::Stock => None,
                 };
                 emit(json!({

@@ -182,7 +182,7 @@ pub fn child(db: &Path) -> Result<(), BenchError> {
             )))
         }
     }
-    let status = hermes_guard::status(&conn)
+    let status = hermes_guard::GuardExt::guard_status(&conn)
         .map_err(|e| BenchError::Invalid(format!("status of {}: {e}", db.display())))?;
     let artifact = status.capture.ok_or_else(|| {
         BenchError::Invalid(format!(
@@ -191,7 +191,7 @@ pub fn child(db: &Path) -> Result<(), BenchError> {
             status.capture_error
         ))
     })?;
-    let manifest_path = artifact.join(hermes_guard::capture::MANIFEST_NAME);
+    let manifest_path = artifact.join(hermes_guard::Manifest::FILE_NAME);
     let manifest: serde_json::Value =
         serde_json::from_slice(&fs::read(&manifest_path).ctx("reading", &manifest_path)?)
             .map_err(|e| BenchError::Invalid(format!("{}: {e}", manifest_path.display())))?;

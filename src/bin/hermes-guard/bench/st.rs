@@ -31,7 +31,7 @@ pub fn open(vfs: Vfs, dir: &Path) -> Result<Box<dyn Session>, BenchError> {
         db.create_session(&NewSession::new(SESSION, "bench"))
             .map_err(|e| store_error(&path, "creating a session in", e))?;
         db.close()
-            .map_err(|e| store_error(&path, "closing the store", e))?;
+            .map_err(|(_, e)| store_error(&path, "closing the store", e))?;
     }
     Ok(match vfs {
         Vfs::Guard => Box::new(Store {
@@ -81,7 +81,8 @@ impl Session for Store {
     fn finish(self: Box<Self>) -> Result<(), BenchError> {
         self.db
             .close()
-            .map_err(|e| store_error(&self.path, "closing the store", e))
+            .map(drop)
+            .map_err(|(_, e)| store_error(&self.path, "closing the store", e))
     }
 }
 

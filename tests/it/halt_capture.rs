@@ -1,6 +1,6 @@
 //! The first refused write captures the exact retired generation.
 
-mod common;
+use crate::common;
 
 use common::*;
 use sha2::{Digest, Sha256};
@@ -19,12 +19,9 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
         is_refusal(&err),
         "expected SQLITE_READONLY_DBMOVED, got {err}"
     );
-    assert_eq!(
-        hermes_guard::classify(&conn, &err),
-        hermes_guard::ErrorClass::WalGenerationLost
-    );
+    assert_eq!(conn.classify(&err), hermes_guard::ErrorClass::WalLost);
 
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     let artifact = status.capture.clone().expect("captured at the halt");
     assert!(artifact.is_dir() && artifact.parent() == Some(dir.path()));
     let manifest = manifest(&artifact);
@@ -89,7 +86,7 @@ fn exclusive_locking_mode_is_refused_at_the_first_wal_write() {
         &original,
         "retired WAL after refusal",
     );
-    let artifact = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);

@@ -1,6 +1,6 @@
 //! The capture is located by the pinned inode, never by pathname.
 
-mod common;
+use crate::common;
 
 use std::fs;
 
@@ -31,7 +31,7 @@ fn capture_selects_the_recorded_inode_not_the_pathname() {
     let err = insert(&conn, "after the loss").unwrap_err();
     assert!(is_refusal(&err), "{err}");
 
-    let artifact = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
     assert_same_bytes(
         &fs::read(artifact.join("state.db-wal")).unwrap(),
         &original,
@@ -60,17 +60,10 @@ fn capture_refuses_to_guess_by_pathname() {
     wal_only_sentinel(&conn);
     lose_sidecars(&path, false);
 
-    let err = hermes_guard::capture_retired_wal_generation(&conn, None).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            GuardError::Capture(CaptureError::NoPinnedIdentity { .. })
-        ),
-        "{err}"
-    );
-    assert!(err.to_string().contains("pathname"), "{err}");
-
-    let err = hermes_guard::capture_retired_wal_generation(&conn, Some(FileId { dev: 1, ino: 1 }))
+    // Capturing without an identity (by pathname) cannot be asked for: the call takes a
+    // `FileId`, not an `Option`. An identity the connection does not hold is refused.
+    let err = conn
+        .capture_retired_generation(FileId { dev: 1, ino: 1 })
         .unwrap_err();
     assert!(
         matches!(err, GuardError::Capture(CaptureError::NotHeld { .. })),
@@ -94,7 +87,7 @@ fn capture_by_identity_uses_the_held_descriptor() {
     let wal_id = identity(&sidecar(&path, "-wal"));
     lose_sidecars(&path, false);
 
-    let artifact = hermes_guard::capture_retired_wal_generation(&conn, Some(wal_id)).unwrap();
+    let artifact = conn.capture_retired_generation(wal_id).unwrap();
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
     let staging_left: Vec<_> = fs::read_dir(dir.path())
@@ -116,7 +109,7 @@ fn a_live_generation_is_not_captured_so_later_commits_are_not_left_out() {
     wal_only_sentinel(&conn);
     let wal_id = identity(&sidecar(&path, "-wal"));
 
-    let err = hermes_guard::capture_retired_wal_generation(&conn, Some(wal_id)).unwrap_err();
+    let err = conn.capture_retired_generation(wal_id).unwrap_err();
     assert!(
         matches!(err, GuardError::Capture(CaptureError::NotRetired { .. })),
         "{err}"

@@ -3,7 +3,7 @@
 //! generation at the same path; the gateway closes and exits. The retired rows must be recoverable
 //! from the capture alone, and the newer generation must be intact.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -2,7 +2,8 @@
 //! `hermes-guard` doing one thing SQLite users do every day, then asserts that no write was refused,
 //! that nothing was retired or captured, and that every committed row is there afterwards.
 
-mod common;
+use crate::common;
+use hermes_guard::GuardExt;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,7 +54,7 @@ fn assert_quiet_schema(conn: &Connection, schema: &str) {
 }
 
 fn assert_quiet(conn: &Connection) {
-    let status = hermes_guard::status(conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.refusals, 0, "false alarm: {status:?}");
     assert!(!status.retired, "false alarm: {status:?}");
     assert_eq!(status.capture, None, "false alarm: {status:?}");
@@ -191,7 +192,7 @@ fn journal_size_limit_truncating_the_wal_never_trips_the_guard() {
 fn journal_mode(conn: &Connection, mode: &str) {
     let now: String = conn
         .query_row(&format!("PRAGMA journal_mode={mode}"), [], |r| r.get(0))
-        .unwrap_or_else(|e| panic!("journal_mode={mode}: {e}: {:?}", hermes_guard::status(conn)));
+        .unwrap_or_else(|e| panic!("journal_mode={mode}: {e}: {:?}", conn.guard_status()));
     assert_eq!(now, mode.to_lowercase());
 }
 
@@ -497,10 +498,7 @@ fn in_memory_databases_through_the_guard_vfs_work_and_are_not_guarded() {
         assert!(integrity_ok(&conn));
         // There is no file to lose, so there is no guard to ask, and nothing it could refuse.
         assert!(
-            matches!(
-                hermes_guard::status(&conn),
-                Err(GuardError::NotGuarded { .. })
-            ),
+            matches!(conn.guard_status(), Err(GuardError::NotGuarded { .. })),
             "{name}"
         );
         close(conn);
@@ -519,7 +517,7 @@ fn writes_through_an_alias_and_the_real_path(dir: &Path, alias: &Path, real: &Pa
     let resolved = real.canonicalize().unwrap();
     for conn in [&through_alias, &direct] {
         assert_eq!(
-            hermes_guard::status(conn).unwrap().database,
+            conn.guard_status().unwrap().database,
             resolved,
             "both connections guard the resolved files"
         );
@@ -627,7 +625,7 @@ fn many_connections_writing_concurrently_from_threads_never_trip_the_guard() {
 }
 
 // Multi-process tests re-execute this very test binary (`std::env::current_exe()`) as
-// `<binary> --exact <child test> --nocapture --test-threads=1` with an environment variable that
+// `<binary> --exact no_false_alarm::<child test> --nocapture --test-threads=1` with an environment variable that
 // carries the child's role (database path, writer number). The child "test" is not a test of its
 // own: in an ordinary `cargo test` run its variable is absent and it returns at once. A failed
 // assertion in a child makes it exit non-zero, which the parent reports with the child's output.
@@ -693,7 +691,7 @@ fn many_processes_writing_concurrently_never_trip_the_guard() {
     let children: Vec<_> = (0..PROCESSES)
         .map(|n| {
             spawn_child(
-                "child_process_writer",
+                "no_false_alarm::child_process_writer",
                 WRITER_ENV,
                 format!("{n}:{}", path.display()),
             )
@@ -736,7 +734,7 @@ fn a_wal_left_by_a_process_that_exited_without_closing_never_trips_the_guard() {
     let path = dir.path().join("state.db");
     close(open_guarded(&path));
     wait_child(spawn_child(
-        "child_process_exiting_without_close",
+        "no_false_alarm::child_process_exiting_without_close",
         EXITING_ENV,
         path.display().to_string(),
     ));

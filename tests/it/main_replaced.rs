@@ -1,7 +1,7 @@
 //! The main file replaced under a connection (the snapshot-restore case), and `-shm` alone lost
 //! while another process writes.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::PathBuf;
@@ -21,11 +21,8 @@ fn replaced_main_file_refuses_writes_and_leaves_the_restored_file_intact() {
 
     let err = insert(&conn, "into the old inode").unwrap_err();
     assert!(is_refusal(&err), "{err}");
-    assert_eq!(
-        hermes_guard::classify(&conn, &err),
-        ErrorClass::DatabaseReplaced
-    );
-    let status = hermes_guard::status(&conn).unwrap();
+    assert_eq!(conn.classify(&err), ErrorClass::MainReplaced);
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.reason, Some(RetireReason::MainReplaced));
     assert!(
         status.capture.is_some(),
@@ -69,10 +66,7 @@ fn a_database_renamed_over_the_path_retires_the_old_connection() {
     fs::rename(&other, &path).unwrap();
 
     let err = insert(&conn, "into the old inode").unwrap_err();
-    assert_eq!(
-        hermes_guard::classify(&conn, &err),
-        ErrorClass::DatabaseReplaced
-    );
+    assert_eq!(conn.classify(&err), ErrorClass::MainReplaced);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
     let live = rusqlite::Connection::open(&path).unwrap();
@@ -120,11 +114,8 @@ fn an_unlinked_shm_alone_retires_the_connection_and_captures_its_wal_frames() {
     fs::remove_file(sidecar(&path, "-shm")).unwrap();
 
     let err = insert(&conn, "after the loss").unwrap_err();
-    assert_eq!(
-        hermes_guard::classify(&conn, &err),
-        ErrorClass::WalGenerationLost
-    );
-    let status = hermes_guard::status(&conn).unwrap();
+    assert_eq!(conn.classify(&err), ErrorClass::WalLost);
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.reason, Some(RetireReason::ShmLost));
     let artifact: PathBuf = status.capture.unwrap();
     assert_eq!(manifest(&artifact)["reason"], "shm-lost");

@@ -1,7 +1,7 @@
 //! One loss under a pool of connections in one process is captured once: every connection that
 //! retired the generation references the same capture.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Barrier};
 
@@ -50,7 +50,7 @@ fn a_pool_of_24_connections_takes_one_capture_of_one_lost_generation() {
         "one capture, not one per connection: {captures:?}"
     );
     for conn in pool {
-        let status = hermes_guard::status(&conn).unwrap();
+        let status = conn.guard_status().unwrap();
         assert!(status.retired);
         assert_eq!(status.capture.as_ref(), Some(&captures[0]));
         hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
@@ -74,12 +74,9 @@ fn connections_that_retire_one_generation_in_turn_share_its_capture() {
     lose_sidecars(&path, true);
 
     assert!(is_refusal(&insert(&a, "a after the loss").unwrap_err()));
-    let first = hermes_guard::status(&a).unwrap().capture.expect("captured");
+    let first = a.guard_status().unwrap().capture.expect("captured");
     assert!(is_refusal(&insert(&b, "b after the loss").unwrap_err()));
-    assert_eq!(
-        hermes_guard::status(&b).unwrap().capture,
-        Some(first.clone())
-    );
+    assert_eq!(b.guard_status().unwrap().capture, Some(first.clone()));
     hermes_guard::close(b).map_err(|(_, e)| e).unwrap();
     hermes_guard::close(a).map_err(|(_, e)| e).unwrap();
     assert_eq!(artifacts(dir.path()), vec![first]);
@@ -98,14 +95,8 @@ fn two_databases_lost_at_once_get_a_capture_each() {
     lose_sidecars(&two, false);
     assert!(is_refusal(&insert(&a, "after").unwrap_err()));
     assert!(is_refusal(&insert(&b, "after").unwrap_err()));
-    let ca = hermes_guard::status(&a)
-        .unwrap()
-        .capture
-        .expect("one captured");
-    let cb = hermes_guard::status(&b)
-        .unwrap()
-        .capture
-        .expect("two captured");
+    let ca = a.guard_status().unwrap().capture.expect("one captured");
+    let cb = b.guard_status().unwrap().capture.expect("two captured");
     assert_ne!(ca, cb);
     assert_eq!(artifacts(dir.path()).len(), 2);
 }
@@ -126,7 +117,7 @@ fn a_second_process_retiring_the_same_generation_reuses_the_first_capture() {
 
     let err = insert(&here, "here after the loss").unwrap_err();
     assert!(is_refusal(&err), "{err}");
-    let status = hermes_guard::status(&here).unwrap();
+    let status = here.guard_status().unwrap();
     assert_eq!(
         status.capture.as_ref(),
         Some(&first),
@@ -162,10 +153,7 @@ fn a_second_process_whose_retired_wal_grew_since_captures_it_again() {
     assert!(is_refusal(
         &insert(&here, "here after the loss").unwrap_err()
     ));
-    let second = hermes_guard::status(&here)
-        .unwrap()
-        .capture
-        .expect("captured");
+    let second = here.guard_status().unwrap().capture.expect("captured");
     assert_ne!(second, first);
     let recovered = recover(&second, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, "stock after the first capture"), 1);

@@ -3,7 +3,7 @@
 //! descriptor held since the open, so it lands beside the database in the directory's new place
 //! and close settles.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -28,7 +28,7 @@ fn a_write_after_the_directory_moved_away_is_refused_and_captured_inside_the_mov
 
     let err = insert(&conn, "after the move").unwrap_err();
     assert!(is_refusal(&err), "{err}");
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     let artifact = status
         .capture
         .unwrap_or_else(|| panic!("no capture: {:?}", status.capture_error));
@@ -70,15 +70,12 @@ fn the_reported_capture_follows_the_directory_when_it_moves_again() {
     let first = tmp.path().join("first-move");
     std::fs::rename(path.parent().unwrap(), &first).unwrap();
     insert(&conn, "after the move").unwrap_err();
-    let captured = hermes_guard::status(&conn)
-        .unwrap()
-        .capture
-        .expect("captured");
+    let captured = conn.guard_status().unwrap().capture.expect("captured");
 
     let second = tmp.path().join("second-move");
     std::fs::rename(&first, &second).unwrap();
     let second = second.canonicalize().unwrap(); // as /proc reports it
-    let now = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    let now = conn.guard_status().unwrap().capture.unwrap();
     assert_eq!(now, second.join(captured.file_name().unwrap()));
     assert!(now.is_dir());
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();

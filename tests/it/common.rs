@@ -1,12 +1,13 @@
 //! Shared harness for the integration tests: real databases in temp dirs, real unlinks and
 //! renames, descriptors found through /proc like the Python seeds do.
-#![allow(dead_code)]
 
 use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use hermes_guard::FileId;
+pub use hermes_guard::GuardExt;
 use rusqlite::{Connection, OpenFlags};
 
 pub const SENTINEL_PREFIX: &str = "committed only in the retired WAL ";
@@ -103,7 +104,7 @@ pub fn replace_main_file(path: &Path) {
 }
 
 pub fn identity(path: &Path) -> FileId {
-    hermes_guard::identity::identity_of_path(path)
+    hermes_guard::test_hooks::identity_of_path(path)
         .unwrap()
         .unwrap()
 }
@@ -129,7 +130,7 @@ pub fn descriptor_contents(id: FileId) -> Vec<u8> {
 }
 
 pub fn manifest(artifact: &Path) -> serde_json::Value {
-    serde_json::from_slice(&fs::read(artifact.join(hermes_guard::capture::MANIFEST_NAME)).unwrap())
+    serde_json::from_slice(&fs::read(artifact.join(hermes_guard::Manifest::FILE_NAME)).unwrap())
         .unwrap()
 }
 
@@ -305,5 +306,75 @@ pub fn assert_names_fit(artifact: &Path) {
     for entry in fs::read_dir(artifact).unwrap().flatten() {
         let len = entry.file_name().as_bytes().len();
         assert!(len <= 255, "{:?} is {len} bytes", entry.file_name());
+    }
+}
+
+/// Set in a process that runs one test alone (see `test_alone!` in `main.rs`).
+pub const ALONE_ENV: &str = "HERMES_GUARD_TEST_ALONE";
+
+/// Whether this process was started to run one test alone.
+pub fn is_alone() -> bool {
+    std::env::var_os(ALONE_ENV).is_some()
+}
+
+/// The test path of `module` (a `module_path!()`) inside this binary: without the crate's name.
+pub fn test_path(module: &str) -> &str {
+    module.split_once("::").map_or("", |(_, path)| path)
+}
+
+/// Runs the test `<module>::<name>::alone` in a new process of this binary, with one test thread,
+/// and asserts that it ran and passed.
+#[track_caller]
+pub fn run_alone(module: &str, name: &str) {
+    let test = format!("{}::{name}::alone", test_path(module));
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            &test,
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(ALONE_ENV, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} failed or did not run in its own process ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The log records of this process go to every sink registered here: `log` takes one logger per
+/// process, and the tests of several modules want to read what was logged.
+static LOG_SINKS: parking_lot::Mutex<Vec<fn(&log::Record<'_>)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+struct LogDispatch;
+
+impl log::Log for LogDispatch {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        for sink in LOG_SINKS.lock().iter() {
+            sink(record);
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Sends every log record of this process (from DEBUG up) to `sink` too.
+pub fn record_logs_into(sink: fn(&log::Record<'_>)) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        log::set_logger(&LogDispatch).unwrap();
+        log::set_max_level(log::LevelFilter::Debug);
+    });
+    let mut sinks = LOG_SINKS.lock();
+    if !sinks.contains(&sink) {
+        sinks.push(sink);
     }
 }

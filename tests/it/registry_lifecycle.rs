@@ -8,7 +8,7 @@
 //! its release, so a teardown hook records which generation was torn down and whether it ended
 //! closed.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -104,8 +104,8 @@ fn live_holders_keep_working_handle_across_replacement() {
     );
     let err = a.create_session(&session("old-gen-session")).unwrap_err();
     assert!(
-        matches!(err, StoreError::StateDbReplaced { .. }),
-        "expected StateDbReplaced, got {err:?}"
+        matches!(err, StoreError::MainReplaced { .. }),
+        "expected MainReplaced, got {err:?}"
     );
 
     // The new generation works independently.
@@ -305,10 +305,8 @@ fn close_on_shared_instance_releases_one_refcount() {
     assert_eq!(registry.stats().references, 1);
     b.ensure_session("still-works", "cli").unwrap();
 
-    // Reaching past the handle to the SessionDb's own close() is refused, closing nothing.
-    let shared: &SessionDb = &b;
-    assert!(matches!(shared.close(), Err(StoreError::Shared { .. })));
-    assert!(!b.is_closed());
+    // Reaching past the handle to the SessionDb's own close() does not compile: the handle
+    // derefs to `&SessionDb`, and `SessionDb::close` takes the store by value.
 
     // The count is now 1 (b's); releasing b tears down.
     let generation = b.generation();
@@ -422,10 +420,7 @@ fn a_lost_wal_generation_is_lent_until_drained_then_opened_afresh() {
     a.ensure_session("s", "cli").unwrap();
     lose_sidecars(&path, false);
     let err = a.set_meta("k", "v").unwrap_err();
-    assert!(
-        matches!(err, StoreError::DeletedWalGeneration { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, StoreError::WalLost { .. }), "{err:?}");
 
     // The main file is the same, so the generation is: a new holder shares the lost one and
     // gets the same typed refusal (not a connection that would trip over the lost -shm).
@@ -433,7 +428,7 @@ fn a_lost_wal_generation_is_lent_until_drained_then_opened_afresh() {
     assert!(b.same_generation(&a));
     assert!(matches!(
         b.set_meta("k", "v"),
-        Err(StoreError::DeletedWalGeneration { .. })
+        Err(StoreError::WalLost { .. })
     ));
     let lost = a.generation();
     registry::release(a);
@@ -495,7 +490,7 @@ fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_r
     let db = registry.acquire(&path).unwrap();
     let sentinel = wal_only_message(&db);
     lose_sidecars(&path, false);
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
 
     assert!(registry::release(db));
     assert_eq!(
@@ -508,7 +503,7 @@ fn a_failed_capture_at_final_release_keeps_the_generation_open_until_close_all_r
     );
     assert_eq!(registry.close_all(), 1, "still failing: kept again");
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     assert_eq!(registry.close_all(), 0);
     assert_eq!(registry.stats(), RegistryStats::default());
     assert_one_capture_recovering(dir.path(), &sentinel);
@@ -522,14 +517,14 @@ fn an_unsettled_generation_refuses_acquires_of_its_path_until_its_capture_succee
     let db = registry.acquire(&path).unwrap();
     let sentinel = wal_only_message(&db);
     lose_sidecars(&path, false);
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
     assert!(registry::release(db));
     assert_eq!(registry.stats().unsettled_generations, 1);
 
     // Still failing: refused with the capture's own error, and nothing opened or written.
     match registry.acquire(&path) {
         Err(
-            e @ StoreError::RetiredGenerationCapture {
+            e @ StoreError::CaptureFailed {
                 held_back: HeldBack::Acquire,
                 ..
             },
@@ -538,7 +533,7 @@ fn an_unsettled_generation_refuses_acquires_of_its_path_until_its_capture_succee
             assert!(text.contains("no space left on device"), "{text}");
             assert!(text.contains("nothing new was opened"), "{text}");
         }
-        other => panic!("expected RetiredGenerationCapture at acquire, got {other:?}"),
+        other => panic!("expected CaptureFailed at acquire, got {other:?}"),
     }
     assert!(artifacts(dir.path()).is_empty(), "a capture was written");
     assert!(
@@ -554,7 +549,7 @@ fn an_unsettled_generation_refuses_acquires_of_its_path_until_its_capture_succee
     );
 
     // Fixed: the same acquire settles the old generation first, then opens a working one.
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     let fresh = registry.acquire(&path).unwrap();
     fresh.set_meta("after", "the capture").unwrap();
     assert_eq!(
@@ -611,13 +606,13 @@ fn a_close_whose_capture_fails_hands_back_the_handle_with_its_reference() {
     let db = registry.acquire(&path).unwrap();
     let sentinel = wal_only_message(&db);
     lose_sidecars(&path, false);
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
 
     let (db, err) = db.close().unwrap_err();
     assert!(
         matches!(
             &err,
-            StoreError::RetiredGenerationCapture { held_back: HeldBack::Close, message, .. }
+            StoreError::CaptureFailed { held_back: HeldBack::Close, message, .. }
                 if message.contains("no space left on device")
         ),
         "{err:?}"
@@ -636,7 +631,7 @@ fn a_close_whose_capture_fails_hands_back_the_handle_with_its_reference() {
     assert_eq!(db.get_session("gw-0").unwrap().unwrap().message_count, 1);
     assert!(artifacts(dir.path()).is_empty());
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     db.close().unwrap();
     assert_eq!(registry.stats(), RegistryStats::default());
     assert_one_capture_recovering(dir.path(), &sentinel);
@@ -654,7 +649,7 @@ fn a_final_teardown_failing_after_the_release_is_retried_by_closing_the_handle_h
         wal_keeping_registry().with_teardown(move |db| {
             if !struck.swap(true, Ordering::SeqCst) {
                 lose_sidecars(&path, false);
-                hermes_guard::capture::inject_capture_fault(&dir, "no space left on device");
+                hermes_guard::test_hooks::inject_capture_fault(&dir, "no space left on device");
             }
             registry::default_teardown(db)
         })
@@ -663,10 +658,7 @@ fn a_final_teardown_failing_after_the_release_is_retried_by_closing_the_handle_h
     let sentinel = wal_only_message(&db);
 
     let (db, err) = db.close().unwrap_err();
-    assert!(
-        matches!(err, StoreError::RetiredGenerationCapture { .. }),
-        "{err:?}"
-    );
+    assert!(matches!(err, StoreError::CaptureFailed { .. }), "{err:?}");
     assert_eq!(
         registry.stats(),
         RegistryStats {
@@ -678,7 +670,7 @@ fn a_final_teardown_failing_after_the_release_is_retried_by_closing_the_handle_h
     assert!(!db.is_closed());
     assert_eq!(db.get_messages("gw-0").unwrap().len(), 1);
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     db.close().unwrap();
     assert_eq!(registry.stats(), RegistryStats::default());
     assert_one_capture_recovering(dir.path(), &sentinel);

@@ -1,7 +1,7 @@
 //! The directory watch must see every change to what the database's path resolves to: a move of
 //! the directory or of any directory above it, and a new directory at the same path.
 
-mod common;
+use crate::common;
 use common::*;
 
 #[test]

@@ -1,7 +1,7 @@
 //! Paths are bytes: a database whose directory or file name is not valid UTF-8 is guarded like
 //! any other, and its capture records the exact bytes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 
@@ -24,7 +24,7 @@ fn a_wal_database_under_a_non_utf8_directory_works_through_the_guard() {
     let conn = open_guarded(&path);
     insert(&conn, "hello").unwrap();
     assert_eq!(count_like(&conn, "hello"), 1);
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.database, path, "the status names the exact path");
     assert!(!status.retired);
     assert_eq!(status.main, Some(identity(&path)));
@@ -43,7 +43,8 @@ fn a_wal_loss_under_a_non_utf8_directory_is_refused_and_captured_with_the_exact_
 
     let err = insert(&conn, "after the loss").unwrap_err();
     assert!(is_refusal(&err), "{err}");
-    let artifact = hermes_guard::status(&conn)
+    let artifact = conn
+        .guard_status()
         .unwrap()
         .capture
         .expect("captured at the halt");
@@ -70,7 +71,7 @@ fn a_main_file_replaced_under_a_non_utf8_directory_is_refused() {
     let err = insert(&conn, "after the replacement").unwrap_err();
     assert!(is_refusal(&err), "{err}");
     assert_eq!(
-        hermes_guard::status(&conn).unwrap().reason,
+        conn.guard_status().unwrap().reason,
         Some(hermes_guard::RetireReason::MainReplaced)
     );
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
@@ -96,7 +97,7 @@ fn a_wal_database_with_a_non_utf8_file_name_works_through_the_guard() {
     let path = join_bytes(tmp.path(), NAME);
     let conn = open_guarded(&path);
     insert(&conn, "hello").unwrap();
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.database, path);
     assert_eq!(status.wal, Some(identity(&sidecar(&path, "-wal"))));
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();

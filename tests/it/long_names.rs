@@ -5,7 +5,7 @@
 //! SQLite itself cannot use a name longer than 251 bytes in WAL mode (`<name>-wal` would exceed
 //! NAME_MAX), so 251 is the longest name that can have a retired WAL generation.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 
@@ -32,7 +32,7 @@ fn a_long_name_is_captured_and_closes(len: usize) {
 
     let err = insert(&conn, "after the loss").unwrap_err();
     assert!(is_refusal(&err), "{err}");
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     let artifact = status
         .capture
         .unwrap_or_else(|| panic!("{len}-byte name: no capture ({:?})", status.capture_error));

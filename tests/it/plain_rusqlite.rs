@@ -1,6 +1,7 @@
 //! A plain rusqlite program, no store code: turn the guard on with a URI and get a refusal and a
 //! capture instead of a silent loss.
 
+use hermes_guard::GuardExt;
 use rusqlite::{Connection, OpenFlags};
 
 #[test]
@@ -23,7 +24,7 @@ fn a_uri_opened_connection_is_guarded_end_to_end() {
          INSERT INTO kv VALUES ('answer', '42');",
     )
     .unwrap();
-    assert!(!hermes_guard::status(&conn).unwrap().retired);
+    assert!(!conn.guard_status().unwrap().retired);
 
     std::fs::remove_file(dir.path().join("app.db-wal")).unwrap();
     let err = conn
@@ -33,17 +34,14 @@ fn a_uri_opened_connection_is_guarded_end_to_end() {
         err.sqlite_error().map(|e| e.extended_code),
         Some(rusqlite::ffi::SQLITE_READONLY_DBMOVED)
     );
-    assert_eq!(
-        hermes_guard::classify(&conn, &err),
-        hermes_guard::ErrorClass::WalGenerationLost
-    );
+    assert_eq!(conn.classify(&err), hermes_guard::ErrorClass::WalLost);
     // Reads of what the connection already sees go on working.
     let v: String = conn
         .query_row("SELECT v FROM kv WHERE k = 'answer'", [], |r| r.get(0))
         .unwrap();
     assert_eq!(v, "42");
 
-    let artifact = hermes_guard::status(&conn).unwrap().capture.unwrap();
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
     drop(conn);
     let work = dir.path().join("recovered");
     std::fs::create_dir(&work).unwrap();
@@ -60,7 +58,7 @@ fn a_uri_opened_connection_is_guarded_end_to_end() {
 fn status_of_an_unguarded_connection_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let conn = Connection::open(dir.path().join("plain.db")).unwrap();
-    let err = hermes_guard::status(&conn).unwrap_err();
+    let err = conn.guard_status().unwrap_err();
     assert!(
         matches!(err, hermes_guard::GuardError::NotGuarded { .. }),
         "{err}"

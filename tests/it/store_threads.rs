@@ -4,7 +4,6 @@
 //! transactions agree, and the full-text index keeps in step.
 
 use std::sync::mpsc;
-use std::sync::Once;
 use std::thread;
 use std::time::Duration;
 
@@ -21,30 +20,19 @@ const STUCK: Duration = Duration::from_secs(120);
 /// The names of the threads whose `append_message` met a locked database and retried.
 static RETRIED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-struct Recorder;
-
-impl log::Log for Recorder {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.target().starts_with("hermes_guard::store")
+/// Keeps the names of the threads whose `append_message` retried.
+fn record_retry(record: &log::Record<'_>) {
+    let text = record.args().to_string();
+    if record.target().starts_with("hermes_guard::store")
+        && text.contains("append_message: database locked, retrying")
+    {
+        let name = thread::current().name().unwrap_or("").to_owned();
+        RETRIED.lock().push(name);
     }
-    fn log(&self, record: &log::Record<'_>) {
-        let text = record.args().to_string();
-        if self.enabled(record.metadata())
-            && text.contains("append_message: database locked, retrying")
-        {
-            let name = thread::current().name().unwrap_or("").to_owned();
-            RETRIED.lock().push(name);
-        }
-    }
-    fn flush(&self) {}
 }
 
 fn record_retries() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        log::set_logger(&Recorder).unwrap();
-        log::set_max_level(log::LevelFilter::Debug);
-    });
+    crate::common::record_logs_into(record_retry);
 }
 
 fn own_session(t: usize) -> String {
@@ -101,7 +89,7 @@ fn writers_in_several_threads_each_on_its_own_connection_all_land_with_consisten
             .spawn(move || {
                 let result = SessionDb::open_with(&path, options).and_then(|db| {
                     write(&db, t)?;
-                    db.close()
+                    db.close().map(drop).map_err(|(_, e)| e)
                 });
                 let _ = done_tx.send((t, result));
             })

@@ -2,7 +2,7 @@
 //! (no shm locks at all) and rollback-journal mode (a hot-journal rollback takes EXCLUSIVE
 //! straight from SHARED).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;
@@ -88,7 +88,7 @@ fn exclusive_mode_transactions_keep_working_across_rollbacks_and_rewrites() {
             .unwrap();
         insert(&conn, &format!("round {round}")).unwrap();
     }
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(!status.retired);
     assert_eq!(status.refusals, 0);
     assert_eq!(count_like(&conn, "round %"), 3);

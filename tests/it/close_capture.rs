@@ -1,7 +1,7 @@
 //! Close: the loss first seen at close is captured there, and a close that cannot capture does
 //! not settle.
 
-mod common;
+use crate::common;
 
 use common::*;
 use hermes_guard::GuardError;
@@ -51,13 +51,13 @@ fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     let sentinel = wal_only_sentinel(&conn);
     lose_sidecars(&path, false);
 
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
     let (conn, err) = hermes_guard::close(conn).expect_err("close must not settle uncaptured");
     assert!(
-        matches!(&err, GuardError::CaptureFailed { message, .. } if message.contains("no space left on device")),
+        matches!(&err, GuardError::Capture(e) if e.to_string().contains("no space left on device")),
         "{err}"
     );
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(status.retired && status.capture.is_none());
     assert!(status.capture_error.unwrap().contains("no space left"));
     assert!(
@@ -67,7 +67,7 @@ fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     // The handle stays open and usable for reads of what it already sees.
     assert_eq!(count_like(&conn, &sentinel), 1);
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     let found = artifacts(dir.path());
     assert_eq!(found.len(), 1);
@@ -87,7 +87,7 @@ fn a_refused_write_keeps_refusing_and_is_captured_once() {
         let err = insert(&conn, "after the loss").unwrap_err();
         assert!(is_refusal(&err), "{err}");
     }
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert_eq!(status.refusals, 5);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     assert_eq!(
@@ -116,7 +116,7 @@ fn a_connection_born_on_a_lost_shm_writes_no_capture_of_its_own() {
     )
     .unwrap();
     let _ = second.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get::<_, i64>(0));
-    let status = hermes_guard::status(&second).unwrap();
+    let status = second.guard_status().unwrap();
     assert!(status.retired, "the second connection maps a lost -shm");
     hermes_guard::close(second).map_err(|(_, e)| e).unwrap();
     assert!(

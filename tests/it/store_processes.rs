@@ -7,7 +7,7 @@
 //! process that shares the test's code). Run normally, `child` is ignored; run by hand
 //! without the variable it does nothing.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -60,28 +60,39 @@ fn child_writer(path: &Path, rows: usize) {
 /// Seeds and checkpoints history, commits `rows` messages that live only in its WAL, then
 /// serves `write`, `close` and `quit` on stdin.
 fn child_gateway(path: &Path, rows: usize) {
-    let db = store_with_checkpointed_history(path);
+    let mut db = Some(store_with_checkpointed_history(path));
     for i in 0..rows {
-        db.append_message(
-            "gw-0",
-            &NewMessage::new("assistant", format!("uncheckpointed {i}")),
-        )
-        .unwrap();
+        db.as_ref()
+            .unwrap()
+            .append_message(
+                "gw-0",
+                &NewMessage::new("assistant", format!("uncheckpointed {i}")),
+            )
+            .unwrap();
     }
     emit(json!({"event": "ready", "pid": std::process::id()}));
     for line in std::io::stdin().lines() {
         match line.unwrap().trim() {
             "write" => {
-                let result = db.append_message("gw-0", &NewMessage::new("user", "after the loss"));
+                let open = db.as_ref().expect("a write after close");
+                let result =
+                    open.append_message("gw-0", &NewMessage::new("user", "after the loss"));
                 emit(json!({
                     "event": "write",
-                    "refused": matches!(result, Err(StoreError::DeletedWalGeneration { .. })),
+                    "refused": matches!(result, Err(StoreError::WalLost { .. })),
                     "artifact": result.as_ref().err().and_then(StoreError::capture),
                     "error": result.err().map(|e| e.to_string()),
                 }));
             }
             "close" => {
-                let error = db.close().err().map(|e| e.to_string());
+                // A close that cannot capture hands the handle back, still open.
+                let error = match db.take().map(SessionDb::close) {
+                    Some(Err((open, e))) => {
+                        db = Some(open);
+                        Some(e.to_string())
+                    }
+                    _ => None,
+                };
                 emit(json!({"event": "closed", "error": error}));
             }
             "quit" => break,
@@ -101,7 +112,12 @@ struct ChildProcess {
 impl ChildProcess {
     fn spawn(role: &str, path: &Path, rows: usize) -> ChildProcess {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child", "--ignored", "--nocapture"])
+            .args([
+                "--exact",
+                "store_processes::child",
+                "--ignored",
+                "--nocapture",
+            ])
             .env(ROLE, role)
             .env(DB, path)
             .env(ROWS, rows.to_string())

@@ -2,7 +2,7 @@
 //! full-text search, unicode and large content, meta, schema migration.
 
 use hermes_guard::store::{NewMessage, NewSession, SCHEMA_VERSION};
-use hermes_guard::{SessionDb, StoreError};
+use hermes_guard::{Registry, SessionDb, StoreError};
 use rusqlite::Connection;
 use serde_json::json;
 
@@ -439,11 +439,13 @@ fn try_wal_checkpoint_copies_the_wal_into_the_database() {
 
 #[test]
 fn a_closed_handle_gives_a_closed_error_and_closing_again_is_harmless() {
+    // An owned `SessionDb` is consumed by its close; a closed handle is one the registry's
+    // `close_all` closed under its holder.
     let dir = tempfile::tempdir().unwrap();
-    let db = open(&dir);
-    db.close().unwrap();
+    let registry = Registry::new();
+    let db = registry.acquire(dir.path().join("state.db")).unwrap();
+    assert_eq!(registry.close_all(), 0);
     assert!(db.is_closed());
-    db.close().unwrap();
     for err in [
         db.ensure_session("s", "cli").unwrap_err(),
         db.get_session("s").unwrap_err(),
@@ -451,9 +453,10 @@ fn a_closed_handle_gives_a_closed_error_and_closing_again_is_harmless() {
         db.set_meta("k", "v").unwrap_err(),
     ] {
         assert!(matches!(err, StoreError::Closed { .. }), "{err}");
-        assert!(!err.is_state_db_replaced());
+        assert!(!err.is_retired());
     }
     assert!(db.try_wal_checkpoint().is_none());
+    db.close().unwrap();
 }
 
 #[test]

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hermes_guard::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
+use hermes_guard::test_hooks::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 use rusqlite::Connection;
 
 /// Opens `dir/name.db` in WAL mode with automatic checkpoints disabled.

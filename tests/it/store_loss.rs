@@ -1,10 +1,9 @@
 //! Losing a generation under a SessionDb: every write is refused with the typed error, nothing
 //! lands, the retired generation is captured, and close() never settles without the capture.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
-use std::sync::Once;
 
 use common::*;
 use hermes_guard::store::{NewMessage, NewSession};
@@ -61,7 +60,7 @@ fn assert_no_write_landed(path: &Path) {
     fresh.close().unwrap();
 }
 
-fn halt_captures_the_exact_retired_generation(rename: bool) {
+fn store_halt_captures_the_exact_retired_generation(rename: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
@@ -72,15 +71,15 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
     let err = db
         .append_message("gw-0", &NewMessage::new("user", "after the loss"))
         .unwrap_err();
-    let StoreError::DeletedWalGeneration {
+    let StoreError::WalLost {
         capture: Some(artifact),
         reason,
         ..
     } = &err
     else {
-        panic!("expected DeletedWalGeneration with a capture, got {err:?}");
+        panic!("expected WalLost with a capture, got {err:?}");
     };
-    assert!(err.is_state_db_replaced(), "a kind of StateDbReplaced");
+    assert!(err.is_retired(), "a kind of MainReplaced");
     assert!(matches!(
         reason,
         Some(RetireReason::WalLost | RetireReason::ShmLost)
@@ -108,9 +107,8 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
     assert_eq!(count_like(&recovered, "after the loss"), 0);
     assert!(integrity_ok(&recovered));
 
-    db.close().unwrap();
-    assert!(db.is_closed());
-    assert_eq!(db.retired_generation_capture().as_ref(), Some(artifact));
+    let closed = db.close().unwrap();
+    assert_eq!(closed.capture.as_ref(), Some(artifact));
     assert_eq!(
         artifacts(dir.path()),
         vec![artifact.clone()],
@@ -119,13 +117,13 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
 }
 
 #[test]
-fn halt_captures_the_exact_retired_generation_after_unlink() {
-    halt_captures_the_exact_retired_generation(false);
+fn store_halt_captures_the_exact_retired_generation_after_unlink() {
+    store_halt_captures_the_exact_retired_generation(false);
 }
 
 #[test]
-fn halt_captures_the_exact_retired_generation_after_rename() {
-    halt_captures_the_exact_retired_generation(true);
+fn store_halt_captures_the_exact_retired_generation_after_rename() {
+    store_halt_captures_the_exact_retired_generation(true);
 }
 
 #[test]
@@ -139,7 +137,7 @@ fn every_public_write_method_fails_with_deleted_wal_generation_every_time_and_no
     for round in 0..2 {
         for (method, result) in every_write(&db) {
             match result {
-                Err(StoreError::DeletedWalGeneration {
+                Err(StoreError::WalLost {
                     capture: Some(capture),
                     ..
                 }) => {
@@ -147,7 +145,7 @@ fn every_public_write_method_fails_with_deleted_wal_generation_every_time_and_no
                     assert_eq!(&capture, first, "{method}: one capture per generation");
                 }
                 other => {
-                    panic!("round {round}, {method}: expected DeletedWalGeneration, got {other:?}")
+                    panic!("round {round}, {method}: expected WalLost, got {other:?}")
                 }
             }
         }
@@ -175,11 +173,11 @@ fn every_public_write_method_fails_with_state_db_replaced_after_a_restore_and_no
     for round in 0..2 {
         for (method, result) in every_write(&db) {
             match result {
-                Err(e @ StoreError::StateDbReplaced { .. }) => {
-                    assert!(e.is_state_db_replaced());
+                Err(e @ StoreError::MainReplaced { .. }) => {
+                    assert!(e.is_retired());
                     assert!(e.to_string().contains("replaced"), "{e}");
                 }
-                other => panic!("round {round}, {method}: expected StateDbReplaced, got {other:?}"),
+                other => panic!("round {round}, {method}: expected MainReplaced, got {other:?}"),
             }
         }
     }
@@ -193,32 +191,31 @@ fn every_public_write_method_fails_with_state_db_replaced_after_a_restore_and_no
 }
 
 #[test]
-fn close_captures_when_the_loss_is_first_seen_at_close() {
+fn store_close_captures_when_the_loss_is_first_seen_at_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
     lose_sidecars(&path, false);
 
-    db.close().unwrap(); // no write in between: close() itself must notice the loss and capture
+    let closed = db.close().unwrap(); // no write in between: close() itself must notice the loss and capture
 
-    assert!(db.is_closed());
-    let artifact = db.retired_generation_capture().expect("captured at close");
+    let artifact = closed.capture.expect("captured at close");
     assert_eq!(manifest(&artifact)["trigger"], "close");
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
 }
 
 #[test]
-fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
+fn store_close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, sentinel) = store_with_wal_only_sentinel(&path);
     lose_sidecars(&path, false);
 
-    hermes_guard::capture::inject_capture_fault(dir.path(), "no space left on device");
-    let err = db.close().unwrap_err();
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
+    let (db, err) = db.close().unwrap_err();
     assert!(
-        matches!(&err, StoreError::RetiredGenerationCapture { message, .. } if message.contains("no space left on device")),
+        matches!(&err, StoreError::CaptureFailed { message, .. } if message.contains("no space left on device")),
         "{err:?}"
     );
     assert!(err.to_string().contains("NOT closed"), "{err}");
@@ -230,64 +227,51 @@ fn close_refuses_to_settle_without_a_capture_and_succeeds_on_retry() {
     // Still a working handle: reads answer, writes are refused with the pending capture error.
     assert_eq!(db.get_messages("gw-0").unwrap().len(), 21);
     match db.set_meta("k", "v") {
-        Err(StoreError::DeletedWalGeneration {
+        Err(StoreError::WalLost {
             capture: None,
             capture_error: Some(why),
             ..
         }) => assert!(why.contains("no space left on device")),
-        other => panic!("expected an uncaptured DeletedWalGeneration, got {other:?}"),
+        other => panic!("expected an uncaptured WalLost, got {other:?}"),
     }
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
-    db.close().unwrap();
-    assert!(db.is_closed());
-    let artifact = db.retired_generation_capture().expect("captured on retry");
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
+    let closed = db.close().unwrap();
+    let artifact = closed.capture.expect("captured on retry");
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
 }
 
 // ── release_or_close logs a capture failure ─────────────────────────────────────────────────
 
-/// (level, target, message) of every record logged in this test binary.
+/// (level, target, message) of every record logged in this test process.
 static LOGS: Mutex<Vec<(log::Level, String, String)>> = Mutex::new(Vec::new());
 
-struct Recorder;
-
-impl log::Log for Recorder {
-    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
-        true
-    }
-    fn log(&self, record: &log::Record<'_>) {
-        LOGS.lock().push((
-            record.level(),
-            record.target().to_owned(),
-            record.args().to_string(),
-        ));
-    }
-    fn flush(&self) {}
+fn record_log(record: &log::Record<'_>) {
+    LOGS.lock().push((
+        record.level(),
+        record.target().to_owned(),
+        record.args().to_string(),
+    ));
 }
 
 fn record_logs() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        log::set_logger(&Recorder).unwrap();
-        log::set_max_level(log::LevelFilter::Debug);
-    });
+    record_logs_into(record_log);
 }
 
 #[test]
-fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_handle_stays_open() {
+fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_generation_stays_held() {
     record_logs();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let (db, _) = store_with_wal_only_sentinel(&path);
     lose_sidecars(&path, false);
     let marker = format!("no space left on device ({})", dir.path().display());
-    hermes_guard::capture::inject_capture_fault(dir.path(), &marker);
+    hermes_guard::test_hooks::inject_capture_fault(dir.path(), &marker);
 
-    hermes_guard::registry::release_or_close(&db); // must not fail
+    hermes_guard::registry::release_or_close(db); // must not fail
 
-    assert!(!db.is_closed());
+    assert!(artifacts(dir.path()).is_empty());
     // The guard logs the failed capture itself; this is release_or_close's own record.
     let logged_at_error = LOGS.lock().iter().any(|(level, target, text)| {
         *level == log::Level::Error
@@ -299,9 +283,10 @@ fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_handle_st
         "release_or_close must log the capture failure at ERROR"
     );
 
-    hermes_guard::capture::clear_capture_fault(dir.path());
-    db.close().unwrap();
-    assert!(db.is_closed() && db.retired_generation_capture().is_some());
+    // The guard holds the dropped handle's retired generation until a retry captures it.
+    hermes_guard::test_hooks::clear_capture_fault(dir.path());
+    hermes_guard::retry_pending_captures();
+    assert_eq!(artifacts(dir.path()).len(), 1);
 }
 
 #[test]
@@ -329,8 +314,8 @@ fn opening_the_path_again_in_process_while_a_lost_generation_is_open_is_a_typed_
     // connection attaches to the lost one: its first read fails at the file layer. The store
     // reports the generation's loss instead of a bare "disk I/O error".
     match SessionDb::open(&path) {
-        Err(e @ StoreError::DeletedWalGeneration { .. }) => assert!(e.is_state_db_replaced()),
-        other => panic!("expected DeletedWalGeneration, got {other:?}"),
+        Err(e @ StoreError::WalLost { .. }) => assert!(e.is_retired()),
+        other => panic!("expected WalLost, got {other:?}"),
     }
     // The refused open's own WAL held nothing: no capture of it.
     assert!(artifacts(dir.path()).is_empty());

@@ -1,7 +1,7 @@
 //! The directory watch that spares transaction starts their `stat` calls must never make the
 //! guard miss a loss, nor invent one.
 
-mod common;
+use crate::common;
 
 use std::fs;
 
@@ -46,7 +46,7 @@ fn churn_of_unrelated_files_in_the_directory_is_no_loss() {
         fs::rename(&scratch, dir.path().join("scratch-moved")).unwrap();
         insert(&conn, &format!("row {i} again")).unwrap();
     }
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(!status.retired);
     assert_eq!(status.refusals, 0);
     assert_eq!(count_like(&conn, "row %"), 400);
@@ -62,5 +62,5 @@ fn a_wal_renamed_away_and_back_between_transactions_is_the_same_generation() {
     fs::rename(&wal, dir.path().join("parked")).unwrap();
     fs::rename(dir.path().join("parked"), &wal).unwrap();
     insert(&conn, "after").unwrap();
-    assert!(!hermes_guard::status(&conn).unwrap().retired);
+    assert!(!conn.guard_status().unwrap().retired);
 }

@@ -1,7 +1,7 @@
 //! A WAL lost while only partly checkpointed leaves the main file torn: the guard says so at the
 //! loss, in the status and in the capture's manifest.
 
-mod common;
+use crate::common;
 
 use common::*;
 use rusqlite::Connection;
@@ -49,7 +49,7 @@ fn a_wal_lost_while_partly_checkpointed_is_reported_as_a_torn_main() {
     let err = insert(&conn, "after the loss").unwrap_err();
     assert!(is_refusal(&err), "expected a refusal, got {err}");
 
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(status.main_torn, "status: {status:?}");
     let backfill = status.backfill_at_loss.expect("read from the -shm");
     assert_eq!(i64::from(backfill.frames), log);
@@ -81,7 +81,7 @@ fn a_wal_lost_after_a_complete_checkpoint_is_not_reported_torn() {
 
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(!status.main_torn, "status: {status:?}");
     assert_eq!(
         status.backfill_at_loss.map(|b| b.backfilled),
@@ -101,7 +101,7 @@ fn a_wal_lost_before_any_checkpoint_is_not_reported_torn() {
 
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(!status.main_torn, "status: {status:?}");
     let backfill = status.backfill_at_loss.expect("read from the -shm");
     assert_eq!(backfill.backfilled, 0);
@@ -115,7 +115,7 @@ fn a_live_connection_reports_no_backfill() {
     let path = dir.path().join("state.db");
     let conn = open_guarded(&path);
     insert(&conn, "a row").unwrap();
-    let status = hermes_guard::status(&conn).unwrap();
+    let status = conn.guard_status().unwrap();
     assert!(!status.retired && !status.main_torn);
     assert_eq!(status.backfill_at_loss, None);
 }

@@ -1,8 +1,8 @@
 //! Threads hammer acquire / append / release while the database is restored underneath them
 //! again and again: no deadlock, no leaked reference, no use of a closed handle, and the only
-//! errors anyone sees are the StateDbReplaced kind.
+//! errors anyone sees are the MainReplaced kind.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -71,7 +71,7 @@ struct Tally {
 
 impl Tally {
     fn record(&self, who: &str, err: StoreError) {
-        if err.is_state_db_replaced() {
+        if err.is_retired() {
             self.refused.fetch_add(1, Ordering::Relaxed);
         } else {
             // Closed included: nobody here uses a handle after giving it back.
@@ -165,7 +165,7 @@ fn acquire_release_and_append_survive_repeated_restores_underneath() {
         let err = held
             .append_message("main", &NewMessage::new("user", format!("main after #{n}")))
             .unwrap_err();
-        assert!(err.is_state_db_replaced(), "{err:?}");
+        assert!(err.is_retired(), "{err:?}");
         assert!(
             !held.is_closed(),
             "a retired generation closed under its holder"

@@ -1,0 +1,68 @@
+//! The integration tests: one binary (the bundled SQLite is linked once), a module per concern,
+//! the shared harness in [`common`].
+//!
+//! All tests of a binary run on parallel threads of one process. The few that touch something
+//! process-wide — `fork()`, the default VFS, the pending-capture list, the mount table — are
+//! declared with [`test_alone!`]: the test re-executes this binary to run its body alone, in a
+//! process with one test thread.
+
+/// Declares a test whose body runs in a process of its own.
+///
+/// `test_alone! { fn name() { body } }` makes the test `<module>::name`, which re-executes this
+/// binary (`std::env::current_exe()`) as `--exact <module>::name::alone --ignored
+/// --test-threads=1 --nocapture` with [`common::ALONE_ENV`] set, and passes when that process
+/// ran the body and it passed. `<module>::name::alone` is ignored in an ordinary run and does
+/// nothing outside such a process.
+macro_rules! test_alone {
+    ($(#[$attr:meta])* fn $name:ident() $body:block) => {
+        $(#[$attr])*
+        #[test]
+        fn $name() {
+            $crate::common::run_alone(module_path!(), stringify!($name));
+        }
+
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            #[ignore = "runs in a process of its own, started by the test of the same name"]
+            fn alone() {
+                if !$crate::common::is_alone() {
+                    return;
+                }
+                $body
+            }
+        }
+    };
+}
+
+mod common;
+
+mod bench_smoke;
+mod capture_identity;
+mod capture_pool;
+mod close_capture;
+mod close_pending_retry;
+mod directory_moved;
+mod exclusive_and_rollback;
+mod fork;
+mod halt_capture;
+mod long_names;
+mod main_replaced;
+mod mounts;
+mod no_false_alarm;
+mod non_utf8_paths;
+mod plain_rusqlite;
+mod process_exit_recovery;
+mod register_default;
+mod registry_lifecycle;
+mod registry_stress;
+mod store_api;
+mod store_loss;
+mod store_processes;
+mod store_threads;
+mod torn_main;
+mod walfile_real;
+mod watch;
+mod watch_paths;

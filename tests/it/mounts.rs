@@ -1,0 +1,155 @@
+//! A mount over the database's directory, or a lazy unmount of the mount it was opened through,
+//! changes what its path names without any inotify event: the watch must notice the mount table
+//! changed and send the next transaction to the full check. Needs root (or CAP_SYS_ADMIN); where
+//! mounting is not allowed the tests say so and return. Each runs alone, in a process of its own
+//! (`test_alone!`), and unmounts what it mounted.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// A tmpfs mounted at a path under a fresh temp dir, unmounted (lazily) when dropped.
+struct Tmpfs {
+    at: PathBuf,
+}
+
+impl Tmpfs {
+    /// `None` (with the reason printed) where this process may not mount.
+    fn mount(at: &Path) -> Option<Tmpfs> {
+        std::fs::create_dir_all(at).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=16m", "hermes-guard-test"])
+            .arg(at)
+            .output();
+        match out {
+            Ok(out) if out.status.success() => Some(Tmpfs {
+                at: at.to_path_buf(),
+            }),
+            Ok(out) => {
+                eprintln!(
+                    "SKIPPED: cannot mount a tmpfs at {} (not root, or no CAP_SYS_ADMIN): {}",
+                    at.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+                None
+            }
+            Err(e) => {
+                eprintln!("SKIPPED: no mount command: {e}");
+                None
+            }
+        }
+    }
+
+    fn unmount_lazily(&self) {
+        let out = Command::new("umount")
+            .arg("-l")
+            .arg(&self.at)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "umount -l {}", self.at.display());
+    }
+
+    fn mounted(&self) -> bool {
+        let mountinfo = std::fs::read("/proc/self/mountinfo").unwrap();
+        let at = self.at.as_os_str().as_encoded_bytes();
+        mountinfo
+            .split(|&b| b == b'\n')
+            .any(|line| line.split(|&b| b == b' ').nth(4) == Some(at))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if self.mounted() {
+            let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+        }
+    }
+}
+
+test_alone! {
+    fn a_mount_over_the_database_directory_refuses_the_next_write() {
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("data");
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("state.db");
+        let conn = open_guarded(&path);
+        let sentinel = wal_only_sentinel(&conn);
+        // Many vouched transactions: the fast path is in use.
+        for i in 0..50 {
+            insert(&conn, &format!("row {i}")).unwrap();
+        }
+
+        let Some(tmpfs) = Tmpfs::mount(&dir) else {
+            return;
+        };
+        let err = insert(&conn, "through the mount").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+        for i in 0..4 {
+            assert!(is_refusal(
+                &insert(&conn, &format!("again {i}")).unwrap_err()
+            ));
+        }
+        let status = conn.guard_status().unwrap();
+        assert!(status.retired, "{status:?}");
+        let artifact = status.capture.expect("captured at the halt");
+        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+        // The capture is written through the directory descriptor held since the open: beside the
+        // database, in the directory the mount now hides, not on the tmpfs.
+        assert!(!artifact.exists(), "not on the mount over the directory");
+        drop(tmpfs);
+        assert_eq!(artifacts(&dir), vec![artifact.clone()]);
+        let recovered = recover(&artifact, "state.db", &top.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert_eq!(count_like(&recovered, "row %"), 50);
+    }
+}
+
+test_alone! {
+    fn a_lazy_unmount_of_the_database_mount_refuses_the_next_write() {
+        let top = tempfile::tempdir().unwrap();
+        let mnt = top.path().join("mnt");
+        let Some(tmpfs) = Tmpfs::mount(&mnt) else {
+            return;
+        };
+        let path = mnt.join("state.db");
+        let conn = open_guarded(&path);
+        for i in 0..50 {
+            insert(&conn, &format!("row {i}")).unwrap();
+        }
+        tmpfs.unmount_lazily();
+        let err = insert(&conn, "after the unmount").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+        for i in 0..4 {
+            assert!(is_refusal(
+                &insert(&conn, &format!("again {i}")).unwrap_err()
+            ));
+        }
+        let status = conn.guard_status().unwrap();
+        assert!(status.retired, "{status:?}");
+        drop(conn);
+        drop(tmpfs);
+    }
+}
+
+test_alone! {
+    /// Mount-table churn elsewhere only costs full checks: no false alarm.
+    fn an_unrelated_mount_is_no_loss() {
+        let top = tempfile::tempdir().unwrap();
+        let path = top.path().join("state.db");
+        let conn = open_guarded(&path);
+        insert(&conn, "before").unwrap();
+        let Some(tmpfs) = Tmpfs::mount(&top.path().join("elsewhere")) else {
+            return;
+        };
+        for i in 0..10 {
+            insert(&conn, &format!("row {i}")).unwrap();
+        }
+        tmpfs.unmount_lazily();
+        insert(&conn, "after").unwrap();
+        let status = conn.guard_status().unwrap();
+        assert!(!status.retired && status.refusals == 0, "{status:?}");
+    }
+}
