@@ -22,6 +22,7 @@ pub mod capture;
 mod error;
 pub mod identity;
 pub mod paths;
+pub mod recover;
 pub mod registry;
 mod status;
 pub mod store;
