@@ -56,6 +56,9 @@ pub struct ManifestWal {
 /// The main-image part of the manifest.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ManifestMain {
+    /// `[dev, ino]` of the main file the retired connection had open.
+    #[serde(default)]
+    pub identity: Option<[u64; 2]>,
     /// File name inside the capture.
     pub file: String,
     /// Size in bytes.

@@ -20,6 +20,7 @@
 //! The merge rules are in `docs/merge-rules.md`.
 
 mod error;
+mod heal;
 mod manifest;
 mod merge;
 mod open;
@@ -31,6 +32,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
+pub use heal::{Healed, HEALED_MARK_PREFIX};
 pub use manifest::{CaptureManifest, ManifestMain, ManifestWal};
 pub use merge::{
     ConflictPolicy, MergeOptions, MergeReport, NotMerged, Progress, RowIdentity, TableReport,
@@ -39,6 +41,7 @@ pub use merge::{
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
 pub use rebuild::{rebuild_torn, RebuildReport};
 
+pub(crate) use heal::heal_store;
 pub(crate) use merge::{foreign_key_violations, Merge};
 
 /// What the captured generation committed that the live database `database` lacks, per table.

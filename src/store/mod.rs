@@ -39,6 +39,9 @@ pub struct StoreOptions {
     pub write_attempts: u32,
     /// `PRAGMA wal_autocheckpoint`, when set (`Some(0)` turns automatic checkpoints off).
     pub wal_autocheckpoint: Option<u32>,
+    /// Merge the retired generation of a lost `-wal`/`-shm` (captured beside the database) back
+    /// at open: see [`SessionDb::healed`]. On by default.
+    pub self_heal: bool,
 }
 
 impl Default for StoreOptions {
@@ -47,6 +50,7 @@ impl Default for StoreOptions {
             busy_timeout: Duration::from_secs(1),
             write_attempts: 15,
             wal_autocheckpoint: None,
+            self_heal: true,
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct SessionDb {
     shared: AtomicBool,
     /// A write was refused or the guard reported this generation retired.
     retired_seen: AtomicBool,
+    /// What the self-healing merged at open.
+    healed: Vec<crate::recover::Healed>,
 }
 
 impl std::fmt::Debug for SessionDb {
@@ -132,6 +138,7 @@ impl SessionDb {
             capture: Mutex::new(None),
             shared: AtomicBool::new(false),
             retired_seen: AtomicBool::new(false),
+            healed: Vec::new(),
         };
         // The first statements of a connection can meet SQLITE_BUSY without SQLite's busy
         // handler ever running: while the last connection of another handle closes, it holds the
@@ -177,6 +184,11 @@ impl SessionDb {
         }
         db.generation = status.main;
         db.migrate()?;
+        if db.options.self_heal {
+            if let Some(conn) = db.conn.get_mut().as_ref() {
+                db.healed = crate::recover::heal_store(conn, &db.path);
+            }
+        }
         Ok(db)
     }
 
@@ -202,6 +214,13 @@ impl SessionDb {
             });
         }
         Ok(())
+    }
+
+    /// What the self-healing merged when this handle opened: one entry per capture of a lost
+    /// `-wal`/`-shm` merged back (its sessions and messages, counters recomputed). Empty when
+    /// nothing was lost, or with [`StoreOptions::self_heal`] off.
+    pub fn healed(&self) -> &[crate::recover::Healed] {
+        &self.healed
     }
 
     /// The path this store was opened at.
