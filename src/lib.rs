@@ -40,6 +40,7 @@ mod capture;
 mod error;
 mod identity;
 mod paths;
+pub mod recover;
 #[cfg(feature = "store")]
 pub mod registry;
 mod status;

@@ -45,6 +45,9 @@ pub struct StoreOptions {
     pub write_attempts: u32,
     /// `PRAGMA wal_autocheckpoint`, when set (`Some(0)` turns automatic checkpoints off).
     pub wal_autocheckpoint: Option<u32>,
+    /// Merge the retired generation of a lost `-wal`/`-shm` (captured beside the database) back
+    /// at open: see [`SessionDb::healed`]. On by default.
+    pub self_heal: bool,
 }
 
 impl Default for StoreOptions {
@@ -53,6 +56,7 @@ impl Default for StoreOptions {
             busy_timeout: Duration::from_secs(1),
             write_attempts: 15,
             wal_autocheckpoint: None,
+            self_heal: true,
         }
     }
 }
@@ -91,6 +95,8 @@ pub struct SessionDb {
     capture: Mutex<Option<PathBuf>>,
     /// A write was refused or the guard reported this generation retired.
     retired_seen: AtomicBool,
+    /// What the self-healing merged at open.
+    healed: Vec<crate::recover::Healed>,
 }
 
 impl std::fmt::Debug for SessionDb {
@@ -134,6 +140,7 @@ impl SessionDb {
             generation: None,
             capture: Mutex::new(None),
             retired_seen: AtomicBool::new(false),
+            healed: Vec::new(),
         };
         // The first statements of a connection can meet SQLITE_BUSY without SQLite's busy
         // handler ever running: while the last connection of another handle closes, it holds the
@@ -179,6 +186,11 @@ impl SessionDb {
         }
         db.generation = status.main;
         db.migrate()?;
+        if db.options.self_heal {
+            if let Some(conn) = db.conn.get_mut().as_ref() {
+                db.healed = crate::recover::heal_store(conn, &db.path);
+            }
+        }
         Ok(db)
     }
 
@@ -204,6 +216,13 @@ impl SessionDb {
             });
         }
         Ok(())
+    }
+
+    /// What the self-healing merged when this handle opened: one entry per capture of a lost
+    /// `-wal`/`-shm` merged back (its sessions and messages, counters recomputed). Empty when
+    /// nothing was lost, or with [`StoreOptions::self_heal`] off.
+    pub fn healed(&self) -> &[crate::recover::Healed] {
+        &self.healed
     }
 
     /// The path this store was opened at.

@@ -219,7 +219,8 @@ fn retired_rows_are_recoverable_after_the_gateway_exits_and_the_newer_generation
 
     // A newer generation at the path, written and checkpointed from this process.
     let expected = {
-        let newer = SessionDb::open(&path).unwrap();
+        // Not self-healing: this test is about the retired handle's close leaving it alone.
+        let newer = SessionDb::open_with(&path, no_self_heal()).unwrap();
         newer.ensure_session("second", "cli").unwrap();
         for i in 0..NEWER_ROWS {
             newer
@@ -251,7 +252,7 @@ fn retired_rows_are_recoverable_after_the_gateway_exits_and_the_newer_generation
     assert!(integrity_ok(&recovered));
 
     // The newer generation at the path is untouched by the retired handle's close.
-    let live = SessionDb::open(&path).unwrap();
+    let live = SessionDb::open_with(&path, no_self_heal()).unwrap();
     let raw = rusqlite::Connection::open(&path).unwrap();
     assert!(integrity_ok(&raw));
     let total: i64 = raw
@@ -264,4 +265,11 @@ fn retired_rows_are_recoverable_after_the_gateway_exits_and_the_newer_generation
         NEWER_ROWS,
         "the newer generation was clobbered"
     );
+}
+
+fn no_self_heal() -> hermes_guard::StoreOptions {
+    hermes_guard::StoreOptions {
+        self_heal: false,
+        ..hermes_guard::StoreOptions::default()
+    }
 }

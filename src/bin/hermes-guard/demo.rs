@@ -42,6 +42,9 @@ struct Outcome {
     integrity: String,
     write: String,
     capture: Option<PathBuf>,
+    /// Rows in the live database after `hermes-guard recover --apply` of the capture.
+    after_recover: Option<i64>,
+    integrity_after_recover: Option<String>,
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
@@ -76,6 +79,14 @@ pub fn run(args: DemoArgs) -> Result<()> {
     });
     each("rows lost", |o| o.lost.to_string());
     each("PRAGMA integrity_check", |o| o.integrity.clone());
+    each("rows live after `recover --apply`", |o| {
+        o.after_recover.map_or("-".into(), |n| n.to_string())
+    });
+    each("integrity_check after recover", |o| {
+        o.integrity_after_recover
+            .clone()
+            .unwrap_or_else(|| "-".into())
+    });
     each("the write after the loss", |o| o.write.clone());
     row(
         "capture",
@@ -88,6 +99,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
     );
     if args.keep.is_none() {
         println!("\n(pass --keep DIR to keep the databases and the capture)");
+    }
+    if guard.after_recover != Some(guard.committed) {
+        return Err(format!(
+            "after recover the live database holds {:?} of {} committed rows",
+            guard.after_recover, guard.committed
+        )
+        .into());
     }
     if guard.lost != 0 {
         return Err(format!("hermes-guard lost {} committed rows", guard.lost).into());
@@ -160,6 +178,18 @@ fn scenario(dir: &Path, vfs: Vfs, args: &DemoArgs) -> Result<Outcome> {
         None => 0,
     };
 
+    // The operator's step: merge the capture's missing rows back into the live database.
+    let (after_recover, integrity_after_recover) = match &capture {
+        Some(artifact) => {
+            crate::recover_cmd::merge_quietly(artifact, &db)?;
+            let live = Connection::open_with_flags(&db, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+            let rows: i64 = live.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+            let check: String = live.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+            (Some(rows), Some(check))
+        }
+        None => (None, None),
+    };
+
     let gateway_committed = HISTORY_ROWS + i64::from(args.wal_rows) + i64::from(accepted);
     let committed = gateway_committed + i64::from(args.rows);
     let second_live = live_rows - live_gateway;
@@ -178,6 +208,8 @@ fn scenario(dir: &Path, vfs: Vfs, args: &DemoArgs) -> Result<Outcome> {
             "refused (READONLY_DBMOVED)".into()
         },
         capture,
+        after_recover,
+        integrity_after_recover,
     })
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod recover_cmd;
 mod writer;
 
 use std::process::ExitCode;
@@ -26,6 +27,12 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Compare hermes-guard with the stock unix VFS, interleaved, and print ratios.
     Bench(bench::BenchArgs),
+    /// List the captures beside a database (or in a directory): when, why, verified, rows missing.
+    Captures(recover_cmd::CapturesArgs),
+    /// Exit 0 only for a complete capture whose files match its manifest and open clean.
+    Verify(recover_cmd::VerifyArgs),
+    /// Plan (and with --apply, merge) a capture's missing rows into the live database.
+    Recover(recover_cmd::RecoverArgs),
     /// (internal) A writer process driven over stdin/stdout, for tests and the demo.
     #[command(hide = true)]
     Writer(writer::WriterArgs),
@@ -38,6 +45,9 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Captures(args) => return recover_cmd::captures(args),
+        Command::Verify(args) => return recover_cmd::verify(args),
+        Command::Recover(args) => return recover_cmd::recover(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Writer(args) => writer::run(args),

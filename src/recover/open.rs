@@ -1,0 +1,315 @@
+//! Opening a capture: the manifest checked against the files, and a private copy to read from.
+
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags};
+use sha2::{Digest, Sha256};
+
+use super::manifest::{is_plain_name, CaptureManifest};
+use super::RecoverError;
+use crate::capture::{capture_dir_stem, ARTIFACT_MARKER, MANIFEST_NAME};
+
+const PARTIAL_SUFFIX: &[u8] = b".partial";
+/// The private copy's name inside its temporary directory.
+const COPY_NAME: &str = "capture.db";
+
+/// A capture, verified against its manifest and copied to a private temporary directory.
+///
+/// Everything recovery reads comes from the copy: the capture directory itself is only read,
+/// once, while it is copied and hashed, and is never opened as a database (opening it would write
+/// a `-shm` and could checkpoint into the captured image).
+pub struct Capture {
+    // Declared first: closed before the temporary directory is removed.
+    conn: Connection,
+    dir: PathBuf,
+    manifest: CaptureManifest,
+    integrity: Vec<String>,
+    copy: PathBuf,
+    _work: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture")
+            .field("dir", &self.dir)
+            .field("copy", &self.copy)
+            .field("integrity", &self.integrity)
+            .finish()
+    }
+}
+
+impl Capture {
+    /// Opens the capture in `dir`: refuses a `.partial` directory, a directory that is not a
+    /// capture, a file the manifest names that is missing, and a size or sha256 that does not
+    /// match; then copies the two files to a temporary directory and opens the copy (which
+    /// replays the captured WAL onto the captured image) and runs `PRAGMA integrity_check` on it.
+    /// A capture whose own check fails still opens: see [`Capture::integrity`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Capture, RecoverError> {
+        let dir = dir.as_ref().to_path_buf();
+        let manifest = read_manifest(&dir)?;
+        let work = tempfile::Builder::new()
+            .prefix("hermes-guard-recover-")
+            .tempdir()
+            .map_err(|e| {
+                RecoverError::io(std::env::temp_dir(), "create a private work directory", e)
+            })?;
+        let copy = work.path().join(COPY_NAME);
+        copy_verified(
+            &dir,
+            &manifest.main.file,
+            manifest.main.bytes,
+            &manifest.main.sha256,
+            &copy,
+        )?;
+        copy_verified(
+            &dir,
+            &manifest.wal.file,
+            manifest.wal.bytes,
+            &manifest.wal.sha256,
+            &work.path().join(format!("{COPY_NAME}-wal")),
+        )?;
+        let conn = Connection::open_with_flags_and_vfs(
+            &copy,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            "unix",
+        )
+        .map_err(|e| RecoverError::sqlite(&dir, "open the private copy of the capture", e))?;
+        let integrity = integrity_check(&conn)
+            .unwrap_or_else(|e| vec![format!("the captured database cannot be read: {e}")]);
+        if integrity != ["ok"] {
+            log::warn!(
+                "hermes-guard: the capture {} fails its integrity check ({}); every readable row \
+                 is still recovered, table by table",
+                dir.display(),
+                integrity.first().map(String::as_str).unwrap_or("")
+            );
+        }
+        Ok(Capture {
+            conn,
+            dir,
+            manifest,
+            integrity,
+            copy,
+            _work: work,
+        })
+    }
+
+    /// The capture directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Its manifest.
+    pub fn manifest(&self) -> &CaptureManifest {
+        &self.manifest
+    }
+
+    /// What `PRAGMA integrity_check` said of the captured generation: `["ok"]` when clean.
+    pub fn integrity(&self) -> &[String] {
+        &self.integrity
+    }
+
+    /// Whether the captured generation opens clean (`integrity_check` is `ok`).
+    pub fn is_clean(&self) -> bool {
+        self.integrity == ["ok"]
+    }
+
+    /// A connection to the private copy (never to the capture itself).
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The private copy's path (inside a temporary directory removed on drop).
+    pub fn private_copy(&self) -> &Path {
+        &self.copy
+    }
+}
+
+/// Whether `dir`'s name says it is an interrupted capture.
+pub(crate) fn is_partial(dir: &Path) -> bool {
+    dir.file_name()
+        .is_some_and(|n| n.as_bytes().ends_with(PARTIAL_SUFFIX))
+}
+
+/// Reads and checks `dir/manifest.json` (not the files it names).
+pub fn read_manifest(dir: &Path) -> Result<CaptureManifest, RecoverError> {
+    if is_partial(dir) {
+        return Err(RecoverError::Partial {
+            capture: dir.to_path_buf(),
+        });
+    }
+    let not = |why: &str| RecoverError::NotACapture {
+        path: dir.to_path_buf(),
+        why: why.to_owned(),
+    };
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(not("it is not a directory")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not("it does not exist")),
+        Err(e) => return Err(RecoverError::io(dir, "stat", e)),
+    }
+    let bytes = match fs::read(dir.join(MANIFEST_NAME)) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(not("it has no manifest.json"))
+        }
+        Err(e) => return Err(RecoverError::io(dir.join(MANIFEST_NAME), "read", e)),
+    };
+    let manifest: CaptureManifest =
+        serde_json::from_slice(&bytes).map_err(|source| RecoverError::Manifest {
+            capture: dir.to_path_buf(),
+            source,
+        })?;
+    if manifest.version != 1 {
+        return Err(not(&format!(
+            "manifest version {} is not supported (this build reads version 1)",
+            manifest.version
+        )));
+    }
+    for name in [&manifest.main.file, &manifest.wal.file] {
+        if !is_plain_name(name) {
+            return Err(not(&format!(
+                "the manifest names {name:?}, which is not a file name inside the capture"
+            )));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Copies `dir/name` to `to`, checking its size and sha256 against the manifest's.
+fn copy_verified(
+    dir: &Path,
+    name: &str,
+    bytes: u64,
+    sha256: &str,
+    to: &Path,
+) -> Result<(), RecoverError> {
+    let from = dir.join(name);
+    let mut src = match File::open(&from) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(RecoverError::MissingFile {
+                capture: dir.to_path_buf(),
+                file: name.to_owned(),
+            })
+        }
+        Err(e) => return Err(RecoverError::io(&from, "open", e)),
+    };
+    let found = src
+        .metadata()
+        .map_err(|e| RecoverError::io(&from, "stat", e))?
+        .len();
+    if found != bytes {
+        return Err(RecoverError::SizeMismatch {
+            capture: dir.to_path_buf(),
+            file: name.to_owned(),
+            expected: bytes,
+            found,
+        });
+    }
+    let mut out = File::create(to).map_err(|e| RecoverError::io(to, "create", e))?;
+    let mut hash = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = src
+            .read(&mut buf)
+            .map_err(|e| RecoverError::io(&from, "read", e))?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        out.write_all(&buf[..n])
+            .map_err(|e| RecoverError::io(to, "write", e))?;
+    }
+    let found = crate::paths::hex(&hash.finalize());
+    if !found.eq_ignore_ascii_case(sha256) {
+        return Err(RecoverError::Sha256Mismatch {
+            capture: dir.to_path_buf(),
+            file: name.to_owned(),
+            expected: sha256.to_owned(),
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// `PRAGMA integrity_check`, every line.
+pub(crate) fn integrity_check(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("PRAGMA integrity_check")?;
+    let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+    rows.collect()
+}
+
+/// One directory found beside a database by [`list_captures`].
+#[derive(Debug, Clone)]
+pub struct CaptureListing {
+    /// The directory.
+    pub path: PathBuf,
+    /// An interrupted capture (`.partial`): never used.
+    pub partial: bool,
+    /// Its manifest, when it could be read.
+    pub manifest: Option<CaptureManifest>,
+    /// Why the manifest could not be read.
+    pub manifest_error: Option<String>,
+}
+
+/// The captures beside the database `path` (named `<name>.retired-wal-…`), or every capture in
+/// the directory `path`, oldest first; a capture directory given itself lists just it.
+pub fn list_captures(path: &Path) -> Result<Vec<CaptureListing>, RecoverError> {
+    let meta = fs::metadata(path).map_err(|e| RecoverError::io(path, "stat", e))?;
+    let (dir, prefix): (&Path, Vec<u8>) = if meta.is_dir() {
+        if path.join(MANIFEST_NAME).exists() || is_partial(path) {
+            return Ok(vec![listing(path.to_path_buf())]);
+        }
+        (path, Vec::new())
+    } else {
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().unwrap_or(OsStr::new(""));
+        let mut prefix = capture_dir_stem(name).into_bytes();
+        prefix.extend_from_slice(ARTIFACT_MARKER.as_bytes());
+        (parent, prefix)
+    };
+    let mut found = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| RecoverError::io(dir, "list", e))? {
+        let entry = entry.map_err(|e| RecoverError::io(dir, "list", e))?;
+        let name = entry.file_name();
+        let bytes = name.as_bytes();
+        let matches = if prefix.is_empty() {
+            bytes
+                .windows(ARTIFACT_MARKER.len())
+                .any(|w| w == ARTIFACT_MARKER.as_bytes())
+        } else {
+            bytes.starts_with(&prefix)
+        };
+        if matches && entry.path().is_dir() {
+            found.push(listing(entry.path()));
+        }
+    }
+    found.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(found)
+}
+
+fn listing(path: PathBuf) -> CaptureListing {
+    let partial = is_partial(&path);
+    let (manifest, manifest_error) = if partial {
+        (None, None)
+    } else {
+        match read_manifest(&path) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e.to_string())),
+        }
+    };
+    CaptureListing {
+        path,
+        partial,
+        manifest,
+        manifest_error,
+    }
+}

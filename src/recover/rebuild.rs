@@ -1,0 +1,204 @@
+//! Rebuilding a live database the loss left torn (`main_torn`): the capture's consistent
+//! generation, plus every row the live generation added, swapped in while nobody holds the file.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, OpenFlags, MAIN_DB};
+use serde::Serialize;
+
+use super::merge::{foreign_key_violations, Merge, MergeOptions, MergeReport};
+use super::open::integrity_check;
+use super::{check_target, Capture, RecoverError};
+use crate::capture::{fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
+
+/// What [`rebuild_torn`] did.
+#[derive(Debug, Clone, Serialize)]
+pub struct RebuildReport {
+    /// The database rebuilt.
+    #[serde(serialize_with = "ser_path")]
+    pub database: PathBuf,
+    /// Where the torn file and its `-wal` were kept (nothing is deleted).
+    #[serde(serialize_with = "ser_path")]
+    pub kept: PathBuf,
+    /// `PRAGMA integrity_check` of the torn live file before the rebuild.
+    pub live_integrity: Vec<String>,
+    /// The rows the live generation added on top of the capture, merged into the new file.
+    pub from_live: MergeReport,
+}
+
+fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&crate::paths::path_display(p))
+}
+
+/// Rebuilds `database` from the capture's consistent generation plus every row the live
+/// generation added since (read table by table, as far as the torn file can be read), checks the
+/// result (`integrity_check`, `foreign_key_check`), and swaps it in — only while no other
+/// connection holds the database: the live file is locked exclusively first
+/// (`locking_mode=EXCLUSIVE` + `BEGIN EXCLUSIVE`, which any other open connection, reading or
+/// writing, blocks), and held until the new file is in place. Otherwise
+/// [`RecoverError::InUse`] and nothing changes.
+///
+/// The torn file and its `-wal`/`-shm` are moved, not deleted, into `<name>.torn-<UTC>-<pid>/`
+/// beside it.
+pub fn rebuild_torn(
+    capture: &Capture,
+    database: &Path,
+    options: &MergeOptions,
+) -> Result<RebuildReport, RecoverError> {
+    check_target(capture.dir(), database)?;
+    let sq = |what: &'static str| move |e| RecoverError::sqlite(database, what, e);
+    // A stock connection holds the lock: the guard would see its own file replaced by the swap
+    // and capture the torn generation at close. The unix VFS, seeing the file moved
+    // (SQLITE_FCNTL_HAS_MOVED), neither checkpoints nor deletes anything at its close.
+    let holder = Connection::open_with_flags_and_vfs(
+        database,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        "unix",
+    )
+    .map_err(sq("open the live database"))?;
+    holder
+        .busy_timeout(std::time::Duration::ZERO)
+        .map_err(sq("busy_timeout"))?;
+    let _: String = holder
+        .query_row("PRAGMA locking_mode=EXCLUSIVE", [], |r| r.get(0))
+        .map_err(sq("locking_mode=EXCLUSIVE"))?;
+    if let Err(e) = holder.execute_batch("BEGIN EXCLUSIVE") {
+        if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) {
+            return Err(RecoverError::InUse {
+                database: database.to_path_buf(),
+            });
+        }
+        return Err(RecoverError::sqlite(database, "BEGIN EXCLUSIVE", e));
+    }
+    let live_integrity = integrity_check(&holder)
+        .unwrap_or_else(|e| vec![format!("the live database cannot be checked: {e}")]);
+
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().unwrap_or(OsStr::new("database"));
+    let pid = std::process::id();
+    let new = parent.join(format!(
+        ".{}.rebuild-{pid}",
+        fitted_name(name, DIR_STEM_MAX)
+    ));
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let _ = std::fs::remove_file(crate::capture::sidecar(&new, suffix));
+    }
+    let built = build(capture, &holder, database, &new, options);
+    let from_live = match built {
+        Ok(report) => report,
+        Err(e) => {
+            for suffix in ["", "-wal", "-shm", "-journal"] {
+                let _ = std::fs::remove_file(crate::capture::sidecar(&new, suffix));
+            }
+            return Err(e);
+        }
+    };
+
+    // Keep the torn generation, then swap.
+    let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+        .to_string()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect::<String>();
+    let kept = parent.join(format!(
+        "{}.torn-{}-{}-{pid}",
+        fitted_name(name, DIR_STEM_MAX),
+        &stamp[..8],
+        &stamp[8..14]
+    ));
+    let io = |p: &Path, what: &'static str| {
+        let p = p.to_path_buf();
+        move |e| RecoverError::io(p, what, e)
+    };
+    std::fs::create_dir(&kept).map_err(io(&kept, "create"))?;
+    let file = fitted_name(name, FILE_STEM_MAX);
+    std::fs::hard_link(database, kept.join(&file)).map_err(io(database, "keep the torn file"))?;
+    for suffix in ["-wal", "-shm"] {
+        let side = crate::capture::sidecar(database, suffix);
+        if side.exists() {
+            std::fs::rename(&side, kept.join(format!("{file}{suffix}")))
+                .map_err(io(&side, "move aside"))?;
+        }
+    }
+    std::fs::rename(&new, database).map_err(io(&new, "swap in the rebuilt file"))?;
+    if let Ok(d) = std::fs::File::open(parent) {
+        let _ = d.sync_all();
+    }
+    drop(holder);
+    log::warn!(
+        "hermes-guard: rebuilt {} from the capture {} plus {} row(s) of the live generation; the \
+         torn file is kept in {}",
+        database.display(),
+        capture.dir().display(),
+        from_live.inserted(),
+        kept.display()
+    );
+    Ok(RebuildReport {
+        database: database.to_path_buf(),
+        kept,
+        live_integrity,
+        from_live,
+    })
+}
+
+fn build(
+    capture: &Capture,
+    live: &Connection,
+    database: &Path,
+    new: &Path,
+    options: &MergeOptions,
+) -> Result<MergeReport, RecoverError> {
+    let sq = |what: &'static str| move |e| RecoverError::sqlite(new, what, e);
+    capture
+        .connection()
+        .backup(MAIN_DB, new, None::<fn(rusqlite::backup::Progress)>)
+        .map_err(sq("copy the captured generation"))?;
+    let conn = Connection::open_with_flags_and_vfs(
+        new,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        "unix",
+    )
+    .map_err(sq("open the rebuilt file"))?;
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(sq("begin"))?;
+    let before = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;
+    let merge = Merge {
+        source: live,
+        source_path: database,
+        target: &conn,
+        target_path: new,
+        options,
+        apply: true,
+    };
+    let mut report = merge.run(&mut |_| {})?;
+    let after = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;
+    let mut violations: Vec<String> = after.difference(&before).cloned().collect();
+    if !violations.is_empty() {
+        violations.sort();
+        return Err(RecoverError::RebuildCheck {
+            database: database.to_path_buf(),
+            why: format!("new foreign-key violations: {}", violations.join("; ")),
+        });
+    }
+    conn.execute_batch("COMMIT").map_err(sq("commit"))?;
+    let check = integrity_check(&conn).map_err(sq("integrity_check"))?;
+    if check != ["ok"] {
+        return Err(RecoverError::RebuildCheck {
+            database: database.to_path_buf(),
+            why: check.join("; "),
+        });
+    }
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(sq("checkpoint"))?;
+    conn.close()
+        .map_err(|(_, e)| RecoverError::sqlite(new, "close", e))?;
+    std::fs::File::open(new)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| RecoverError::io(new, "fsync", e))?;
+    report.capture = database.to_path_buf();
+    report.database = database.to_path_buf();
+    Ok(report)
+}

@@ -1,0 +1,297 @@
+//! The operator's commands: `captures`, `verify`, `recover`, and their bad inputs.
+
+use crate::common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use rusqlite::Connection;
+
+fn cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    s.as_ref()
+}
+
+/// A database with 4 rows only in its lost WAL and 10 newer rows reusing their rowids.
+fn lost_four(dir: &Path) -> (PathBuf, PathBuf) {
+    let path = dir.join("state.db");
+    let conn = open_guarded(&path);
+    conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+    for i in 0..20 {
+        insert(&conn, &format!("history {i}")).unwrap();
+    }
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    for i in 0..4 {
+        insert(&conn, &format!("retired {i}")).unwrap();
+    }
+    lose_sidecars(&path, false);
+    assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    let newer = open_stock(&path);
+    for i in 0..10 {
+        insert(&newer, &format!("newer {i}")).unwrap();
+    }
+    (path, artifact)
+}
+
+fn file_bytes(p: &Path) -> Vec<u8> {
+    let mut all = fs::read(p).unwrap();
+    if let Ok(wal) = fs::read(sidecar(p, "-wal")) {
+        all.extend(wal);
+    }
+    all
+}
+
+#[test]
+fn captures_lists_when_why_verified_and_rows_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = lost_four(dir.path());
+    fs::create_dir(
+        dir.path()
+            .join("state.db.retired-wal-20200101-000000-1.partial"),
+    )
+    .unwrap();
+
+    let (code, out, _) = cli(&[os("captures"), path.as_os_str(), os("--json")]);
+    assert_eq!(code, 0);
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 2, "{out}");
+    let partial = list.iter().find(|c| c["partial"] == true).unwrap();
+    assert!(partial["status"].as_str().unwrap().contains("interrupted"));
+    let full = list.iter().find(|c| c["partial"] == false).unwrap();
+    assert_eq!(full["capture"], artifact.display().to_string());
+    assert_eq!(full["reason"], "wal-lost");
+    assert_eq!(full["trigger"], "halt");
+    assert_eq!(full["status"], "verified");
+    assert_eq!(full["missing"], 4);
+    assert!(full["commits"].as_u64().unwrap() >= 4);
+
+    // By directory, in text.
+    let (code, out, _) = cli(&[os("captures"), dir.path().as_os_str()]);
+    assert_eq!(code, 0);
+    assert!(out.contains("rows still missing from"), "{out}");
+    assert!(out.contains(": 4"), "{out}");
+}
+
+#[test]
+fn verify_passes_only_a_complete_matching_clean_capture() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_path, artifact) = lost_four(dir.path());
+    let (code, out, _) = cli(&[os("verify"), artifact.as_os_str()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("verified"), "{out}");
+
+    let partial = dir
+        .path()
+        .join("state.db.retired-wal-20200101-000000-1.partial");
+    fs::create_dir(&partial).unwrap();
+    let (code, out, _) = cli(&[os("verify"), partial.as_os_str()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains(".partial"), "{out}");
+
+    let damaged = dir.path().join("damaged");
+    fs::create_dir(&damaged).unwrap();
+    for f in fs::read_dir(&artifact).unwrap().flatten() {
+        fs::copy(f.path(), damaged.join(f.file_name())).unwrap();
+    }
+    let mut wal = fs::read(damaged.join("state.db-wal")).unwrap();
+    wal[100] ^= 1;
+    fs::write(damaged.join("state.db-wal"), &wal).unwrap();
+    let (code, out, _) = cli(&[os("verify"), damaged.as_os_str(), os("--json")]);
+    assert_eq!(code, 1, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], false);
+    assert!(v["message"].as_str().unwrap().contains("sha256"), "{out}");
+
+    let (code, _, _) = cli(&[os("verify"), dir.path().as_os_str()]);
+    assert_eq!(code, 1, "a directory that is not a capture");
+}
+
+#[test]
+fn recover_prints_the_plan_changes_nothing_then_applies_with_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = lost_four(dir.path());
+    let before = file_bytes(&path);
+
+    let (code, out, _) = cli(&[
+        os("recover"),
+        artifact.as_os_str(),
+        os("--into"),
+        path.as_os_str(),
+    ]);
+    assert_eq!(code, 1, "rows to merge: {out}");
+    assert!(out.contains("messages"), "{out}");
+    assert!(out.contains("4 row(s) missing"), "{out}");
+    assert_eq!(file_bytes(&path), before, "a plan writes nothing");
+
+    let (code, out, _) = cli(&[
+        os("recover"),
+        artifact.as_os_str(),
+        os("--into"),
+        path.as_os_str(),
+        os("--apply"),
+    ]);
+    assert_eq!(code, 1, "merged: {out}");
+    assert!(out.contains("merged 4 row(s)"), "{out}");
+    let (code, out, _) = cli(&[
+        os("recover"),
+        artifact.as_os_str(),
+        os("--into"),
+        path.as_os_str(),
+        os("--apply"),
+    ]);
+    assert_eq!(code, 0, "nothing to do: {out}");
+    let live = Connection::open(&path).unwrap();
+    assert_eq!(count_like(&live, "retired %"), 4);
+    assert!(integrity_ok(&live));
+}
+
+#[test]
+fn a_conflict_left_behind_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.db");
+    let conn = open_guarded(&path);
+    conn.execute_batch(
+        "PRAGMA wal_autocheckpoint=0; CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT);
+         INSERT INTO kv VALUES ('a', 'old');",
+    )
+    .unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    conn.execute_batch("UPDATE kv SET v = 'captured' WHERE k = 'a'")
+        .unwrap();
+    lose_sidecars(&path, false);
+    assert!(conn.execute("INSERT INTO kv VALUES ('b', '')", []).is_err());
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    Connection::open(&path)
+        .unwrap()
+        .execute_batch("UPDATE kv SET v = 'live' WHERE k = 'a'")
+        .unwrap();
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            os("recover"),
+            artifact.as_os_str(),
+            os("--into"),
+            path.as_os_str(),
+            os("--apply"),
+        ];
+        a.extend(extra.iter().map(|s| os(s)));
+        a
+    };
+    let (code, out, _) = cli(&args(&[]));
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("conflict"), "{out}");
+    let (code, out, _) = cli(&args(&["--take-capture"]));
+    assert_eq!(code, 1, "{out}");
+    let v: String = Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT v FROM kv WHERE k = 'a'", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, "captured");
+}
+
+#[test]
+fn bad_inputs_get_a_clear_error_exit_2_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = lost_four(dir.path());
+    let before = file_bytes(&path);
+    let capture_before: Vec<Vec<u8>> = ["state.db", "state.db-wal", "manifest.json"]
+        .iter()
+        .map(|f| fs::read(artifact.join(f)).unwrap())
+        .collect();
+
+    let run = |capture: &Path, into: &Path| {
+        cli(&[
+            os("recover"),
+            capture.as_os_str(),
+            os("--into"),
+            into.as_os_str(),
+            os("--apply"),
+        ])
+    };
+    // A .partial directory.
+    let partial = dir
+        .path()
+        .join("state.db.retired-wal-20200101-000000-1.partial");
+    fs::create_dir(&partial).unwrap();
+    let (code, _, err) = run(&partial, &path);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("interrupted capture") && err.contains("nothing was written"),
+        "{err}"
+    );
+
+    // A damaged capture (a byte of the main image changed).
+    let damaged = dir.path().join("damaged");
+    fs::create_dir(&damaged).unwrap();
+    for f in fs::read_dir(&artifact).unwrap().flatten() {
+        fs::copy(f.path(), damaged.join(f.file_name())).unwrap();
+    }
+    let mut main = fs::read(damaged.join("state.db")).unwrap();
+    main[200] ^= 1;
+    fs::write(damaged.join("state.db"), &main).unwrap();
+    let (code, _, err) = run(&damaged, &path);
+    assert_eq!(code, 2);
+    assert!(err.contains("sha256") && err.contains("damaged"), "{err}");
+
+    // A live file that is a different database.
+    let other = dir.path().join("other.db");
+    Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE accounts (id INTEGER PRIMARY KEY, name TEXT)")
+        .unwrap();
+    let other_before = fs::read(&other).unwrap();
+    let (code, _, err) = run(&artifact, &other);
+    assert_eq!(code, 2);
+    assert!(err.contains("different database"), "{err}");
+    assert_eq!(fs::read(&other).unwrap(), other_before);
+
+    // The capture's own files as the target.
+    let (code, _, err) = run(&artifact, &artifact.join("state.db"));
+    assert_eq!(code, 2);
+    assert!(err.contains("inside the capture"), "{err}");
+
+    // A target that does not exist is not created.
+    let missing = dir.path().join("missing.db");
+    let (code, _, err) = run(&artifact, &missing);
+    assert_eq!(code, 2);
+    assert!(err.contains("never creates"), "{err}");
+    assert!(!missing.exists());
+
+    // Not a capture at all, as JSON.
+    let (code, out, _) = cli(&[
+        os("recover"),
+        dir.path().as_os_str(),
+        os("--into"),
+        path.as_os_str(),
+        os("--json"),
+    ]);
+    assert_eq!(code, 2);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["bad_input"], true);
+
+    assert_eq!(file_bytes(&path), before, "the live database is untouched");
+    let capture_after: Vec<Vec<u8>> = ["state.db", "state.db-wal", "manifest.json"]
+        .iter()
+        .map(|f| fs::read(artifact.join(f)).unwrap())
+        .collect();
+    assert_eq!(capture_after, capture_before, "the capture is untouched");
+}
