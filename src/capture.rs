@@ -224,6 +224,18 @@ impl Manifest {
     /// The manifest's file name inside a capture directory.
     pub const FILE_NAME: &'static str = MANIFEST_NAME;
 
+    /// The database's exact pathname: from `database_hex` when the path is not UTF-8.
+    pub fn database_path(&self) -> PathBuf {
+        paths::path_from_parts(self.database.clone(), self.database_hex.as_deref())
+            .unwrap_or_else(|_| PathBuf::from(&self.database))
+    }
+
+    /// Whether the capture is of a replaced main file (a restore: an operator's decision), as
+    /// opposed to a lost `-wal`/`-shm` (an accident).
+    pub fn is_main_replaced(&self) -> bool {
+        self.reason == Some(RetireReason::MainReplaced)
+    }
+
     /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).
     ///
     /// [`GuardStatus::capture`]: crate::status::GuardStatus::capture
@@ -474,26 +486,6 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
     }
 }
 
-/// What a complete capture's manifest says of the WAL it holds; enough to recognise the same
-/// retired WAL captured by another process.
-#[derive(Deserialize)]
-struct CapturedWal {
-    wal: CapturedWalEntry,
-    main: CapturedMainEntry,
-}
-
-#[derive(Deserialize)]
-struct CapturedWalEntry {
-    identity: FileId,
-    bytes: u64,
-    sha256: String,
-}
-
-#[derive(Deserialize)]
-struct CapturedMainEntry {
-    identity: Option<FileId>,
-}
-
 /// A complete capture in `dir` of exactly the WAL `input` would capture: the same main and WAL
 /// inodes, the same size and the same sha256. Another process that retired the same generation
 /// (the WAL inode is shared) has captured it already. The WAL is hashed only when a candidate's
@@ -534,7 +526,7 @@ fn find_identical_capture(
     None
 }
 
-fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<CapturedWal> {
+fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {
     let fd = rustix::fs::openat(
         dir,
         format!("{capture}/{MANIFEST_NAME}"),

@@ -49,17 +49,14 @@ pub(crate) fn heal_store(conn: &Connection, path: &Path) -> Vec<Healed> {
         let Some(manifest) = &entry.manifest else {
             continue;
         };
-        if !matches!(manifest.reason.as_deref(), Some("wal-lost" | "shm-lost")) {
+        if manifest.is_main_replaced() || manifest.reason.is_none() {
             continue; // a restore is an operator's decision
         }
         // An accident leaves the main file in place: the capture must be of this very file. A
         // restore that also removed the sidecars may be reported as a lost -wal; it replaced the
         // main file, so it is not healed either.
         let live_main = crate::identity::identity_of_path(path).ok().flatten();
-        let same_file = matches!(
-            (manifest.main.identity, live_main),
-            (Some([dev, ino]), Some(live)) if live.dev == dev && live.ino == ino
-        );
+        let same_file = live_main.is_some() && manifest.main.identity == live_main;
         if !same_file {
             log::debug!(
                 "{}: not self-healing from {}: it was taken of another main file",

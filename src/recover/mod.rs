@@ -21,7 +21,6 @@
 
 mod error;
 mod heal;
-mod manifest;
 mod merge;
 mod open;
 mod rebuild;
@@ -33,7 +32,6 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
 pub use heal::{Healed, HEALED_MARK_PREFIX};
-pub use manifest::{CaptureManifest, ManifestMain, ManifestWal};
 pub use merge::{
     ConflictPolicy, MergeOptions, MergeReport, NotMerged, Progress, RowIdentity, TableReport,
     Unreadable,

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-use super::manifest::{is_plain_name, CaptureManifest};
 use super::RecoverError;
 use crate::capture::{capture_dir_stem, ARTIFACT_MARKER, MANIFEST_NAME};
+use crate::Manifest;
 
 const PARTIAL_SUFFIX: &[u8] = b".partial";
 /// The private copy's name inside its temporary directory.
@@ -26,7 +26,7 @@ pub struct Capture {
     // Declared first: closed before the temporary directory is removed.
     conn: Connection,
     dir: PathBuf,
-    manifest: CaptureManifest,
+    manifest: Manifest,
     integrity: Vec<String>,
     copy: PathBuf,
     _work: tempfile::TempDir,
@@ -104,7 +104,7 @@ impl Capture {
     }
 
     /// Its manifest.
-    pub fn manifest(&self) -> &CaptureManifest {
+    pub fn manifest(&self) -> &Manifest {
         &self.manifest
     }
 
@@ -135,8 +135,13 @@ pub(crate) fn is_partial(dir: &Path) -> bool {
         .is_some_and(|n| n.as_bytes().ends_with(PARTIAL_SUFFIX))
 }
 
+/// A file name from the manifest is used only as a plain name inside the capture.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
 /// Reads and checks `dir/manifest.json` (not the files it names).
-pub fn read_manifest(dir: &Path) -> Result<CaptureManifest, RecoverError> {
+pub fn read_manifest(dir: &Path) -> Result<Manifest, RecoverError> {
     if is_partial(dir) {
         return Err(RecoverError::Partial {
             capture: dir.to_path_buf(),
@@ -159,7 +164,7 @@ pub fn read_manifest(dir: &Path) -> Result<CaptureManifest, RecoverError> {
         }
         Err(e) => return Err(RecoverError::io(dir.join(MANIFEST_NAME), "read", e)),
     };
-    let manifest: CaptureManifest =
+    let manifest: Manifest =
         serde_json::from_slice(&bytes).map_err(|source| RecoverError::Manifest {
             capture: dir.to_path_buf(),
             source,
@@ -252,7 +257,7 @@ pub struct CaptureListing {
     /// An interrupted capture (`.partial`): never used.
     pub partial: bool,
     /// Its manifest, when it could be read.
-    pub manifest: Option<CaptureManifest>,
+    pub manifest: Option<Manifest>,
     /// Why the manifest could not be read.
     pub manifest_error: Option<String>,
 }

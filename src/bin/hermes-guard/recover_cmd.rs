@@ -114,8 +114,8 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
             continue;
         };
         row["captured_at"] = m.captured_at.clone().into();
-        row["reason"] = m.reason.clone().into();
-        row["trigger"] = m.trigger.clone().into();
+        row["reason"] = serde_json::to_value(m.reason).unwrap_or_default();
+        row["trigger"] = serde_json::to_value(m.trigger).unwrap_or_default();
         row["commits"] = m.wal.commits.into();
         row["main_torn"] = m.main_torn.into();
         let database = given_db.clone().unwrap_or_else(|| m.database_path());
@@ -305,9 +305,9 @@ fn print_report(capture: &Capture, report: &MergeReport) {
     println!(
         "         {} ({}, trigger {}), {} commits in the WAL; files match the manifest; \
          integrity_check {}",
-        m.captured_at.as_deref().unwrap_or("-"),
-        m.reason.as_deref().unwrap_or("-"),
-        m.trigger.as_deref().unwrap_or("-"),
+        m.captured_at,
+        label(&m.reason),
+        label(&m.trigger),
         m.wal.commits,
         if capture.is_clean() {
             "ok".to_owned()
@@ -451,4 +451,12 @@ fn rebuild(args: &RecoverArgs, capture: &Capture, options: &MergeOptions) -> Exi
 pub fn merge_quietly(capture: &Path, database: &Path) -> Result<MergeReport, RecoverError> {
     let capture = Capture::open(capture)?;
     recover::apply(&capture, database, &MergeOptions::default(), &mut |_| {})
+}
+
+/// A manifest field as its JSON string (`"wal-lost"`, `"halt"`), `-` when absent.
+fn label(value: &impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => "-".to_owned(),
+    }
 }
