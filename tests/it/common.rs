@@ -378,3 +378,16 @@ pub fn record_logs_into(sink: fn(&log::Record<'_>)) {
         sinks.push(sink);
     }
 }
+
+/// Runs the `hermes-guard` binary with `args`: its exit code, stdout and stderr.
+pub fn hermes_guard_cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

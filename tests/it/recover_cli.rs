@@ -4,21 +4,12 @@ use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use rusqlite::Connection;
 
 fn cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    hermes_guard_cli(args)
 }
 
 fn os(s: &str) -> &std::ffi::OsStr {

@@ -11,15 +11,10 @@ use std::process::{Command, Stdio};
 use common::*;
 use rusqlite::Connection;
 
+/// The CLI's exit code and everything it printed.
 fn cli(args: &[&std::ffi::OsStr]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap(),
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
-    )
+    let (code, out, err) = hermes_guard_cli(args);
+    (code, out + &err)
 }
 
 /// `recover --apply` twice: the first merges `expected_inserted` rows (exit 1, or 0 when none),
