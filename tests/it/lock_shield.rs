@@ -377,8 +377,7 @@ fn the_shield_steps_aside_for_its_own_exclusive_and_comes_back() {
     assert!(integrity_ok(&check));
 }
 
-/// Where the shield cannot run, the status says why (here: a main file that is not pinned is
-/// not reachable on a normal open, so check the JSON shape instead).
+/// `PRAGMA hermes_guard_status` carries the shield's state in its JSON, for every binding.
 #[test]
 fn the_status_reports_the_shield() {
     let dir = tempfile::tempdir().unwrap();
