@@ -68,6 +68,17 @@ pub struct GuardStatus {
     /// The loss left the main file torn: it holds some, not all, of the retired WAL's pages, and
     /// the newer generation builds on it. The live file needs repair (docs/recovery.md).
     pub main_torn: bool,
+    /// The lock shield holds its open-file-description read lock on the main file's SHARED
+    /// range now, so a stray `close()` of the database file elsewhere in this process cannot
+    /// make this connection look absent to other processes (WAL mode; released while the
+    /// connection itself takes EXCLUSIVE).
+    pub shield_active: bool,
+    /// The lock shield holds its read lock on the `-shm` dead-man-switch byte (WAL mode).
+    pub shield_shm_active: bool,
+    /// Why the lock shield is off for this connection (`None` when it can be used): another
+    /// VFS below the guard, SQLite's descriptor not matching the pinned file, a filesystem that
+    /// is not local, a kernel or platform without OFD locks.
+    pub shield_off_reason: Option<String>,
 }
 
 /// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
@@ -116,6 +127,12 @@ struct StatusJson {
     backfill_at_loss: Option<Backfill>,
     #[serde(default)]
     main_torn: bool,
+    #[serde(default)]
+    shield_active: bool,
+    #[serde(default)]
+    shield_shm_active: bool,
+    #[serde(default)]
+    shield_off_reason: Option<String>,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -134,6 +151,9 @@ impl From<GuardStatus> for StatusJson {
             refusals: s.refusals,
             backfill_at_loss: s.backfill_at_loss,
             main_torn: s.main_torn,
+            shield_active: s.shield_active,
+            shield_shm_active: s.shield_shm_active,
+            shield_off_reason: s.shield_off_reason,
         }
     }
 }
@@ -157,6 +177,9 @@ impl TryFrom<StatusJson> for GuardStatus {
             refusals: j.refusals,
             backfill_at_loss: j.backfill_at_loss,
             main_torn: j.main_torn,
+            shield_active: j.shield_active,
+            shield_shm_active: j.shield_shm_active,
+            shield_off_reason: j.shield_off_reason,
         })
     }
 }
@@ -233,6 +256,9 @@ mod tests {
                 attempted: 4,
             }),
             main_torn: true,
+            shield_active: true,
+            shield_shm_active: true,
+            shield_off_reason: None,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["database"], "/srv/\u{fffd}/state.db");
@@ -255,6 +281,9 @@ mod tests {
             refusals: 0,
             backfill_at_loss: None,
             main_torn: false,
+            shield_active: false,
+            shield_shm_active: false,
+            shield_off_reason: Some("the filesystem is not local".into()),
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

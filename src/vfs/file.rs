@@ -14,10 +14,11 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
+use super::shield;
 use super::state::{DbState, Gate, Site, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
-use crate::identity::identity_of_mapping;
+use crate::identity::{identity_of_fd, identity_of_mapping, FileId};
 use crate::status::Backfill;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +164,142 @@ impl WalIndex for WalIndexView {
     }
 }
 
+/// The leading fields of the unix VFS's `unixFile` (sqlite3.c, `struct unixFile`), as far as the
+/// lock shield reads them: `h`, the descriptor, and `pShm`. The fields before them are checked
+/// against what is known independently (`pMethod`, `pVfs`, `zPath`) before `h` is trusted, and `h`
+/// is `fstat`ed against the pinned main file: an extension loaded into a host SQLite whose layout
+/// differs turns the shield off instead of locking a wrong descriptor.
+#[repr(C)]
+struct UnixFilePrefix {
+    p_method: *const ffi::sqlite3_io_methods,
+    p_vfs: *mut ffi::sqlite3_vfs,
+    p_inode: *mut c_void,
+    h: c_int,
+    e_file_lock: u8,
+    ctrl_flags: u16,
+    last_errno: c_int,
+    locking_context: *mut c_void,
+    p_preallocated_unused: *mut c_void,
+    z_path: *const c_char,
+    p_shm: *const UnixShmPrefix,
+}
+
+/// `struct unixShm`: a connection's handle on the process's shared-memory node.
+#[repr(C)]
+struct UnixShmPrefix {
+    p_shm_node: *const UnixShmNodePrefix,
+}
+
+/// The leading fields of `struct unixShmNode`: `pInode` (checked against the file's) and
+/// `hShm`, the node's descriptor of the `-shm`, open until the node is purged.
+#[repr(C)]
+struct UnixShmNodePrefix {
+    p_inode: *mut c_void,
+    p_shm_mutex: *mut c_void,
+    z_filename: *mut c_char,
+    h_shm: c_int,
+}
+
+/// The unix VFS's descriptor of a freshly opened main file, verified, for the lock shield; the
+/// reason the shield cannot be used otherwise.
+///
+/// # Safety
+/// `sub_vfs` is the wrapped VFS, `sub` its file object just opened by it from `z_name`.
+unsafe fn main_descriptor(
+    sub_vfs: *mut ffi::sqlite3_vfs,
+    sub: &SubFile,
+    z_name: ffi::sqlite3_filename,
+    state: &DbState,
+) -> Result<c_int, String> {
+    if let Some(reason) = shield::platform_off_reason() {
+        return Err(reason.into());
+    }
+    // SAFETY: the wrapped VFS is registered for the life of the process; its name is a C string.
+    let (name, size) = unsafe { (cstr_text((*sub_vfs).zName), (*sub_vfs).szOsFile) };
+    if name.as_deref() != Some("unix") {
+        return Err(format!(
+            "the VFS below the guard is {}, not the unix VFS",
+            name.as_deref().unwrap_or("unnamed")
+        ));
+    }
+    if (size as usize) < size_of::<UnixFilePrefix>() {
+        return Err(format!(
+            "the unix VFS's file object is {size} bytes, smaller than the fields the shield reads"
+        ));
+    }
+    // SAFETY: the allocation is the unix VFS's file object (szOsFile bytes, 8-aligned, checked
+    // above to cover the prefix), initialised by its xOpen, used on this thread only.
+    let p = unsafe { &*(sub.ptr as *const UnixFilePrefix) };
+    if !ptr::eq(p.p_method, sub.methods) || !ptr::eq(p.p_vfs, sub_vfs) || !ptr::eq(p.z_path, z_name)
+    {
+        return Err(format!(
+            "the unix VFS's file object does not have the layout of SQLite {} (pMethod, pVfs or              zPath differ)",
+            ffi::SQLITE_VERSION.to_str().unwrap_or("?")
+        ));
+    }
+    let Some(pinned) = state.main_id() else {
+        return Err("the main file is not pinned".into());
+    };
+    // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call runs.
+    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
+        .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+    if now != pinned {
+        return Err(format!(
+            "SQLite's descriptor {} is {now}, not the pinned main file {pinned}",
+            p.h
+        ));
+    }
+    if !super::watch::local_filesystem(state.db_path()) {
+        return Err("the database is not on a local filesystem".into());
+    }
+    Ok(p.h)
+}
+
+/// The descriptor of the shared-memory node the connection just mapped (SQLite's `hShm`),
+/// verified against the pinned `-shm`.
+///
+/// # Safety
+/// `gf` is a live main GuardFile whose shield is armed (so its wrapped file object has the
+/// verified unix layout) and whose `xShmMap` just succeeded.
+unsafe fn shm_descriptor(gf: &GuardFile, state: &DbState) -> Result<(c_int, FileId), String> {
+    // SAFETY: as the caller promises: the layout was verified at the open, and `pShm`, its
+    // node and the node's `pInode` and `hShm` are set by xShmMap and stay until xShmUnmap.
+    let (node_inode, fd, file_inode) = unsafe {
+        let p = &*(gf.sub.ptr as *const UnixFilePrefix);
+        if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
+            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
+        }
+        let node = &*(*p.p_shm).p_shm_node;
+        (node.p_inode, node.h_shm, p.p_inode)
+    };
+    if node_inode != file_inode {
+        return Err("the unix VFS's shared-memory node does not have the expected layout".into());
+    }
+    if fd < 0 {
+        return Err("the shared memory has no -shm file (heap memory)".into());
+    }
+    let Some(pinned) = state.shm_id() else {
+        return Err("the -shm is not pinned".into());
+    };
+    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
+    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?;
+    if now != pinned {
+        return Err(format!(
+            "SQLite's -shm descriptor {fd} is {now}, not the pinned -shm {pinned}"
+        ));
+    }
+    Ok((fd, now))
+}
+
+/// Runs a shield transition (mutexes, logging) inside `ffi_guard`; a panic there costs the
+/// shield, never the call.
+#[cold]
+#[inline(never)]
+fn shield_slow(f: impl FnOnce()) {
+    ffi_guard((), f)
+}
+
 /// Retired main files SQLite has closed but whose generation is not captured yet.
 static PENDING: Mutex<Vec<(Arc<DbState>, SubFile)>> = Mutex::new(Vec::new());
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -231,6 +368,9 @@ pub(super) unsafe fn open(
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             let state = DbState::new(path);
             state.set_main_image(Some(Box::new(MainImage(sub.ptr))));
+            // SAFETY: `sub` was just opened by the wrapped VFS from `z_name`.
+            let main_fd = unsafe { main_descriptor(sub_vfs, &sub, z_name, &state) };
+            state.shield().arm(main_fd, state.db_path());
             (Kind::Main, Some(state))
         }
         Some(path) if flags & ffi::SQLITE_OPEN_WAL != 0 => {
@@ -359,6 +499,10 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         } = unsafe { ptr::read(f as *mut GuardFile) };
         // SAFETY: `f` stays valid memory until SQLite frees it after this call.
         unsafe { (*f).pMethods = ptr::null() };
+        if let (Kind::Main, Some(state)) = (kind, &state) {
+            // Before SQLite's descriptor is closed or parked for reuse.
+            state.shield().close();
+        }
         let rc = match (kind, state) {
             (Kind::Main, Some(state)) if state.must_hold_main() => {
                 // Locks go (nobody may wait on a retired handle) but the descriptor stays.
@@ -495,8 +639,33 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
         if rc != ffi::SQLITE_OK {
             return rc;
         }
+        return lock_shielded(gf, state, level);
     }
     sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
+}
+
+/// `xLock` of a guarded main file, with the lock shield around it: it steps aside before an
+/// EXCLUSIVE attempt (its OFD locks would conflict with this process's own write lock) and takes
+/// back what the new level allows. Outside WAL mode the shield holds nothing and this is two
+/// atomic loads and a store around the call.
+#[inline(always)]
+fn lock_shielded(gf: &GuardFile, state: &DbState, level: c_int) -> c_int {
+    let shield = state.shield();
+    let engaged = shield.engaged();
+    let stepping_aside = engaged && level == ffi::SQLITE_LOCK_EXCLUSIVE;
+    if stepping_aside {
+        shield_slow(|| shield.before_exclusive());
+    }
+    let rc = sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level);
+    if rc == ffi::SQLITE_OK {
+        shield.set_level(level);
+    }
+    if stepping_aside {
+        shield_slow(|| shield.after_exclusive());
+    } else if engaged && rc == ffi::SQLITE_OK {
+        shield_slow(|| shield.reconcile());
+    }
+    rc
 }
 
 unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
@@ -504,6 +673,14 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
     let gf = unsafe { guard(f) };
     let rc = sub_call!(gf, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        let shield = state.shield();
+        if rc == ffi::SQLITE_OK {
+            shield.set_level(level);
+            if shield.engaged() {
+                // Back to SHARED after EXCLUSIVE: the shield takes its locks back.
+                shield_slow(|| shield.reconcile());
+            }
+        }
         if level <= ffi::SQLITE_LOCK_SHARED {
             // A rollback-mode write (or hot-journal rollback) is over.
             state.end_of_main_write();
@@ -679,6 +856,14 @@ unsafe extern "C" fn x_shm_map(
                     || identity_of_mapping(addr as usize),
                     Box::new(WalIndexView(addr)),
                 );
+                if state.shield().enabled() {
+                    // SAFETY: an armed shield means the wrapped file's unix layout was verified
+                    // at the open; xShmMap just mapped region 0.
+                    match unsafe { shm_descriptor(gf, state) } {
+                        Ok((fd, id)) => state.shield().join_shm(fd, id),
+                        Err(reason) => state.shield().disable(reason, state.db_path()),
+                    }
+                }
             }
         }
         rc
@@ -760,6 +945,9 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
         }
         if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
             state.shm_unmapping();
+            // Before the unmap that may unlink the -shm (and, last, close the node's
+            // descriptor): the DMS lock goes with the node's last guarded connection.
+            state.shield().leave_shm();
         }
         let rc = sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete);
         if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (gf.kind, &gf.state, rc) {

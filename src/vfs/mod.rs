@@ -6,6 +6,7 @@
 
 mod file;
 mod methods;
+mod shield;
 pub(crate) mod state;
 mod watch;
 

@@ -10,6 +10,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::shield::Shield;
 use super::watch::DirWatch;
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
@@ -73,6 +74,8 @@ pub(crate) struct DbState {
     /// The database's directory, held since the open (shared per directory): the capture is
     /// written into it, so it lands beside the database even if the directory was moved away.
     dir: Option<Arc<DirHandle>>,
+    /// The lock shield of this connection (`shield.rs`).
+    shield: Shield,
     inner: Mutex<Inner>,
 }
 
@@ -207,6 +210,7 @@ impl DbState {
             verified_generation: AtomicU64::new(u64::MAX),
             verified_changes: AtomicU64::new(u64::MAX),
             dir,
+            shield: Shield::new(),
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -216,6 +220,20 @@ impl DbState {
 
     pub(crate) fn db_path(&self) -> &Path {
         &self.db_path
+    }
+
+    pub(crate) fn shield(&self) -> &Shield {
+        &self.shield
+    }
+
+    /// The pinned main file, if its `stat` at the open succeeded.
+    pub(crate) fn main_id(&self) -> Option<FileId> {
+        self.inner.lock().main_id
+    }
+
+    /// The pinned `-shm`, once region 0 is mapped.
+    pub(crate) fn shm_id(&self) -> Option<FileId> {
+        self.inner.lock().shm_id
     }
 
     pub(crate) fn is_retired(&self) -> bool {
@@ -605,6 +623,7 @@ impl DbState {
 
     pub(crate) fn status(&self) -> GuardStatus {
         self.check_pins();
+        let (shield_active, shield_shm_active, shield_off_reason) = self.shield.status();
         let inner = self.inner.lock();
         GuardStatus {
             database: self.db_path.clone(),
@@ -618,6 +637,9 @@ impl DbState {
             refusals: self.refusals.load(Ordering::Relaxed),
             backfill_at_loss: inner.backfill_at_loss,
             main_torn: inner.backfill_at_loss.is_some_and(|b| b.tears_main()),
+            shield_active,
+            shield_shm_active,
+            shield_off_reason,
         }
     }
 

@@ -525,7 +525,7 @@ impl Watcher {
 }
 
 /// Filesystems whose every change passes through this kernel, so inotify sees it.
-fn local_filesystem(dir: &Path) -> bool {
+pub(super) fn local_filesystem(dir: &Path) -> bool {
     const LOCAL: [i64; 8] = [
         0xEF53,     // ext2/3/4
         0x58465342, // xfs

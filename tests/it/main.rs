@@ -48,6 +48,7 @@ mod directory_moved;
 mod exclusive_and_rollback;
 mod fork;
 mod halt_capture;
+mod lock_shield;
 mod long_names;
 mod main_replaced;
 mod mounts;

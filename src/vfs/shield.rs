@@ -1,0 +1,414 @@
+//! The lock shield (issue #12): open-file-description locks beside SQLite's own POSIX locks, so
+//! that a stray `close()` of the database file elsewhere in the process — which drops every POSIX
+//! lock the process holds on that inode — cannot make this connection look absent to other
+//! processes.
+//!
+//! Two locks, both read locks taken with `F_OFD_SETLK` on SQLite's **own** descriptors (never on
+//! one of ours, whose close would itself drop the process's POSIX locks):
+//!
+//! - the main file's SHARED range (`SHARED_FIRST`, `SHARED_SIZE` bytes), on the connection's
+//!   `unixFile.h`, while the connection is in WAL mode (its `-shm` mapped) and holds SHARED,
+//!   RESERVED or PENDING. Another process's EXCLUSIVE (a write lock on that range: the
+//!   close-time checkpoint that deletes the WAL, a journal-mode switch, VACUUM in rollback mode)
+//!   is then refused as long as this connection lives, as SQLite's own SHARED lock would.
+//! - the `-shm` dead-man-switch byte (`UNIX_SHM_DMS`), on the shared-memory node's `hShm`, while
+//!   the node is mapped by a guarded connection of the process (counted across connections: the
+//!   node and its descriptor are shared). Another process then sees the shared memory in use and
+//!   neither truncates it at its open nor treats its own close as the last.
+//!
+//! OFD locks conflict with the process's own POSIX locks, so the shield steps aside exactly where
+//! SQLite asks for a conflicting one: before this connection's `xLock(EXCLUSIVE)` (a write lock on
+//! the SHARED range, after `unixIsSharingShmNode` asks with `F_GETLK` whether anybody else holds
+//! the DMS byte) both are released, and they are taken back when the connection returns to SHARED
+//! or the attempt fails. The DMS lock goes before the last guarded connection of the node unmaps
+//! it (which may unlink the `-shm`), the main lock at the unmap and at the close.
+//!
+//! Safe API; the one `unsafe` is the `fcntl` call itself.
+
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::identity::FileId;
+
+/// `PENDING_BYTE` of the unix VFS (sqlite3.c): 0x40000000, the byte after the first GiB.
+const PENDING_BYTE: i64 = 0x4000_0000;
+/// `SHARED_FIRST = PENDING_BYTE + 2` (after the PENDING and RESERVED bytes).
+pub(super) const SHARED_FIRST: i64 = PENDING_BYTE + 2;
+/// `SHARED_SIZE`: the range readers lock for reading and EXCLUSIVE locks for writing.
+pub(super) const SHARED_SIZE: i64 = 510;
+/// `SQLITE_SHM_NLOCK`: the shared-memory lock slots.
+const SHM_NLOCK: i64 = 8;
+/// `UNIX_SHM_BASE = (22 + SQLITE_SHM_NLOCK) * 4` = 120: the first shared-memory lock byte.
+const UNIX_SHM_BASE: i64 = (22 + SHM_NLOCK) * 4;
+/// `UNIX_SHM_DMS = UNIX_SHM_BASE + SQLITE_SHM_NLOCK` = 128: the dead-man switch.
+pub(super) const UNIX_SHM_DMS: i64 = UNIX_SHM_BASE + SHM_NLOCK;
+
+/// SQLite's lock levels (`SQLITE_LOCK_*`).
+const LOCK_NONE: u8 = 0;
+const LOCK_SHARED: u8 = 1;
+const LOCK_PENDING: u8 = 3;
+const LOCK_EXCLUSIVE: u8 = 4;
+
+#[cfg(all(
+    target_os = "linux",
+    any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )
+))]
+mod sys {
+    use std::ffi::c_int;
+    use std::io;
+
+    /// Linux's `struct flock` on 64-bit targets (`off_t` is 64 bits, `pid_t` 32).
+    #[repr(C)]
+    struct Flock {
+        l_type: i16,
+        l_whence: i16,
+        l_start: i64,
+        l_len: i64,
+        l_pid: i32,
+    }
+
+    const F_OFD_SETLK: c_int = 37;
+    const F_RDLCK: i16 = 0;
+    const F_UNLCK: i16 = 2;
+    const SEEK_SET: i16 = 0;
+
+    // The C library's fcntl, which std links on Linux anyway: declared here so that neither the
+    // library nor the extension needs the `libc` crate for one call (docs/decisions.md).
+    extern "C" {
+        fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
+    }
+
+    pub(super) const SUPPORTED: bool = true;
+
+    /// A non-blocking OFD read lock (`lock`) or unlock of `len` bytes at `start` on `fd`'s open
+    /// file description.
+    pub(super) fn ofd_read_lock(fd: c_int, lock: bool, start: i64, len: i64) -> io::Result<()> {
+        let mut fl = Flock {
+            l_type: if lock { F_RDLCK } else { F_UNLCK },
+            l_whence: SEEK_SET,
+            l_start: start,
+            l_len: len,
+            // Must be 0 for OFD locks.
+            l_pid: 0,
+        };
+        // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is (repr(C), the
+        // Linux layout on this target) and which outlives the call. A descriptor that is not
+        // open makes the call fail with EBADF; it cannot touch memory.
+        let rc = unsafe { fcntl(fd, F_OFD_SETLK, &mut fl as *mut Flock) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "loongarch64"
+    )
+)))]
+mod sys {
+    use std::ffi::c_int;
+    use std::io;
+
+    pub(super) const SUPPORTED: bool = false;
+
+    pub(super) fn ofd_read_lock(_: c_int, _: bool, _: i64, _: i64) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
+}
+
+/// Whether this build can take OFD locks at all; the reason when not.
+pub(super) fn platform_off_reason() -> Option<&'static str> {
+    (!sys::SUPPORTED).then_some("open-file-description locks are not supported on this platform")
+}
+
+/// One shared-memory node of the unix VFS in this process, as the shield counts it: keyed by its
+/// descriptor and the `-shm` inode behind it (a descriptor number is reused only after the node
+/// closed it, and every guarded connection leaves its node before that).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+struct NodeKey {
+    fd: c_int,
+    id: FileId,
+}
+
+#[derive(Default)]
+struct Node {
+    /// Guarded connections that mapped the node.
+    refs: u32,
+    /// Of those, the ones stepping aside (an EXCLUSIVE attempt, or EXCLUSIVE held).
+    suspended: u32,
+    /// The OFD read lock on the DMS byte is held.
+    locked: bool,
+}
+
+static NODES: Mutex<Option<HashMap<NodeKey, Node>>> = Mutex::new(None);
+
+/// Takes or releases a node's DMS lock so that it is held exactly while some guarded connection
+/// maps the node and none is stepping aside. Drops the entry once nobody maps it.
+fn sync_node(map: &mut HashMap<NodeKey, Node>, key: NodeKey) {
+    let Some(node) = map.get_mut(&key) else {
+        return;
+    };
+    let want = node.refs > 0 && node.suspended == 0;
+    if want != node.locked {
+        match sys::ofd_read_lock(key.fd, want, UNIX_SHM_DMS, 1) {
+            Ok(()) => node.locked = want,
+            Err(e) if want => log::warn!(
+                "hermes-guard: lock shield: cannot take the read lock on the -shm ({}) dead-man \
+                 switch: {e}; retried at the next lock change",
+                key.id
+            ),
+            Err(e) => {
+                log::warn!(
+                    "hermes-guard: lock shield: cannot release the read lock on the -shm ({}) \
+                     dead-man switch: {e}",
+                    key.id
+                );
+            }
+        }
+    }
+    if node.refs == 0 && !node.locked {
+        map.remove(&key);
+    }
+}
+
+/// This connection's place in a node.
+struct Joined {
+    key: NodeKey,
+    /// This connection counts in the node's `suspended`.
+    suspending: bool,
+}
+
+/// The shield of one connection (one main file object).
+pub(crate) struct Shield {
+    /// `None` while the shield may be used; the reason when it is off for this connection.
+    off: Mutex<Option<String>>,
+    /// The main file's descriptor (SQLite's `unixFile.h`, verified), or -1.
+    main_fd: AtomicI32,
+    /// The connection's lock level on the main file, as SQLite last set it (`SQLITE_LOCK_*`).
+    level: AtomicU8,
+    /// Inside `xLock(EXCLUSIVE)`: stepping aside.
+    attempting: AtomicBool,
+    /// The OFD read lock on the main file's SHARED range is held.
+    main_held: AtomicBool,
+    /// The connection maps the shared memory (WAL mode) and counts in its node.
+    joined: AtomicBool,
+    node: Mutex<Option<Joined>>,
+}
+
+impl Shield {
+    /// A shield that is off until [`Shield::arm`] says otherwise.
+    pub(crate) fn new() -> Shield {
+        Shield {
+            off: Mutex::new(Some(
+                "the main file's descriptor is not verified yet".into(),
+            )),
+            main_fd: AtomicI32::new(-1),
+            level: AtomicU8::new(LOCK_NONE),
+            attempting: AtomicBool::new(false),
+            main_held: AtomicBool::new(false),
+            joined: AtomicBool::new(false),
+            node: Mutex::new(None),
+        }
+    }
+
+    /// Arms the shield on SQLite's verified main descriptor, or turns it off for this connection
+    /// (logged at WARN with the reason; detection goes on as before).
+    pub(crate) fn arm(&self, main: Result<c_int, String>, database: &std::path::Path) {
+        match main {
+            Ok(fd) => {
+                self.main_fd.store(fd, Ordering::Release);
+                *self.off.lock() = None;
+            }
+            Err(reason) => {
+                log::warn!(
+                    "hermes-guard: lock shield off for {}: {reason}; a stray close of the file \
+                     elsewhere in this process can drop this connection's locks",
+                    database.display()
+                );
+                *self.off.lock() = Some(reason);
+            }
+        }
+    }
+
+    /// Turns the shield off for this connection from now on (releasing what it holds).
+    pub(crate) fn disable(&self, reason: String, database: &std::path::Path) {
+        log::warn!(
+            "hermes-guard: lock shield off for {}: {reason}; a stray close of the file elsewhere \
+             in this process can drop this connection's locks",
+            database.display()
+        );
+        self.release_all();
+        *self.off.lock() = Some(reason);
+        self.main_fd.store(-1, Ordering::Release);
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.main_fd.load(Ordering::Acquire) >= 0
+    }
+
+    /// Whether the shield has anything to do at a lock change: the connection maps the shared
+    /// memory or holds a shield lock. Atomics only (panic-free): rollback-mode transactions,
+    /// which lock and unlock the main file each time, pay two loads.
+    #[inline]
+    pub(crate) fn engaged(&self) -> bool {
+        self.joined.load(Ordering::Acquire) || self.main_held.load(Ordering::Acquire)
+    }
+
+    /// SQLite's lock level changed to `level` (a granted `xLock`, or an `xUnlock`). Panic-free.
+    #[inline]
+    pub(crate) fn set_level(&self, level: c_int) {
+        self.level.store(level.clamp(0, 4) as u8, Ordering::Release);
+    }
+
+    /// Before `xLock(EXCLUSIVE)`: step aside (release both locks of this connection).
+    pub(crate) fn before_exclusive(&self) {
+        self.attempting.store(true, Ordering::Release);
+        self.reconcile();
+    }
+
+    /// After `xLock(EXCLUSIVE)` (granted or not): take back what the new level allows.
+    pub(crate) fn after_exclusive(&self) {
+        self.attempting.store(false, Ordering::Release);
+        self.reconcile();
+    }
+
+    /// The connection mapped its shared memory, whose node's descriptor (SQLite's `hShm`,
+    /// verified against the pinned `-shm`) is `fd`.
+    pub(crate) fn join_shm(&self, fd: c_int, id: FileId) {
+        if !self.enabled() {
+            return;
+        }
+        {
+            let mut node = self.node.lock();
+            if node.is_none() {
+                let key = NodeKey { fd, id };
+                let mut map = NODES.lock();
+                let map = map.get_or_insert_with(HashMap::new);
+                map.entry(key).or_default().refs += 1;
+                *node = Some(Joined {
+                    key,
+                    suspending: false,
+                });
+                sync_node(map, key);
+            }
+        }
+        self.joined.store(true, Ordering::Release);
+        self.reconcile();
+    }
+
+    /// The connection is about to unmap its shared memory (a close, or a switch out of WAL
+    /// mode): the main lock goes, and the node's DMS lock with its last guarded connection.
+    pub(crate) fn leave_shm(&self) {
+        self.joined.store(false, Ordering::Release);
+        self.reconcile();
+        if let Some(joined) = self.node.lock().take() {
+            let mut map = NODES.lock();
+            let map = map.get_or_insert_with(HashMap::new);
+            if let Some(node) = map.get_mut(&joined.key) {
+                node.refs = node.refs.saturating_sub(1);
+                if joined.suspending {
+                    node.suspended = node.suspended.saturating_sub(1);
+                }
+            }
+            sync_node(map, joined.key);
+        }
+    }
+
+    /// The main file is closing: nothing of the shield may outlive SQLite's descriptor (the unix
+    /// VFS may keep it open, deferred, and hand it to a later connection).
+    pub(crate) fn close(&self) {
+        self.level.store(LOCK_NONE, Ordering::Release);
+        self.release_all();
+    }
+
+    fn release_all(&self) {
+        self.leave_shm();
+        self.reconcile();
+    }
+
+    /// Brings the held locks in line with the connection's state.
+    pub(crate) fn reconcile(&self) {
+        let level = self.level.load(Ordering::Acquire);
+        let attempting = self.attempting.load(Ordering::Acquire);
+        let fd = self.main_fd.load(Ordering::Acquire);
+        let want_main = fd >= 0
+            && self.joined.load(Ordering::Acquire)
+            && (LOCK_SHARED..=LOCK_PENDING).contains(&level)
+            && !attempting;
+        let held = self.main_held.load(Ordering::Acquire);
+        if want_main != held {
+            // A release uses the descriptor the lock was taken on: main_fd is only cleared by
+            // `disable`, after which nothing is wanted and the descriptor is still SQLite's.
+            match sys::ofd_read_lock(fd, want_main, SHARED_FIRST, SHARED_SIZE) {
+                Ok(()) => self.main_held.store(want_main, Ordering::Release),
+                Err(e) if want_main && e.raw_os_error() == Some(22) => {
+                    // EINVAL: a kernel without F_OFD_SETLK (before Linux 3.15).
+                    self.off_for_good(format!("the kernel refused F_OFD_SETLK: {e}"));
+                }
+                Err(e) => log::warn!(
+                    "hermes-guard: lock shield: cannot {} the read lock on the main file's \
+                     SHARED range: {e}; retried at the next lock change",
+                    if want_main { "take" } else { "release" }
+                ),
+            }
+        }
+        let want_suspend = attempting || level == LOCK_EXCLUSIVE;
+        let mut node = self.node.lock();
+        if let Some(joined) = node.as_mut() {
+            if joined.suspending != want_suspend {
+                let mut map = NODES.lock();
+                let map = map.get_or_insert_with(HashMap::new);
+                if let Some(n) = map.get_mut(&joined.key) {
+                    if want_suspend {
+                        n.suspended += 1;
+                    } else {
+                        n.suspended = n.suspended.saturating_sub(1);
+                    }
+                }
+                joined.suspending = want_suspend;
+                sync_node(map, joined.key);
+            }
+        }
+    }
+
+    fn off_for_good(&self, reason: String) {
+        log::warn!("hermes-guard: lock shield off: {reason}");
+        *self.off.lock() = Some(reason);
+        self.main_fd.store(-1, Ordering::Release);
+    }
+
+    /// `(main lock held, DMS lock held, reason the shield is off)`, for the status.
+    pub(crate) fn status(&self) -> (bool, bool, Option<String>) {
+        let shm = self.node.lock().as_ref().is_some_and(|j| {
+            NODES
+                .lock()
+                .as_ref()
+                .and_then(|m| m.get(&j.key))
+                .is_some_and(|n| n.locked)
+        });
+        (
+            self.main_held.load(Ordering::Acquire),
+            shm,
+            self.off.lock().clone(),
+        )
+    }
+}
