@@ -1,5 +1,6 @@
 //! hermes-guard as a SQLite loadable extension: `libhermes_guard.so`, for the sqlite3 shell,
-//! Python (apsw) and every other host that links a modern SQLite and can load extensions.
+//! Python (the standard library's `sqlite3` or apsw) and every other host that links SQLite 3.34.0
+//! or newer and can load extensions.
 //!
 //! Loading it registers the `hermes-guard` VFS over the host's default VFS, for the life of the
 //! process, and adds three SQL functions to every connection opened afterwards (and to the one
@@ -42,6 +43,7 @@ mod vfs;
 #[path = "../../src/walfile.rs"]
 mod walfile;
 
+mod host_api;
 mod version;
 
 use std::ffi::{c_char, c_int, CString};
@@ -133,8 +135,23 @@ unsafe fn init(
         }
     };
     check_host_version(host_version)?;
-    // SAFETY: the host is at least as new as the bindings, so the table has every slot read.
-    unsafe { ffi::rusqlite_extension_init2(p_api) }
+    // rusqlite reads every slot of its 3.45.3 table: an older host's shorter table is handed
+    // over as a padded copy (see host_api), which must outlive the call that copies it.
+    // SAFETY: a table of `Option<fn>` slots: all-zero bytes are all `None`.
+    let mut copy: ffi::sqlite3_api_routines = unsafe { std::mem::zeroed() };
+    // SAFETY: `p_api` is the host's table of SQLite `host_version`.
+    let table = unsafe { host_api::table_for_rusqlite(p_api, host_version, &mut copy) };
+    // SAFETY: `table` is the host's table or a full-size copy of it.
+    let missing = host_api::missing_routines(unsafe { &*table });
+    if !missing.is_empty() {
+        return Err(format!(
+            "hermes-guard: the host SQLite {} was built without {}, which the extension calls",
+            version::dotted(host_version),
+            missing.join(", ")
+        ));
+    }
+    // SAFETY: as above; every slot rusqlite copies is within `table`.
+    unsafe { ffi::rusqlite_extension_init2(table) }
         .map_err(|e| format!("hermes-guard: cannot use the host's SQLite API: {e}"))?;
     install_logger();
 
