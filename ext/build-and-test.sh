@@ -10,7 +10,9 @@
 #      that the npm package sqlite3@5.0.2 ships (LD_LIBRARY_PATH);
 # every run also proves the clear load-time error of a host below the minimum (SQLite 3.32.3, from
 # sqlite3@5.0.1, in the distribution's Python). Then the distribution's sqlite3 shell loads the
-# extension and guards a database.
+# extension and guards a database. Last, tests/system-sqlite.sh runs the library's integration tests
+# again without `bundled`, on the system libsqlite3 (the README's test command is
+# `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
 # tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
 # distribution Python that can load extensions) is skipped with the reason printed; with CI=true
@@ -72,32 +74,16 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hermes-guard-stamp" 2>/dev/nu
     printf '%s' "$stamp" > "$venv/.hermes-guard-stamp"
 fi
 
-# build_sqlite <npm version> <SQLite version number>: libsqlite3.so.0 from the amalgamation the npm
-# package sqlite3@<npm version> ships, in $target_dir/old-sqlite/<number>/; prints that directory.
-# Compiled with what Debian's _sqlite3 module calls for (deserialize, FTS5, JSON1, ...).
+# build_sqlite <npm version> <SQLite version number>: libsqlite3.so.0 of that SQLite in
+# $target_dir/old-sqlite/<number>/ (tests/sqlite-from-npm.sh); prints the directory, or why not.
 build_sqlite() {
-    local npm_version="$1" number="$2"
-    local out="$target_dir/old-sqlite/$number"
-    if [ ! -f "$out/libsqlite3.so.0" ]; then
-        command -v npm >/dev/null || { echo "npm not found"; return 1; }
-        command -v gcc >/dev/null || { echo "gcc not found"; return 1; }
-        local work
-        work="$(mktemp -d)"
-        (
-            cd "$work" &&
-            timeout 120 npm pack --silent "sqlite3@$npm_version" >/dev/null &&
-            tar xzf "sqlite3-$npm_version.tgz" "package/deps/sqlite-autoconf-$number.tar.gz" &&
-            tar xzf "package/deps/sqlite-autoconf-$number.tar.gz" "sqlite-autoconf-$number/sqlite3.c" &&
-            gcc -O1 -g0 -fPIC -shared -Wl,-soname,libsqlite3.so.0 -DSQLITE_THREADSAFE=1 \
-                -DSQLITE_ENABLE_DESERIALIZE -DSQLITE_ENABLE_FTS3 -DSQLITE_ENABLE_FTS5 \
-                -DSQLITE_ENABLE_JSON1 -DSQLITE_ENABLE_RTREE -DSQLITE_ENABLE_COLUMN_METADATA \
-                -o libsqlite3.so.0 "sqlite-autoconf-$number/sqlite3.c" -lpthread -ldl -lm
-        ) >"$work/log" 2>&1 || { echo "building SQLite $number failed: $(tail -3 "$work/log" | tr '\n' ' ')"; rm -rf "$work"; return 1; }
-        mkdir -p "$out"
-        mv "$work/libsqlite3.so.0" "$out/"
-        rm -rf "$work"
+    local out="$target_dir/old-sqlite/$2" log
+    if log="$(bash tests/sqlite-from-npm.sh "$1" "$2" "$out" 2>&1)"; then
+        echo "$out"
+    else
+        echo "building SQLite $2 from npm sqlite3@$1 failed: $(tail -3 <<<"$log" | tr '\n' ' ')"
+        return 1
     fi
-    echo "$out"
 }
 
 distro_ok=false
@@ -186,6 +172,9 @@ EOF
 else
     required_skip "the sqlite3 shell ($shell)" "not installed"
 fi
+
+echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
+bash tests/system-sqlite.sh
 
 if [ "${#skipped[@]}" -gt 0 ]; then
     echo "== done, with hosts skipped:"
