@@ -16,32 +16,10 @@
 //! guard the default VFS only when `HERMES_GUARD_DEFAULT=1`; `sqlite3_hermesguard_default_init`
 //! always does.
 //!
-//! This crate has no shim of its own: the library's `src/vfs/` and the safe modules it uses are
-//! compiled here a second time, against rusqlite's `loadable_extension` build, which sends every
-//! `ffi::sqlite3_*` call through the host's `sqlite3_api_routines`.
-
-// The library's own files. The extension uses a subset of what they offer the library.
-#[allow(dead_code)]
-#[path = "../../src/capture.rs"]
-mod capture;
-#[allow(dead_code)]
-#[path = "../../src/error.rs"]
-mod error;
-#[allow(dead_code)]
-#[path = "../../src/identity.rs"]
-mod identity;
-#[allow(dead_code)]
-#[path = "../../src/paths.rs"]
-mod paths;
-#[allow(dead_code)]
-#[path = "../../src/status.rs"]
-mod status;
-#[allow(dead_code)]
-#[path = "../../src/vfs/mod.rs"]
-mod vfs;
-#[allow(dead_code)]
-#[path = "../../src/walfile.rs"]
-mod walfile;
+//! This crate has no shim of its own: it depends on the library (`hermes-guard`, without `bundled`)
+//! and chooses rusqlite's `loadable_extension`, which sends every `ffi::sqlite3_*` call — the
+//! library's included — through the host's `sqlite3_api_routines`. It uses the library's public
+//! API only (`register`, `register_as_default`, `retry_pending_captures`).
 
 mod host_api;
 mod version;
@@ -160,9 +138,9 @@ unsafe fn init(
         None => default_from_env(std::env::var_os(DEFAULT_ENV))?,
     };
     let registered = if make_default {
-        vfs::register_as_default()
+        guard::register_as_default()
     } else {
-        vfs::register()
+        guard::register()
     };
     registered.map_err(|e| e.to_string())?;
 
@@ -238,7 +216,7 @@ fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
         })?;
     }
     conn.create_scalar_function(c"hermes_guard_retry_pending", 0, flags, |_| {
-        Ok(vfs::retry_pending_captures() as i64)
+        Ok(guard::retry_pending_captures() as i64)
     })?;
     Ok(())
 }
