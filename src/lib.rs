@@ -35,6 +35,9 @@
 //! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
 //! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
 
+// Without the shim (not Linux) the capture machinery only the shim drives is unused.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code))]
+
 // All `unsafe` lives under `src/vfs/` (the lints deny an `unsafe` block without a SAFETY line).
 mod capture;
 mod error;
@@ -46,6 +49,13 @@ pub mod registry;
 mod status;
 #[cfg(feature = "store")]
 pub mod store;
+#[cfg(not(target_os = "linux"))]
+mod unsupported;
+#[cfg(not(target_os = "linux"))]
+use unsupported as vfs;
+// The shim needs Linux (inotify, epoll, /proc/self/mountinfo, MADV_WIPEONFORK); elsewhere the
+// crate builds and `register` says so (`unsupported.rs`).
+#[cfg(target_os = "linux")]
 mod vfs;
 mod walfile;
 
