@@ -1,26 +1,51 @@
 #!/usr/bin/env bash
 # Builds the loadable extension (libhermes_guard.so) on its own — its rusqlite feature
 # `loadable_extension` must never share a build with the root package's `bundled` — runs its Rust
-# unit tests, then the Python (apsw) suite in tests/python against it:
-#   1. on the SQLite of tests/python/requirements.txt (3.54.1, what the library bundles),
-#      with a too-old host (apsw $TOO_OLD_APSW) proving the clear load-time error;
-#   2. again, whole, on the oldest SQLite the extension supports (apsw $MINIMUM_APSW).
-# Everything it needs is set up from scratch in a virtual environment under target/, reused while
-# tests/python/requirements.txt and the host pins below stay the same.
+# unit tests, then the Python suite in tests/python against it, once per host SQLite:
+#   1. apsw of tests/python/requirements.txt (SQLite 3.54.1, the newest);
+#   2. the oldest apsw wheel there is (apsw $OLDEST_APSW, SQLite 3.39.2; no wheel carries 3.34);
+#   3. the standard library's sqlite3 of the distribution's Python ($DISTRO_PYTHON, Debian 12:
+#      SQLite 3.40.1, the system libsqlite3);
+#   4. the same Python on SQLite 3.34.0, the oldest supported host, built from the amalgamation
+#      that the npm package sqlite3@5.0.2 ships (LD_LIBRARY_PATH);
+# every run also proves the clear load-time error of a host below the minimum (SQLite 3.32.3, from
+# sqlite3@5.0.1, in the distribution's Python). Then the distribution's sqlite3 shell loads the
+# extension and guards a database. Last, tests/system-sqlite.sh runs the library's integration tests
+# again without `bundled`, on the system libsqlite3 (the README's test command is
+# `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
+# Everything it needs is set up from scratch under target/, and reused while the pins below and
+# tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
+# distribution Python that can load extensions) is skipped with the reason printed; with CI=true
+# only the npm-built SQLite may be skipped.
 #
-# Environment: HERMES_GUARD_VENV (default target/python-venv), PYTHON (default python3),
-# CARGO_TARGET_DIR (default target).
+# Environment: HERMES_GUARD_VENV (default target/python-venv), PYTHON (default python3, for the
+# venv), HERMES_GUARD_DISTRO_PYTHON (default /usr/bin/python3), SQLITE3_SHELL (default
+# /usr/bin/sqlite3), CARGO_TARGET_DIR (default target).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-MINIMUM_APSW=3.45.3.0   # SQLite 3.45.3: MIN_SQLITE_VERSION_NUMBER in ext/src/version.rs
-TOO_OLD_APSW=3.44.2.0   # SQLite 3.44.2: below it
+OLDEST_APSW=3.39.2.1   # the oldest apsw wheel for this Python: SQLite 3.39.2
+MINIMUM_NPM=5.0.2      # npm sqlite3@5.0.2 ships SQLite 3.34.0: MIN_SQLITE_VERSION_NUMBER (ext/src/version.rs)
+TOO_OLD_NPM=5.0.1      # npm sqlite3@5.0.1 ships SQLite 3.32.3: below it
 
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 venv="${HERMES_GUARD_VENV:-$target_dir/python-venv}"
 python="${PYTHON:-python3}"
+distro_python="${HERMES_GUARD_DISTRO_PYTHON:-/usr/bin/python3}"
+shell="${SQLITE3_SHELL:-/usr/bin/sqlite3}"
+in_ci="${CI:-}"
+
+skipped=()
+skip() { # skip <what> <why>: a host that cannot be had here
+    echo "!! SKIPPED: $1: $2" >&2
+    skipped+=("$1: $2")
+}
+required_skip() { # as skip, but an error in CI
+    skip "$1" "$2"
+    if [ "$in_ci" = true ]; then echo "CI=true: $1 is required" >&2; exit 1; fi
+}
 
 echo "== building the extension (cargo build -p hermes-guard-ext)"
 cargo build -p hermes-guard-ext
@@ -30,27 +55,130 @@ test -f "$ext" || { echo "build produced no $ext" >&2; exit 1; }
 echo "== extension unit tests (cargo test -p hermes-guard-ext)"
 cargo test -p hermes-guard-ext
 
-stamp="$(cat tests/python/requirements.txt; echo "$MINIMUM_APSW $TOO_OLD_APSW")"
+pytest_pins=(pytest iniconfig packaging pluggy pygments)
+stamp="$(cat tests/python/requirements.txt; echo "$OLDEST_APSW pure-pytest")"
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hermes-guard-stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "== setting up $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/python/requirements.txt
-    for version in "$MINIMUM_APSW" "$TOO_OLD_APSW"; do
-        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
-            --only-binary :all: --target "$venv/hosts/apsw-$version" "apsw==$version"
+    pip=("$venv/bin/python" -m pip install --quiet --disable-pip-version-check)
+    "${pip[@]}" -r tests/python/requirements.txt
+    "${pip[@]}" --no-deps --only-binary :all: --target "$venv/hosts/apsw-$OLDEST_APSW" "apsw==$OLDEST_APSW"
+    # pytest and its dependencies (pure Python) for the distribution's Python, which has no pip
+    # of its own on a fresh machine: the versions of requirements.txt.
+    pins=()
+    for name in "${pytest_pins[@]}"; do
+        pins+=("$(grep -i "^$name==" tests/python/requirements.txt)")
     done
+    "${pip[@]}" --no-deps --only-binary :all: --target "$venv/hosts/pytest" "${pins[@]}"
     printf '%s' "$stamp" > "$venv/.hermes-guard-stamp"
 fi
 
+# build_sqlite <npm version> <SQLite version number>: libsqlite3.so.0 of that SQLite in
+# $target_dir/old-sqlite/<number>/ (tests/sqlite-from-npm.sh); prints the directory, or why not.
+build_sqlite() {
+    local out="$target_dir/old-sqlite/$2" log
+    if log="$(bash tests/sqlite-from-npm.sh "$1" "$2" "$out" 2>&1)"; then
+        echo "$out"
+    else
+        echo "building SQLite $2 from npm sqlite3@$1 failed: $(tail -3 <<<"$log" | tr '\n' ' ')"
+        return 1
+    fi
+}
+
+distro_ok=false
+if [ -x "$distro_python" ] && "$distro_python" -c \
+    'import sqlite3; sqlite3.connect(":memory:").enable_load_extension(True)' 2>/dev/null; then
+    distro_ok=true
+else
+    required_skip "the distribution's Python ($distro_python)" \
+        "missing, or its sqlite3 module cannot load extensions"
+fi
+
+minimum_lib=""
+if $distro_ok; then
+    echo "== building SQLite 3.34.0 (npm sqlite3@$MINIMUM_NPM) and 3.32.3 (npm sqlite3@$TOO_OLD_NPM)"
+    if out="$(build_sqlite "$MINIMUM_NPM" 3340000)"; then
+        minimum_lib="$out"
+    else
+        skip "the run on SQLite 3.34.0" "$out"
+    fi
+    if out="$(build_sqlite "$TOO_OLD_NPM" 3320300)"; then
+        export HERMES_GUARD_TOO_OLD_LIB="$out"
+    else
+        export HERMES_GUARD_TOO_OLD_SKIPPED="$out"
+        skip "the too-old host (SQLite 3.32.3)" "$out"
+    fi
+else
+    export HERMES_GUARD_TOO_OLD_SKIPPED="no distribution Python that can load extensions"
+fi
+
 export HERMES_GUARD_EXT="$ext"
-export HERMES_GUARD_APSW_TOO_OLD="$venv/hosts/apsw-$TOO_OLD_APSW"
+export HERMES_GUARD_DISTRO_PYTHON="$distro_python"
 export PYTHONDONTWRITEBYTECODE=1
-unset HERMES_GUARD_DEFAULT
-pytest=("$venv/bin/python" -m pytest -p no:cacheprovider -q tests/python)
+unset HERMES_GUARD_DEFAULT HERMES_GUARD_PY_BINDING
+pytest_args=(-m pytest -p no:cacheprovider -q -rs tests/python)
 
-echo "== Python suite on the pinned SQLite (requirements.txt)"
-HERMES_GUARD_EXPECT_SQLITE=3.54.1 "${pytest[@]}"
+echo "== Python suite: apsw, SQLite 3.54.1 (requirements.txt)"
+HERMES_GUARD_EXPECT_SQLITE=3.54.1 "$venv/bin/python" "${pytest_args[@]}"
 
-echo "== Python suite on the oldest supported SQLite (apsw $MINIMUM_APSW)"
-PYTHONPATH="$venv/hosts/apsw-$MINIMUM_APSW" HERMES_GUARD_EXPECT_SQLITE=3.45.3 "${pytest[@]}"
+echo "== Python suite: apsw $OLDEST_APSW, SQLite 3.39.2"
+PYTHONPATH="$venv/hosts/apsw-$OLDEST_APSW" HERMES_GUARD_EXPECT_SQLITE=3.39.2 \
+    "$venv/bin/python" "${pytest_args[@]}"
+
+if $distro_ok; then
+    echo "== Python suite: $distro_python, standard library sqlite3, the system SQLite"
+    HERMES_GUARD_PY_BINDING=sqlite3 PYTHONPATH="$venv/hosts/pytest" \
+        "$distro_python" "${pytest_args[@]}"
+
+    if [ -n "$minimum_lib" ]; then
+        echo "== Python suite: $distro_python, standard library sqlite3, SQLite 3.34.0 ($minimum_lib)"
+        HERMES_GUARD_PY_BINDING=sqlite3 PYTHONPATH="$venv/hosts/pytest" \
+            LD_LIBRARY_PATH="$minimum_lib" HERMES_GUARD_EXPECT_SQLITE=3.34.0 \
+            "$distro_python" "${pytest_args[@]}"
+    fi
+fi
+
+# The distribution's sqlite3 shell: load, open guarded, WAL, write, lose the -wal; the next write
+# must be refused and the retired generation captured next to the database.
+if [ -x "$shell" ]; then
+    echo "== the sqlite3 shell ($shell, SQLite $("$shell" -version | cut -d' ' -f1))"
+    work="$(mktemp -d)"
+    db="$work/state.db"
+    set +e
+    out="$("$shell" :memory: 2>&1 <<EOF
+.load $ext
+.open file:$db?vfs=hermes-guard
+PRAGMA journal_mode=WAL;
+CREATE TABLE t(x);
+INSERT INTO t VALUES ('committed before the loss');
+.shell rm -f $db-wal
+INSERT INTO t VALUES ('after the loss');
+SELECT 'status', json_extract(s, '\$.retired'), json_extract(s, '\$.reason'), json_extract(s, '\$.refusals')
+  FROM (SELECT hermes_guard_status() AS s);
+EOF
+)"
+    set -e
+    echo "$out" | sed 's/^/   | /'
+    captures=("$db".retired-wal-*)
+    if ! grep -q "attempt to write a readonly database" <<<"$out" \
+        || ! grep -q "^status|1|wal-lost|1$" <<<"$out" \
+        || [ ! -f "${captures[0]}/manifest.json" ]; then
+        echo "the sqlite3 shell was not protected: no refusal, or no capture in $work" >&2
+        exit 1
+    fi
+    echo "   refused, captured in $(basename "${captures[0]}")"
+    rm -rf "$work"
+else
+    required_skip "the sqlite3 shell ($shell)" "not installed"
+fi
+
+echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
+bash tests/system-sqlite.sh
+
+if [ "${#skipped[@]}" -gt 0 ]; then
+    echo "== done, with hosts skipped:"
+    printf '   %s\n' "${skipped[@]}"
+else
+    echo "== done: every host ran"
+fi

@@ -11,6 +11,15 @@ pub enum GuardError {
     /// The VFS could not be registered.
     #[error("registering the hermes-guard VFS failed: {0}")]
     Register(String),
+    /// The guard runs on Linux only (its directory watch is inotify and epoll); on this operating
+    /// system the crate builds but [`register`](crate::register) returns this.
+    #[error(
+        "hermes-guard is not supported on {os}: the guard needs Linux (inotify, epoll, /proc)"
+    )]
+    UnsupportedPlatform {
+        /// `std::env::consts::OS` of the running program.
+        os: &'static str,
+    },
     /// The connection's database is not opened through hermes-guard, so it has no guard to ask.
     #[error(
         "{database} is not opened through the hermes-guard VFS (open it with vfs=hermes-guard \

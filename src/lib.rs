@@ -35,6 +35,9 @@
 //! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
 //! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
 
+// Without the shim (not Linux) the capture machinery only the shim drives is unused.
+#![cfg_attr(not(target_os = "linux"), allow(dead_code))]
+
 // All `unsafe` lives under `src/vfs/` (the lints deny an `unsafe` block without a SAFETY line).
 mod capture;
 mod error;
@@ -46,6 +49,13 @@ pub mod registry;
 mod status;
 #[cfg(feature = "store")]
 pub mod store;
+#[cfg(not(target_os = "linux"))]
+mod unsupported;
+#[cfg(not(target_os = "linux"))]
+use unsupported as vfs;
+// The shim needs Linux (inotify, epoll, /proc/self/mountinfo, MADV_WIPEONFORK); elsewhere the
+// crate builds and `register` says so (`unsupported.rs`).
+#[cfg(target_os = "linux")]
 mod vfs;
 mod walfile;
 
@@ -188,6 +198,19 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
             database: database(),
         }),
     }
+}
+
+/// `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's `Connection::busy_timeout` goes
+/// through `sqlite3_set_clientdata` (SQLite 3.44), so a program calling it cannot even link
+/// against an older system SQLite (Debian 12's 3.40.1) when built without `bundled`.
+pub(crate) fn set_busy_timeout(
+    conn: &Connection,
+    timeout: std::time::Duration,
+) -> rusqlite::Result<()> {
+    let ms = i64::try_from(timeout.as_millis())
+        .unwrap_or(i64::MAX)
+        .min(i64::from(i32::MAX));
+    conn.pragma_update(None, "busy_timeout", ms)
 }
 
 /// Hooks for this crate's own tests (the `test-hooks` feature); not part of the API.

@@ -1,5 +1,6 @@
 //! hermes-guard as a SQLite loadable extension: `libhermes_guard.so`, for the sqlite3 shell,
-//! Python (apsw) and every other host that links a modern SQLite and can load extensions.
+//! Python (the standard library's `sqlite3` or apsw) and every other host that links SQLite 3.34.0
+//! or newer and can load extensions.
 //!
 //! Loading it registers the `hermes-guard` VFS over the host's default VFS, for the life of the
 //! process, and adds three SQL functions to every connection opened afterwards (and to the one
@@ -15,33 +16,12 @@
 //! guard the default VFS only when `HERMES_GUARD_DEFAULT=1`; `sqlite3_hermesguard_default_init`
 //! always does.
 //!
-//! This crate has no shim of its own: the library's `src/vfs/` and the safe modules it uses are
-//! compiled here a second time, against rusqlite's `loadable_extension` build, which sends every
-//! `ffi::sqlite3_*` call through the host's `sqlite3_api_routines`.
+//! This crate has no shim of its own: it depends on the library (`hermes-guard`, without `bundled`)
+//! and chooses rusqlite's `loadable_extension`, which sends every `ffi::sqlite3_*` call — the
+//! library's included — through the host's `sqlite3_api_routines`. It uses the library's public
+//! API only (`register`, `register_as_default`, `retry_pending_captures`).
 
-// The library's own files. The extension uses a subset of what they offer the library.
-#[allow(dead_code)]
-#[path = "../../src/capture.rs"]
-mod capture;
-#[allow(dead_code)]
-#[path = "../../src/error.rs"]
-mod error;
-#[allow(dead_code)]
-#[path = "../../src/identity.rs"]
-mod identity;
-#[allow(dead_code)]
-#[path = "../../src/paths.rs"]
-mod paths;
-#[allow(dead_code)]
-#[path = "../../src/status.rs"]
-mod status;
-#[allow(dead_code)]
-#[path = "../../src/vfs/mod.rs"]
-mod vfs;
-#[allow(dead_code)]
-#[path = "../../src/walfile.rs"]
-mod walfile;
-
+mod host_api;
 mod version;
 
 use std::ffi::{c_char, c_int, CString};
@@ -133,8 +113,23 @@ unsafe fn init(
         }
     };
     check_host_version(host_version)?;
-    // SAFETY: the host is at least as new as the bindings, so the table has every slot read.
-    unsafe { ffi::rusqlite_extension_init2(p_api) }
+    // rusqlite reads every slot of its 3.45.3 table: an older host's shorter table is handed
+    // over as a padded copy (see host_api), which must outlive the call that copies it.
+    // SAFETY: a table of `Option<fn>` slots: all-zero bytes are all `None`.
+    let mut copy: ffi::sqlite3_api_routines = unsafe { std::mem::zeroed() };
+    // SAFETY: `p_api` is the host's table of SQLite `host_version`.
+    let table = unsafe { host_api::table_for_rusqlite(p_api, host_version, &mut copy) };
+    // SAFETY: `table` is the host's table or a full-size copy of it.
+    let missing = host_api::missing_routines(unsafe { &*table });
+    if !missing.is_empty() {
+        return Err(format!(
+            "hermes-guard: the host SQLite {} was built without {}, which the extension calls",
+            version::dotted(host_version),
+            missing.join(", ")
+        ));
+    }
+    // SAFETY: as above; every slot rusqlite copies is within `table`.
+    unsafe { ffi::rusqlite_extension_init2(table) }
         .map_err(|e| format!("hermes-guard: cannot use the host's SQLite API: {e}"))?;
     install_logger();
 
@@ -143,9 +138,9 @@ unsafe fn init(
         None => default_from_env(std::env::var_os(DEFAULT_ENV))?,
     };
     let registered = if make_default {
-        vfs::register_as_default()
+        guard::register_as_default()
     } else {
-        vfs::register()
+        guard::register()
     };
     registered.map_err(|e| e.to_string())?;
 
@@ -221,7 +216,7 @@ fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
         })?;
     }
     conn.create_scalar_function(c"hermes_guard_retry_pending", 0, flags, |_| {
-        Ok(vfs::retry_pending_captures() as i64)
+        Ok(guard::retry_pending_captures() as i64)
     })?;
     Ok(())
 }

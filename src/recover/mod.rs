@@ -213,7 +213,7 @@ pub(crate) fn open_target(
         crate::VFS_NAME,
     )
     .map_err(|e| RecoverError::sqlite(database, "open through hermes-guard", e))?;
-    conn.busy_timeout(options.busy_timeout)
+    crate::set_busy_timeout(&conn, options.busy_timeout)
         .map_err(|e| RecoverError::sqlite(database, "set busy_timeout", e))?;
     let status = crate::GuardExt::guard_status(&conn).map_err(|e| RecoverError::BadTarget {
         database: database.to_path_buf(),

@@ -57,9 +57,7 @@ pub fn rebuild_torn(
         "unix",
     )
     .map_err(sq("open the live database"))?;
-    holder
-        .busy_timeout(std::time::Duration::ZERO)
-        .map_err(sq("busy_timeout"))?;
+    crate::set_busy_timeout(&holder, std::time::Duration::ZERO).map_err(sq("busy_timeout"))?;
     let _: String = holder
         .query_row("PRAGMA locking_mode=EXCLUSIVE", [], |r| r.get(0))
         .map_err(sq("locking_mode=EXCLUSIVE"))?;

@@ -150,7 +150,7 @@ impl SessionDb {
         let mode = loop {
             attempt += 1;
             let configured = db.read("open: configure", |conn| {
-                conn.busy_timeout(db.options.busy_timeout)?;
+                crate::set_busy_timeout(conn, db.options.busy_timeout)?;
                 let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
                 conn.pragma_update(None, "foreign_keys", true)?;
                 if let Some(pages) = db.options.wal_autocheckpoint {

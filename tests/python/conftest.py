@@ -3,7 +3,6 @@ is closed right after, so every test also proves the VFS outlives the connection
 
 import os
 
-import apsw
 import pytest
 
 import harness
@@ -11,19 +10,21 @@ import harness
 
 def pytest_report_header(config):
     return [
-        f"host SQLite {apsw.sqlite_lib_version()} (apsw {apsw.apsw_version()})",
+        f"host SQLite {harness.sqlite_version()} through {harness.binding_description()}",
         f"extension {os.environ.get('HERMES_GUARD_EXT', '<HERMES_GUARD_EXT not set>')}",
     ]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def extension_loaded():
-    # A run meant for one host SQLite must not quietly test another (PYTHONPATH picks the apsw).
+    # A run meant for one host SQLite must not quietly test another (PYTHONPATH picks the apsw,
+    # LD_LIBRARY_PATH the stdlib's libsqlite3).
     expected = os.environ.get("HERMES_GUARD_EXPECT_SQLITE")
-    if expected and apsw.sqlite_lib_version() != expected:
+    if expected and harness.sqlite_version() != expected:
         pytest.exit(
-            f"this run was meant for SQLite {expected} but apsw carries {apsw.sqlite_lib_version()}",
+            f"this run was meant for SQLite {expected} but {harness.binding_description()} "
+            f"runs {harness.sqlite_version()}",
             returncode=3,
         )
     harness.load_extension()
-    assert harness.VFS_NAME in apsw.vfs_names()
+    assert harness.vfs_registered(harness.VFS_NAME)

@@ -9,8 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-import apsw
-
 import harness
 
 
@@ -36,7 +34,7 @@ def main() -> int:
         if command == "write":
             try:
                 harness.insert(conn, "after the loss")
-            except apsw.Error as e:
+            except harness.Error as e:
                 emit(
                     "write",
                     refused=harness.is_refusal(e),
@@ -48,7 +46,7 @@ def main() -> int:
         elif command == "close":
             try:
                 conn.close()
-            except apsw.Error as e:
+            except harness.Error as e:
                 emit("closed", error=str(e))
             else:
                 emit("closed", error=None)

@@ -9,7 +9,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import apsw
 import pytest
 
 import harness
@@ -51,7 +50,7 @@ def test_the_vfs_outlives_the_connection_that_loaded_it(tmp_path):
 
 def test_the_vfs_keyword_opens_through_the_guard_too(tmp_path):
     path = tmp_path / "state.db"
-    conn = apsw.Connection(str(path), vfs=harness.VFS_NAME)
+    conn = harness.connect(str(path), vfs=harness.VFS_NAME)
     try:
         harness.prepare(conn)
         assert harness.is_guarded(conn)
@@ -66,7 +65,7 @@ def test_status_is_the_calling_connections_own(tmp_path):
     try:
         wal_only_sentinel(first)
         harness.lose_sidecars(tmp_path / "first.db", rename=False)
-        with pytest.raises(apsw.ReadOnlyError):
+        with pytest.raises(harness.ReadOnlyError):
             insert(first, "after the loss")
         assert status(first)["retired"] and status(first)["refusals"] == 1
         assert status(first)["database"] == str(tmp_path / "first.db")
@@ -84,7 +83,7 @@ def test_status_of_an_attached_schema_is_asked_by_name(tmp_path):
         conn.execute("ATTACH ? AS aux", (harness.guarded_uri(tmp_path / "aux.db"),))
         assert status(conn, "aux")["database"] == str(tmp_path / "aux.db")
         assert status(conn)["database"] == str(tmp_path / "main.db")
-        with pytest.raises(apsw.SQLError, match='unknown database "nonesuch"'):
+        with pytest.raises(harness.SQLError, match='unknown database "nonesuch"'):
             status(conn, "nonesuch")
     finally:
         conn.close()
@@ -93,7 +92,7 @@ def test_status_of_an_attached_schema_is_asked_by_name(tmp_path):
 def test_status_of_an_unguarded_database_says_how_to_guard_it(tmp_path):
     conn = open_stock(tmp_path / "stock.db")
     try:
-        with pytest.raises(apsw.SQLError, match="not opened through the hermes-guard VFS"):
+        with pytest.raises(harness.SQLError, match="not opened through the hermes-guard VFS"):
             status(conn)
     finally:
         conn.close()
@@ -118,7 +117,7 @@ def test_capture_function_captures_a_retired_generation_before_any_write(tmp_pat
 CAPTURE_FAILS_PROBE = """
     import json, resource, signal, sys
     from pathlib import Path
-    import apsw, harness
+    import harness
     directory = Path(sys.argv[1])
     path = directory / "state.db"
     harness.load_extension()
@@ -132,11 +131,11 @@ CAPTURE_FAILS_PROBE = """
     try:
         conn.execute("SELECT hermes_guard_capture()").fetchall()
         capture_error = None
-    except apsw.Error as e:
+    except harness.Error as e:
         capture_error = str(e)
     after_failure = harness.status(conn)
     conn.close()  # closed uncaptured: the guard keeps the generation's descriptors for a retry
-    probe = apsw.Connection(":memory:")
+    probe = harness.connect(":memory:")
     pending_while_full = probe.execute("SELECT hermes_guard_retry_pending()").fetchone()[0]
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     pending_after = probe.execute("SELECT hermes_guard_retry_pending()").fetchone()[0]
@@ -178,7 +177,7 @@ def test_the_functions_are_top_level_only_never_from_a_schemas_views(tmp_path):
     conn = open_guarded(tmp_path / "state.db")
     try:
         conn.execute("CREATE VIEW guard AS SELECT hermes_guard_status() AS s")
-        with pytest.raises(apsw.SQLError, match="unsafe use of hermes_guard_status"):
+        with pytest.raises(harness.SQLError, match="unsafe use of hermes_guard_status"):
             conn.execute("SELECT s FROM guard").fetchall()
     finally:
         conn.close()
@@ -187,16 +186,18 @@ def test_the_functions_are_top_level_only_never_from_a_schemas_views(tmp_path):
 # ── Making it the default VFS ───────────────────────────────────────────────────────────────────
 
 DEFAULT_PROBE = """
-    import json, sys
-    import apsw, harness
-    entrypoint = sys.argv[1] if len(sys.argv) > 1 else None
+    import json
+    import harness
     try:
         harness.load_extension({entrypoint})
-    except apsw.Error as e:
-        print(json.dumps({{"error": str(e), "vfs": apsw.vfs_names()}}))
+    except harness.Error as e:
+        print(json.dumps({{"error": str(e), "registered": harness.vfs_registered(harness.VFS_NAME)}}))
         raise SystemExit(0)
-    conn = apsw.Connection({path!r})  # no VFS named
-    print(json.dumps({{"error": None, "vfs": apsw.vfs_names(), "guarded": harness.is_guarded(conn)}}))
+    conn = harness.connect({path!r})  # no VFS named
+    print(json.dumps({{
+        "error": None, "registered": harness.vfs_registered(harness.VFS_NAME),
+        "guarded": harness.is_guarded(conn),
+    }}))
     conn.close()
 """
 
@@ -209,15 +210,15 @@ def probe_default(tmp_path: Path, entrypoint: str | None = None, env: dict | Non
 def test_loaded_plainly_the_guard_is_not_the_default_vfs(tmp_path):
     probe = probe_default(tmp_path)
     assert probe["error"] is None
-    assert harness.VFS_NAME in probe["vfs"]
+    assert probe["registered"]
     assert probe["guarded"] is False
 
 
 def test_the_default_entry_point_makes_the_guard_the_default_vfs(tmp_path):
     probe = probe_default(tmp_path, entrypoint="sqlite3_hermesguard_default_init")
     assert probe["error"] is None
-    assert probe["vfs"][0] == harness.VFS_NAME
-    assert probe["guarded"] is True
+    assert probe["registered"]
+    assert probe["guarded"] is True  # a database opened without naming a VFS is guarded
 
 
 def test_hermes_guard_default_1_makes_the_guard_the_default_vfs(tmp_path):
@@ -229,34 +230,53 @@ def test_hermes_guard_default_1_makes_the_guard_the_default_vfs(tmp_path):
 def test_a_default_setting_other_than_0_or_1_fails_the_load_and_says_why(tmp_path):
     probe = probe_default(tmp_path, env={"HERMES_GUARD_DEFAULT": "yes"})
     assert "HERMES_GUARD_DEFAULT must be 0 or 1" in probe["error"]
-    assert harness.VFS_NAME not in probe["vfs"]
+    assert not probe["registered"]
 
 
 # ── A host SQLite too old for the extension ─────────────────────────────────────────────────────
 
 TOO_OLD_PROBE = """
     import json
-    import apsw, harness
+    import harness
     try:
         harness.load_extension()
         error = None
-    except apsw.Error as e:
+    except harness.Error as e:
         error = f"{type(e).__name__}: {e}"
-    print(json.dumps({"sqlite": apsw.sqlite_lib_version(), "error": error, "vfs": apsw.vfs_names()}))
+    print(json.dumps({
+        "sqlite": harness.sqlite_version(), "error": error,
+        "load_error": error is not None and error.startswith(harness.LoadError.__name__),
+        "registered": harness.vfs_registered(harness.VFS_NAME),
+    }))
 """
 
 
 def test_a_host_sqlite_too_old_gets_a_clear_error_at_load_time():
-    too_old = os.environ.get("HERMES_GUARD_APSW_TOO_OLD")
+    """No apsw wheel carries a SQLite older than 3.34: the too-old host is the standard library's
+    sqlite3 of the distribution's Python (HERMES_GUARD_DISTRO_PYTHON, default /usr/bin/python3)
+    on a libsqlite3 older than the minimum (HERMES_GUARD_TOO_OLD_LIB, the directory holding it;
+    ext/build-and-test.sh builds SQLite 3.32.3 there)."""
+    too_old = os.environ.get("HERMES_GUARD_TOO_OLD_LIB")
     if not too_old:
+        skipped = os.environ.get("HERMES_GUARD_TOO_OLD_SKIPPED")
+        if skipped:
+            pytest.skip(f"no too-old host SQLite: {skipped}")
         pytest.fail(
-            "HERMES_GUARD_APSW_TOO_OLD is not set: ext/build-and-test.sh installs an apsw whose "
-            "SQLite is older than the extension's minimum and points this variable at it"
+            "HERMES_GUARD_TOO_OLD_LIB is not set: ext/build-and-test.sh builds a libsqlite3 older "
+            "than the extension's minimum and points this variable at its directory"
         )
-    probe = run_child(TOO_OLD_PROBE, pythonpath=too_old)
+    python = os.environ.get("HERMES_GUARD_DISTRO_PYTHON", "/usr/bin/python3")
+    env = {k: v for k, v in os.environ.items() if k != "HERMES_GUARD_DEFAULT"}
+    env.update(LD_LIBRARY_PATH=too_old, HERMES_GUARD_PY_BINDING="sqlite3")
+    env.pop("PYTHONPATH", None)  # the distro's Python, its own stdlib only
+    done = subprocess.run(
+        [python, "-c", textwrap.dedent(TOO_OLD_PROBE)], cwd=HERE, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"child exited with {done.returncode}: {done.stderr}"
+    probe = json.loads(done.stdout.strip().splitlines()[-1])
     old = probe["sqlite"]
-    assert tuple(int(p) for p in old.split(".")) < (3, 45, 3), f"{old} is not too old"
+    assert tuple(int(p) for p in old.split(".")) < (3, 34, 0), f"{old} is not too old"
     assert probe["error"] is not None, f"SQLite {old} loaded the extension"
-    assert probe["error"].startswith("ExtensionLoadingError"), probe["error"]
-    assert f"hermes-guard needs SQLite 3.45.3 or newer, but this program runs SQLite {old}" in probe["error"]
-    assert harness.VFS_NAME not in probe["vfs"]
+    assert probe["load_error"], probe["error"]
+    assert f"hermes-guard needs SQLite 3.34.0 or newer, but this program runs SQLite {old}" in probe["error"]
+    assert not probe["registered"]

@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import apsw
 import pytest
+
+import harness
 
 from harness import (
     artifacts, count_like, descriptor_contents, descriptor_for, identity_of, insert, integrity_ok,
@@ -31,7 +32,7 @@ def test_halt_captures_the_exact_retired_generation(tmp_path, rename):
     lose_sidecars(path, rename=rename)
     original = descriptor_contents(descriptor_for(identity))
 
-    with pytest.raises(apsw.ReadOnlyError) as refused:
+    with pytest.raises(harness.ReadOnlyError) as refused:
         insert(conn, "after the loss")
     assert is_refusal(refused.value), refused.value
 
@@ -89,7 +90,7 @@ def test_capture_selects_the_recorded_inode_not_the_pathname(tmp_path):
     original = descriptor_contents(descriptor_for(identity))
 
     other_path = tmp_path / "other.db"
-    other = apsw.Connection(str(other_path), vfs="unix")
+    other = harness.connect(str(other_path), vfs="unix")
     try:
         assert other.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
         other.execute("CREATE TABLE independent (content TEXT)")
@@ -100,7 +101,7 @@ def test_capture_selects_the_recorded_inode_not_the_pathname(tmp_path):
         assert other_identity != identity
         other_before = descriptor_contents(descriptor_for(other_identity))
 
-        with pytest.raises(apsw.ReadOnlyError) as refused:
+        with pytest.raises(harness.ReadOnlyError) as refused:
             insert(conn, "after the loss")
         assert is_refusal(refused.value), refused.value
 
@@ -212,7 +213,7 @@ def test_retired_rows_recoverable_after_the_writer_process_exits(tmp_path, renam
 
     # The writer's close neither checkpointed its stale frames over the newer generation nor deleted
     # the newer generation's sidecars.
-    live = apsw.Connection(str(path), vfs="unix")
+    live = harness.connect(str(path), vfs="unix")
     try:
         assert integrity_ok(live)
         assert live.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == expected

@@ -78,3 +78,15 @@ fn register_is_idempotent_and_thread_safe() {
     }
     hermes_guard::register().unwrap();
 }
+
+/// The SQLite this test binary runs on (shown with `--nocapture`). tests/system-sqlite.sh sets
+/// `HERMES_GUARD_EXPECT_SQLITE` for its build without `bundled`, which must not quietly test the
+/// bundled SQLite.
+#[test]
+fn runs_on_the_expected_sqlite() {
+    let version = rusqlite::version();
+    println!("SQLite {version}");
+    if let Ok(expected) = std::env::var("HERMES_GUARD_EXPECT_SQLITE") {
+        assert_eq!(version, expected, "this run was meant for another SQLite");
+    }
+}

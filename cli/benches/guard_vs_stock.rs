@@ -7,7 +7,7 @@
 //! comparison with the previous run) and run the very same workload code.
 
 #[allow(dead_code)]
-#[path = "../src/bin/hermes-guard/bench/workloads.rs"]
+#[path = "../src/bench/workloads.rs"]
 mod workloads;
 
 use std::time::Duration;

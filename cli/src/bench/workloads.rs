@@ -1,7 +1,7 @@
 //! The in-process workloads, each run once per VFS per round. Every function builds what it needs
 //! (untimed), then times only the operations the workload is about.
 //!
-//! Self-contained on purpose: `benches/guard_vs_stock.rs` includes this file with `#[path]`, so
+//! Self-contained on purpose: `cli/benches/guard_vs_stock.rs` includes this file with `#[path]`, so
 //! the criterion benches and `hermes-guard bench` measure the very same code.
 
 use std::fs;
@@ -229,7 +229,9 @@ pub fn open(vfs: Vfs, path: &Path) -> Result<Connection, BenchError> {
     }
     let conn = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), vfs.sqlite_name())
         .ctx("opening", path)?;
-    conn.busy_timeout(Duration::from_secs(30))
+    // The PRAGMA, not rusqlite's busy_timeout (which needs SQLite 3.44): see the library's
+    // set_busy_timeout.
+    conn.pragma_update(None, "busy_timeout", 30_000)
         .ctx("setting busy_timeout", path)?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))

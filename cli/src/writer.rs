@@ -70,7 +70,9 @@ pub fn open(db: &std::path::Path, vfs: Vfs) -> Result<Connection> {
         }
         Vfs::Stock => Connection::open_with_flags_and_vfs(db, OpenFlags::default(), "unix")?,
     };
-    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // The PRAGMA, not rusqlite's busy_timeout, which needs SQLite 3.44 (the CLI built without
+    // `bundled` runs on an older system SQLite).
+    conn.pragma_update(None, "busy_timeout", 10_000)?;
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
     if mode != "wal" {
         return Err(format!("{} did not enter WAL mode (got {mode})", db.display()).into());

@@ -25,7 +25,7 @@ fn row(i: usize) -> String {
 fn open_with(path: &Path, flags: OpenFlags) -> Connection {
     hermes_guard::register().unwrap();
     let conn = Connection::open_with_flags_and_vfs(path, flags, hermes_guard::VFS_NAME).unwrap();
-    conn.busy_timeout(Duration::from_secs(30)).unwrap();
+    conn.pragma_update(None, "busy_timeout", 30_000).unwrap();
     conn
 }
 

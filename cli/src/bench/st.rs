@@ -8,7 +8,7 @@
 //! nanoseconds against a synchronous=FULL commit.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use hermes_guard::store::{NewMessage, NewSession, SessionDb};
 use rusqlite::{params, Connection};
@@ -44,7 +44,7 @@ pub fn open(vfs: Vfs, dir: &Path) -> Result<Box<dyn Session>, BenchError> {
             let conn = workloads::open(Vfs::Stock, &path)?;
             // The store's settings: its busy timeout, foreign keys on, synchronous left at the
             // default.
-            conn.busy_timeout(Duration::from_secs(1))
+            conn.pragma_update(None, "busy_timeout", 1_000)
                 .ctx("setting busy_timeout", &path)?;
             conn.pragma_update(None, "foreign_keys", true)
                 .ctx("enabling foreign keys", &path)?;
