@@ -23,7 +23,7 @@
 //! or the attempt fails. The DMS lock goes before the last guarded connection of the node unmaps
 //! it (which may unlink the `-shm`), the main lock at the unmap and at the close.
 //!
-//! Safe API; the one `unsafe` is the `fcntl` call itself.
+//! Safe API; the one `unsafe` is the `fcntl` call itself (through the `libc` crate).
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -52,59 +52,28 @@ const LOCK_SHARED: u8 = 1;
 const LOCK_PENDING: u8 = 3;
 const LOCK_EXCLUSIVE: u8 = 4;
 
-#[cfg(all(
-    target_os = "linux",
-    any(
-        target_arch = "x86_64",
-        target_arch = "aarch64",
-        target_arch = "riscv64",
-        target_arch = "powerpc64",
-        target_arch = "s390x",
-        target_arch = "loongarch64"
-    )
-))]
+#[cfg(target_os = "linux")]
 mod sys {
     use std::ffi::c_int;
     use std::io;
-
-    /// Linux's `struct flock` on 64-bit targets (`off_t` is 64 bits, `pid_t` 32).
-    #[repr(C)]
-    struct Flock {
-        l_type: i16,
-        l_whence: i16,
-        l_start: i64,
-        l_len: i64,
-        l_pid: i32,
-    }
-
-    const F_OFD_SETLK: c_int = 37;
-    const F_RDLCK: i16 = 0;
-    const F_UNLCK: i16 = 2;
-    const SEEK_SET: i16 = 0;
-
-    // The C library's fcntl, which std links on Linux anyway: declared here so that neither the
-    // library nor the extension needs the `libc` crate for one call (docs/decisions.md).
-    extern "C" {
-        fn fcntl(fd: c_int, cmd: c_int, ...) -> c_int;
-    }
 
     pub(super) const SUPPORTED: bool = true;
 
     /// A non-blocking OFD read lock (`lock`) or unlock of `len` bytes at `start` on `fd`'s open
     /// file description.
     pub(super) fn ofd_read_lock(fd: c_int, lock: bool, start: i64, len: i64) -> io::Result<()> {
-        let mut fl = Flock {
-            l_type: if lock { F_RDLCK } else { F_UNLCK },
-            l_whence: SEEK_SET,
-            l_start: start,
-            l_len: len,
-            // Must be 0 for OFD locks.
-            l_pid: 0,
-        };
-        // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is (repr(C), the
-        // Linux layout on this target) and which outlives the call. A descriptor that is not
-        // open makes the call fail with EBADF; it cannot touch memory.
-        let rc = unsafe { fcntl(fd, F_OFD_SETLK, &mut fl as *mut Flock) };
+        // SAFETY: `flock` is plain old data; every field the call reads is set below.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = if lock { libc::F_RDLCK } else { libc::F_UNLCK } as _;
+        fl.l_whence = libc::SEEK_SET as _;
+        fl.l_start = start as _;
+        fl.l_len = len as _;
+        // Must be 0 for OFD locks (zeroed above).
+        fl.l_pid = 0;
+        // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is and which
+        // outlives the call. A descriptor that is not open makes the call fail with EBADF; it
+        // cannot touch memory.
+        let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl as *mut libc::flock) };
         if rc == 0 {
             Ok(())
         } else {
@@ -113,17 +82,7 @@ mod sys {
     }
 }
 
-#[cfg(not(all(
-    target_os = "linux",
-    any(
-        target_arch = "x86_64",
-        target_arch = "aarch64",
-        target_arch = "riscv64",
-        target_arch = "powerpc64",
-        target_arch = "s390x",
-        target_arch = "loongarch64"
-    )
-)))]
+#[cfg(not(target_os = "linux"))]
 mod sys {
     use std::ffi::c_int;
     use std::io;
