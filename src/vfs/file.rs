@@ -34,6 +34,9 @@ pub(super) struct GuardFile {
     base: ffi::sqlite3_file,
     sub: SubFile,
     kind: Kind,
+    /// `kind == Kind::Main && state.is_some()`, decided at open: the one test the watched
+    /// paths of `xShmLock` and `xFileControl` make before anything else.
+    guarded_main: bool,
     state: Option<Arc<DbState>>,
 }
 
@@ -44,7 +47,66 @@ struct SubFile {
     /// VFS never changes a file's table while it is open): one load less on every call. NULL
     /// until then.
     methods: *const ffi::sqlite3_io_methods,
+    /// The same table's slots, copied at open with every missing one replaced by a stub that
+    /// returns what a missing method means: a call is one load and an unconditional call.
+    m: SubMethods,
     layout: Layout,
+}
+
+/// Declares [`SubMethods`]: one field per io method (named after its slot), and
+/// `SubMethods::of`, which fills an absent slot with a stub returning `$missing` (nothing but a
+/// constant: panic-free).
+macro_rules! sub_methods {
+    ($($slot:ident($($ty:ty),*) -> $ret:ty = $missing:expr;)*) => {
+        #[allow(non_snake_case)]
+        #[derive(Clone, Copy)]
+        struct SubMethods {
+            $($slot: unsafe extern "C" fn(*mut ffi::sqlite3_file $(, $ty)*) -> $ret,)*
+        }
+
+        impl SubMethods {
+            fn of(m: &ffi::sqlite3_io_methods) -> SubMethods {
+                $(
+                    #[allow(non_snake_case)]
+                    unsafe extern "C" fn $slot(_: *mut ffi::sqlite3_file $(, _: $ty)*) -> $ret {
+                        $missing
+                    }
+                )*
+                SubMethods {
+                    $($slot: m.$slot.unwrap_or($slot),)*
+                }
+            }
+
+            /// Every slot a stub: the table of a file not opened yet.
+            fn none() -> SubMethods {
+                SubMethods::of(&ffi::sqlite3_io_methods {
+                    iVersion: 0,
+                    $($slot: None,)*
+                })
+            }
+        }
+    };
+}
+
+sub_methods! {
+    xClose() -> c_int = ffi::SQLITE_OK;
+    xRead(*mut c_void, c_int, ffi::sqlite3_int64) -> c_int = ffi::SQLITE_IOERR_READ;
+    xWrite(*const c_void, c_int, ffi::sqlite3_int64) -> c_int = ffi::SQLITE_IOERR_WRITE;
+    xTruncate(ffi::sqlite3_int64) -> c_int = ffi::SQLITE_IOERR_TRUNCATE;
+    xSync(c_int) -> c_int = ffi::SQLITE_IOERR_FSYNC;
+    xFileSize(*mut ffi::sqlite3_int64) -> c_int = ffi::SQLITE_IOERR_FSTAT;
+    xLock(c_int) -> c_int = ffi::SQLITE_IOERR_LOCK;
+    xUnlock(c_int) -> c_int = ffi::SQLITE_IOERR_UNLOCK;
+    xCheckReservedLock(*mut c_int) -> c_int = ffi::SQLITE_IOERR_CHECKRESERVEDLOCK;
+    xFileControl(c_int, *mut c_void) -> c_int = ffi::SQLITE_NOTFOUND;
+    xSectorSize() -> c_int = 4096;
+    xDeviceCharacteristics() -> c_int = 0;
+    xShmMap(c_int, c_int, c_int, *mut *mut c_void) -> c_int = ffi::SQLITE_IOERR_SHMMAP;
+    xShmLock(c_int, c_int, c_int) -> c_int = ffi::SQLITE_IOERR_SHMLOCK;
+    xShmBarrier() -> () = ();
+    xShmUnmap(c_int) -> c_int = ffi::SQLITE_IOERR_SHMMAP;
+    xFetch(ffi::sqlite3_int64, c_int, *mut *mut c_void) -> c_int = ffi::SQLITE_IOERR_MMAP;
+    xUnfetch(ffi::sqlite3_int64, *mut c_void) -> c_int = ffi::SQLITE_IOERR_MMAP;
 }
 
 // SAFETY: the wrapped unix file object is used by one thread at a time (SQLite's connection
@@ -56,9 +118,10 @@ impl SubFile {
         let layout = Layout::from_size_align(size.max(size_of::<ffi::sqlite3_file>()), 8).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut ffi::sqlite3_file;
-        (!ptr.is_null()).then_some(SubFile {
+        (!ptr.is_null()).then(|| SubFile {
             ptr,
             methods: ptr::null(),
+            m: SubMethods::none(),
             layout,
         })
     }
@@ -72,14 +135,9 @@ impl SubFile {
 
     /// Closes the wrapped file (if it was opened) and frees its memory.
     fn close(self) -> c_int {
-        // SAFETY: `ptr` is our allocation; pMethods is NULL or the wrapped VFS's table.
-        let rc = unsafe {
-            let methods = (*self.ptr).pMethods;
-            match methods.as_ref().and_then(|m| m.xClose) {
-                Some(x) => x(self.ptr),
-                None => ffi::SQLITE_OK,
-            }
-        };
+        // SAFETY: `ptr` is our allocation; `m` holds the wrapped table's xClose once its xOpen
+        // succeeded, and a stub (nothing to close) before.
+        let rc = unsafe { (self.m.xClose)(self.ptr) };
         // SAFETY: allocated in `alloc` with this layout, and closed above.
         unsafe { alloc::dealloc(self.ptr as *mut u8, self.layout) };
         rc
@@ -353,6 +411,10 @@ pub(super) unsafe fn open(
     let mut sub = sub;
     // SAFETY: `sub.ptr` is our zeroed allocation; xOpen set pMethods or left it NULL.
     sub.methods = unsafe { (*sub.ptr).pMethods };
+    // SAFETY: a non-NULL table installed by the wrapped VFS outlives the file.
+    if let Some(table) = unsafe { sub.methods.as_ref() } {
+        sub.m = SubMethods::of(table);
+    }
     if rc != ffi::SQLITE_OK || sub.methods.is_null() {
         sub.close();
         return if rc == ffi::SQLITE_OK {
@@ -404,6 +466,7 @@ pub(super) unsafe fn open(
                 base: ffi::sqlite3_file { pMethods: table },
                 sub,
                 kind,
+                guarded_main: kind == Kind::Main && state.is_some(),
                 state,
             },
         )
@@ -439,18 +502,16 @@ unsafe fn guard<'a>(f: *mut ffi::sqlite3_file) -> &'a GuardFile {
     unsafe { &*(f as *const GuardFile) }
 }
 
-/// Calls the wrapped file's method `slot` with SQLite's arguments, or returns `$missing` when the
-/// wrapped table lacks it. Panic-free: a field read, a branch and a call into C (which cannot
-/// unwind into Rust). The pass-through methods below are nothing else but this and the cast of
-/// `f`, so they run without `catch_unwind`.
+/// Calls the wrapped file's method `slot` with SQLite's arguments (a slot the wrapped table
+/// lacks is a stub returning what a missing method means, see [`SubMethods`]). Panic-free: two
+/// field reads and a call into C (which cannot unwind into Rust) or into a stub that returns a
+/// constant. The pass-through methods below are nothing else but this and the cast of `f`, so
+/// they run without `catch_unwind`.
 macro_rules! sub_call {
-    ($gf:expr, $slot:ident, $missing:expr $(, $arg:expr)*) => {{
+    ($gf:expr, $slot:ident $(, $arg:expr)*) => {{
         let gf: &GuardFile = $gf;
-        match gf.sub.methods().$slot {
-            // SAFETY: the wrapped file is open and the slot belongs to its own method table.
-            Some(x) => unsafe { x(gf.sub.ptr $(, $arg)*) },
-            None => $missing,
-        }
+        // SAFETY: the wrapped file is open and the slot is its own table's method (or a stub).
+        unsafe { (gf.sub.m.$slot)(gf.sub.ptr $(, $arg)*) }
     }};
 }
 
@@ -506,10 +567,8 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         let rc = match (kind, state) {
             (Kind::Main, Some(state)) if state.must_hold_main() => {
                 // Locks go (nobody may wait on a retired handle) but the descriptor stays.
-                if let Some(unlock) = sub.methods().xUnlock {
-                    // SAFETY: the wrapped file is open.
-                    unsafe { unlock(sub.ptr, ffi::SQLITE_LOCK_NONE) };
-                }
+                // SAFETY: the wrapped file is open; the slot is its table's (or a stub).
+                unsafe { (sub.m.xUnlock)(sub.ptr, ffi::SQLITE_LOCK_NONE) };
                 log::error!(
                     "hermes-guard: {} closed with its retired generation uncaptured; its \
                      descriptor is held and the capture is retried at the next open or close \
@@ -547,11 +606,13 @@ unsafe extern "C" fn x_read(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xRead, ffi::SQLITE_IOERR_READ, buf, amt, ofst)
+    sub_call!(gf, xRead, buf, amt, ofst)
 }
 
 /// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
-/// slow verdicts enter `ffi_guard` (see `gate_rc`).
+/// slow verdicts enter `ffi_guard` (see `gate_rc`). A WAL write inside a checked transaction
+/// (the write lock held after its check passed, not retired) is two loads before the call;
+/// everything else goes through `write_gated`.
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -561,19 +622,43 @@ unsafe extern "C" fn x_write(
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
     if let Some(state) = &gf.state {
-        let gate = match gf.kind {
-            Kind::Wal => state.wal_write_gate(ofst),
-            // In WAL mode the main file is written only by checkpoints; in rollback mode the
-            // RESERVED lock before any write was checked.
-            _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
-            _ => Gate::Go,
-        };
-        let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_WRITE);
-        if rc != ffi::SQLITE_OK {
-            return rc;
+        if !(gf.kind == Kind::Wal && state.wal_write_go()) {
+            // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+            return unsafe { write_gated(f, buf, amt, ofst) };
         }
     }
-    sub_call!(gf, xWrite, ffi::SQLITE_IOERR_WRITE, buf, amt, ofst)
+    sub_call!(gf, xWrite, buf, amt, ofst)
+}
+
+/// `x_write` of a guarded file outside the fast path: the gate, then the write. `extern "C"`
+/// with the caller's arguments, for a tail call (see `shm_lock_watched`).
+///
+/// # Safety
+/// `f` is one of our live files.
+#[inline(never)]
+unsafe extern "C" fn write_gated(
+    f: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
+    let Some(state) = &gf.state else {
+        return sub_call!(gf, xWrite, buf, amt, ofst);
+    };
+    let gate = match gf.kind {
+        Kind::Wal => state.wal_write_gate(ofst),
+        // In WAL mode the main file is written only by checkpoints; in rollback mode the
+        // RESERVED lock before any write was checked.
+        _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
+        _ => Gate::Go,
+    };
+    let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_WRITE);
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    sub_call!(gf, xWrite, buf, amt, ofst)
 }
 
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
@@ -591,14 +676,14 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
                 return code;
             }
         }
-        sub_call!(gf, xTruncate, ffi::SQLITE_IOERR_TRUNCATE, size)
+        sub_call!(gf, xTruncate, size)
     })
 }
 
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    let rc = sub_call!(gf, xSync, ffi::SQLITE_IOERR_FSYNC, flags);
+    let rc = sub_call!(gf, xSync, flags);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
         state.end_of_main_write();
@@ -612,7 +697,7 @@ unsafe extern "C" fn x_file_size(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xFileSize, ffi::SQLITE_IOERR_FSTAT, size)
+    sub_call!(gf, xFileSize, size)
 }
 
 /// No `catch_unwind` on the way through (see `x_write`).
@@ -641,7 +726,7 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
         }
         return lock_shielded(gf, state, level);
     }
-    sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level)
+    sub_call!(gf, xLock, level)
 }
 
 /// `xLock` of a guarded main file, with the lock shield around it: it steps aside before an
@@ -656,7 +741,7 @@ fn lock_shielded(gf: &GuardFile, state: &DbState, level: c_int) -> c_int {
     if stepping_aside {
         shield_slow(|| shield.before_exclusive());
     }
-    let rc = sub_call!(gf, xLock, ffi::SQLITE_IOERR_LOCK, level);
+    let rc = sub_call!(gf, xLock, level);
     if rc == ffi::SQLITE_OK {
         shield.set_level(level);
     }
@@ -671,7 +756,7 @@ fn lock_shielded(gf: &GuardFile, state: &DbState, level: c_int) -> c_int {
 unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    let rc = sub_call!(gf, xUnlock, ffi::SQLITE_IOERR_UNLOCK, level);
+    let rc = sub_call!(gf, xUnlock, level);
     if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
         let shield = state.shield();
         if rc == ffi::SQLITE_OK {
@@ -692,12 +777,7 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
 unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(
-        gf,
-        xCheckReservedLock,
-        ffi::SQLITE_IOERR_CHECKRESERVEDLOCK,
-        out
-    )
+    sub_call!(gf, xCheckReservedLock, out)
 }
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
@@ -710,24 +790,30 @@ unsafe extern "C" fn x_file_control(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    match op {
-        ffi::SQLITE_FCNTL_VFSNAME
-        | ffi::SQLITE_FCNTL_SIZE_HINT
-        | ffi::SQLITE_FCNTL_HAS_MOVED
-        | ffi::SQLITE_FCNTL_PRAGMA => {}
-        ffi::SQLITE_FCNTL_COMMIT_PHASETWO => {
-            if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
-                // Sent after every commit, in every locking mode: the transaction is over.
-                state.end_of_transaction();
-            }
-            return sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+    /// The file controls `file_control_answered` handles, as bits.
+    const ANSWERED: u32 = 1 << ffi::SQLITE_FCNTL_VFSNAME
+        | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
+        | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
+        | 1 << ffi::SQLITE_FCNTL_PRAGMA;
+    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO && gf.guarded_main {
+        if let Some(state) = &gf.state {
+            // Sent after every commit, in every locking mode: the transaction is over.
+            state.end_of_transaction();
         }
-        _ => return sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+    } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+        return file_control_answered(gf, op, arg);
     }
+    sub_call!(gf, xFileControl, op, arg)
+}
+
+/// The file controls the guard answers or acts on, inside `ffi_guard`.
+#[cold]
+#[inline(never)]
+fn file_control_answered(gf: &GuardFile, op: c_int, arg: *mut c_void) -> c_int {
     ffi_guard(ffi::SQLITE_ERROR, || {
         match (op, gf.kind, &gf.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
-                let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+                let rc = sub_call!(gf, xFileControl, op, arg);
                 // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
                 unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
             }
@@ -738,10 +824,10 @@ unsafe extern "C" fn x_file_control(
                 if let Err(code) = state.before_main_write() {
                     return code;
                 }
-                sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg)
+                sub_call!(gf, xFileControl, op, arg)
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
-                let rc = sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg);
+                let rc = sub_call!(gf, xFileControl, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
                 if state.check_pins().is_some() {
@@ -756,10 +842,10 @@ unsafe extern "C" fn x_file_control(
                 // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
                 match unsafe { pragma(state, arg as *mut *mut c_char) } {
                     Some(rc) => rc,
-                    None => sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+                    None => sub_call!(gf, xFileControl, op, arg),
                 }
             }
-            _ => sub_call!(gf, xFileControl, ffi::SQLITE_NOTFOUND, op, arg),
+            _ => sub_call!(gf, xFileControl, op, arg),
         }
     })
 }
@@ -820,13 +906,13 @@ unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
 unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xSectorSize, 4096)
+    sub_call!(gf, xSectorSize)
 }
 
 unsafe extern "C" fn x_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xDeviceCharacteristics, 0)
+    sub_call!(gf, xDeviceCharacteristics)
 }
 
 unsafe extern "C" fn x_shm_map(
@@ -839,15 +925,7 @@ unsafe extern "C" fn x_shm_map(
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
         let gf = unsafe { guard(f) };
-        let rc = sub_call!(
-            gf,
-            xShmMap,
-            ffi::SQLITE_IOERR_SHMMAP,
-            region,
-            size,
-            extend,
-            pp
-        );
+        let rc = sub_call!(gf, xShmMap, region, size, extend, pp);
         if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (gf.kind, &gf.state, rc, region) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as *const u8;
@@ -882,19 +960,32 @@ unsafe extern "C" fn x_shm_lock(
     let gf = unsafe { guard(f) };
     // Only the WAL write lock (0) and the checkpoint lock (1) of a guarded main file are
     // watched; every other lock (each read transaction's read mark) passes straight down.
-    if ofst as u32 > 1 || n != 1 {
-        return sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags);
+    if (ofst as u32) < 2 && n == 1 && gf.guarded_main {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { shm_lock_watched(f, ofst, n, flags) };
     }
-    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
-        return shm_lock_watched(gf, state, ofst, flags);
-    }
-    sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, n, flags)
+    sub_call!(gf, xShmLock, ofst, n, flags)
 }
 
-/// `x_shm_lock` of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot. Out of
-/// line so that the pass-through of every other lock stays a few instructions.
+/// `x_shm_lock` of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot, of a
+/// guarded main file. Out of line so that the pass-through of every other lock stays a few
+/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
+/// reaches it with a tail call.
+///
+/// # Safety
+/// `f` is one of our live files.
 #[inline(never)]
-fn shm_lock_watched(gf: &GuardFile, state: &DbState, ofst: c_int, flags: c_int) -> c_int {
+unsafe extern "C" fn shm_lock_watched(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
+    let Some(state) = &gf.state else {
+        return sub_call!(gf, xShmLock, ofst, n, flags);
+    };
     let site = if ofst == 0 {
         Site::WalWrite
     } else {
@@ -905,27 +996,33 @@ fn shm_lock_watched(gf: &GuardFile, state: &DbState, ofst: c_int, flags: c_int) 
     // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
     // checkpoints); the checkpoint lock opens every checkpoint.
     if flags == LOCK_EXCLUSIVE {
-        let rc = gate_rc(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+        let rc = gate_check(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-    }
-    let rc = sub_call!(gf, xShmLock, ffi::SQLITE_IOERR_SHMLOCK, ofst, 1, flags);
-    let locked = flags == LOCK_EXCLUSIVE && rc == ffi::SQLITE_OK;
-    if flags == LOCK_EXCLUSIVE || flags == UNLOCK_EXCLUSIVE {
+        let rc = sub_call!(gf, xShmLock, ofst, n, flags);
         match site {
-            Site::WalWrite => state.write_lock(locked),
-            Site::MainWrite if !locked => state.end_of_main_write(),
+            Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
+            Site::MainWrite if rc != ffi::SQLITE_OK => state.end_of_main_write(),
             Site::MainWrite => {}
         }
+        return rc;
     }
-    rc
+    if flags == UNLOCK_EXCLUSIVE {
+        // Cleared whatever the release returns, as always; before it rather than after (until it
+        // returns this connection writes nothing), so the call below is a tail call.
+        match site {
+            Site::WalWrite => state.write_lock(false),
+            Site::MainWrite => state.end_of_main_write(),
+        }
+    }
+    sub_call!(gf, xShmLock, ofst, n, flags)
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xShmBarrier, ())
+    sub_call!(gf, xShmBarrier)
 }
 
 unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
@@ -949,7 +1046,7 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
             // descriptor): the DMS lock goes with the node's last guarded connection.
             state.shield().leave_shm();
         }
-        let rc = sub_call!(gf, xShmUnmap, ffi::SQLITE_IOERR_SHMMAP, delete);
+        let rc = sub_call!(gf, xShmUnmap, delete);
         if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (gf.kind, &gf.state, rc) {
             state.shm_unmapped();
         }
@@ -965,7 +1062,7 @@ unsafe extern "C" fn x_fetch(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xFetch, ffi::SQLITE_IOERR_MMAP, ofst, amt, pp)
+    sub_call!(gf, xFetch, ofst, amt, pp)
 }
 
 unsafe extern "C" fn x_unfetch(
@@ -975,7 +1072,7 @@ unsafe extern "C" fn x_unfetch(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    sub_call!(gf, xUnfetch, ffi::SQLITE_IOERR_MMAP, ofst, p)
+    sub_call!(gf, xUnfetch, ofst, p)
 }
 
 /// One table per wrapped `iVersion`: declaring a version the wrapped file cannot serve would

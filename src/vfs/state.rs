@@ -363,6 +363,14 @@ impl DbState {
         Gate::Check(Site::WalWrite)
     }
 
+    /// The WAL write's fast path: [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a
+    /// transaction whose write lock was taken after its check passed, and nothing else (a
+    /// `false` asks the gate). Two atomic loads: panic-free.
+    #[inline(always)]
+    pub(crate) fn wal_write_go(&self) -> bool {
+        self.lock_checked.load(Ordering::Acquire) && !self.is_retired()
+    }
+
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
     /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
     /// with one `epoll_wait` that nothing on the path changed since the last full check that
