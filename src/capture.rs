@@ -402,7 +402,7 @@ pub fn capture_file_name(name: &OsStr) -> String {
 
 /// Writes the artifact and returns its final directory, where it is now (when the database's
 /// directory was renamed away, that is inside the directory's new name).
-pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> {
+pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError> {
     let database = input.database;
     let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
         database: database.to_path_buf(),
@@ -438,7 +438,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
 
     let stem = capture_dir_stem(name);
     let file_name = capture_file_name(name);
-    if let Some(existing) = find_identical_capture(input, dir_fd, &stem) {
+    if let Some((existing, wal)) = find_identical_capture(input, dir_fd, &stem) {
         let existing = dir_path.join(existing);
         log::warn!(
             "hermes-guard: the retired generation of {} is already captured, byte for byte, in {} \
@@ -446,7 +446,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
             database.display(),
             existing.display()
         );
-        return Ok(existing);
+        return Ok(Captured { dir: existing, wal });
     }
     let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
         .map_err(|(staging, e)| io_err(&dir_path.join(staging), e))?;
@@ -461,17 +461,24 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<PathBuf, CaptureError> 
         write_synced(staging.as_fd(), MANIFEST_NAME, |f| f.write_all(&json))?;
         rustix::fs::fsync(&*staging)?;
         rustix::fs::renameat(dir_fd, &staging_name, dir_fd, &final_name)?;
-        Ok(rustix::fs::fsync(dir_fd)?)
+        rustix::fs::fsync(dir_fd)?;
+        Ok(CapturedWal {
+            bytes: manifest.wal.bytes,
+            sha256: manifest.wal.sha256,
+        })
     });
     match result {
-        Ok(()) => {
+        Ok(wal) => {
             log::warn!(
                 "hermes-guard: captured the retired generation of {} into {} (trigger {:?})",
                 database.display(),
                 final_dir.display(),
                 input.trigger
             );
-            Ok(final_dir)
+            Ok(Captured {
+                dir: final_dir,
+                wal,
+            })
         }
         Err(e) => {
             if let Some(staging) = &staging_fd {
@@ -494,7 +501,7 @@ fn find_identical_capture(
     input: &CaptureInput<'_>,
     dir: BorrowedFd<'_>,
     stem: &str,
-) -> Option<String> {
+) -> Option<(String, CapturedWal)> {
     let prefix = format!("{stem}{ARTIFACT_MARKER}");
     let size = input.wal.size().ok()?;
     let mut our_sha256: Option<String> = None;
@@ -520,10 +527,39 @@ fn find_identical_capture(
             our_sha256 = Some(sha256_of(input.wal.file(), size).ok()?);
         }
         if our_sha256.as_deref() == Some(captured.wal.sha256.as_str()) {
-            return Some(name.to_owned());
+            let wal = CapturedWal {
+                bytes: captured.wal.bytes,
+                sha256: captured.wal.sha256,
+            };
+            return Some((name.to_owned(), wal));
         }
     }
     None
+}
+
+/// A capture written (or found) by [`write_capture`]: where it is, and which WAL bytes it holds.
+pub(crate) struct Captured {
+    /// The capture directory, where it is now.
+    pub dir: PathBuf,
+    /// The captured WAL.
+    pub wal: CapturedWal,
+}
+
+/// The WAL bytes a capture holds: its size and sha256 (hex), as its manifest records them.
+#[derive(Clone)]
+pub(crate) struct CapturedWal {
+    bytes: u64,
+    sha256: String,
+}
+
+impl CapturedWal {
+    /// Whether `wal` holds exactly these bytes now: the same size, then the same sha256 (the WAL
+    /// is read through the pinned descriptor only when the sizes match). A WAL that was appended
+    /// to, or rewritten in place after a restart by a peer still attached to it, is not the same.
+    pub(crate) fn is_held_by(&self, wal: &PinnedWal) -> bool {
+        wal.size().is_ok_and(|size| size == self.bytes)
+            && sha256_of(wal.file(), self.bytes).is_ok_and(|sha| sha == self.sha256)
+    }
 }
 
 fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use super::shield::Shield;
 use super::watch::DirWatch;
-use crate::capture::{self, sidecar, CaptureError, CaptureInput, ImageSource, Trigger};
+use crate::capture::{self, sidecar, CaptureError, CaptureInput, Captured, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
@@ -116,10 +116,10 @@ struct GenerationKey {
 
 #[derive(Default)]
 pub(crate) struct GenerationCapture {
-    /// The capture and the WAL's size when it began. Held across the capture, so connections
-    /// that retire the same generation at once wait for the first one's capture instead of
-    /// writing their own.
-    done: Mutex<Option<(PathBuf, u64)>>,
+    /// The capture and the WAL bytes it holds. Held across the capture, so connections that
+    /// retire the same generation at once wait for the first one's capture instead of writing
+    /// their own.
+    done: Mutex<Option<Captured>>,
 }
 
 static GENERATIONS: Mutex<Option<HashMap<GenerationKey, Weak<GenerationCapture>>>> =
@@ -577,11 +577,11 @@ impl DbState {
             .clone();
         // Held while capturing: another connection retiring the same generation waits here.
         let mut done = generation.done.lock();
-        let wal_size = wal.size().ok();
-        if let Some((dir, captured_size)) = &*done {
+        if let Some(Captured { dir, wal: bytes }) = &*done {
             // The same bytes were captured already (by this process's first connection to retire
-            // the generation); a WAL that grew since then is captured again, whole.
-            if wal_size == Some(*captured_size) && dir.exists() {
+            // the generation): same size and sha256. A WAL that changed since then (a peer still
+            // attached to it appended, or restarted it and wrote again) is captured again, whole.
+            if bytes.is_held_by(wal) && dir.exists() {
                 log::info!(
                     "hermes-guard: the retired generation of {} is already captured in {}",
                     self.db_path.display(),
@@ -609,11 +609,13 @@ impl DbState {
                 backfill_at_loss: inner.backfill_at_loss,
             }),
         };
+        let result = result.map(|captured| {
+            let dir = captured.dir.clone();
+            *done = Some(captured);
+            dir
+        });
         match &result {
             Ok(dir) => {
-                if let Some(size) = wal_size {
-                    *done = Some((dir.clone(), size));
-                }
                 inner.capture = Some(dir.clone());
                 inner.capture_error = None;
             }

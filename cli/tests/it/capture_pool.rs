@@ -164,3 +164,53 @@ fn a_second_process_whose_retired_wal_grew_since_captures_it_again() {
     gw.next_event("closed");
     assert!(gw.quit().success());
 }
+
+#[test]
+fn a_retired_wal_rewritten_in_place_at_the_same_size_is_captured_again() {
+    // A peer still attached to the retired generation checkpoints it, restarts the WAL and
+    // commits again: the WAL keeps its size but holds other bytes. The first capture is not a
+    // capture of those bytes, so the next connection to retire the generation writes its own.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let a = open_guarded(&path);
+    wal_only_sentinel(&a);
+    let b = open_guarded(&path);
+    let stock = open_stock(&path);
+    lose_sidecars(&path, false);
+
+    assert!(is_refusal(&insert(&a, "a after the loss").unwrap_err()));
+    let first = a.guard_status().unwrap().capture.expect("captured");
+    let wal = descriptor_of_retired_wal(&a);
+    let size_at_first = std::fs::metadata(&wal).unwrap().len();
+
+    stock
+        .query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+        .unwrap();
+    insert(&stock, "stock after the restart").unwrap();
+    assert_eq!(
+        std::fs::metadata(&wal).unwrap().len(),
+        size_at_first,
+        "the restarted WAL is rewritten in place, at the same size"
+    );
+
+    assert!(is_refusal(&insert(&b, "b after the loss").unwrap_err()));
+    let second = b.guard_status().unwrap().capture.expect("captured");
+    assert_ne!(second, first, "other bytes, another capture");
+    let recovered = recover(&second, "state.db", &dir.path().join("recovered"));
+    assert_eq!(count_like(&recovered, "stock after the restart"), 1);
+    drop(stock);
+    hermes_guard::close(b).map_err(|(_, e)| e).unwrap();
+    hermes_guard::close(a).map_err(|(_, e)| e).unwrap();
+}
+
+/// `/proc/self/fd/N` of the retired WAL `conn` pinned, to read its size after its name is gone.
+fn descriptor_of_retired_wal(conn: &rusqlite::Connection) -> std::path::PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let id = conn.guard_status().unwrap().wal.expect("a pinned WAL");
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.dev() == id.dev && m.ino() == id.ino))
+        .expect("a descriptor of the retired WAL")
+}
