@@ -49,7 +49,9 @@ fn system_python() -> Option<&'static str> {
         .output()
         .is_ok_and(|o| o.status.success());
     if !ok {
-        println!("skipped: {SYSTEM_PYTHON} with the stdlib sqlite3 is not available");
+        skip_unless_ci(&format!(
+            "{SYSTEM_PYTHON} with the stdlib sqlite3 is not available"
+        ));
     }
     ok.then_some(SYSTEM_PYTHON)
 }

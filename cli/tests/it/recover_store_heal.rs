@@ -134,6 +134,7 @@ fn the_mark_is_not_needed_for_idempotency() {
 }
 
 #[test]
+#[ignore = "child process body of two_processes_opening_at_once_merge_the_lost_generation_once"]
 fn heal_child() {
     // Run by the two-process test below, never on its own.
     let Ok(path) = std::env::var("HERMES_GUARD_HEAL_CHILD_DB") else {
@@ -156,6 +157,7 @@ fn two_processes_opening_at_once_merge_the_lost_generation_once() {
                 .args([
                     "--exact",
                     "recover_store_heal::heal_child",
+                    "--ignored",
                     "--nocapture",
                     "--test-threads=1",
                 ])
