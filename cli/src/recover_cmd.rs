@@ -95,10 +95,8 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
         .then(|| args.path.clone());
     let mut out = Vec::new();
     for entry in &listed {
-        let mut row = json!({
-            "capture": entry.path.display().to_string(),
-            "partial": entry.partial,
-        });
+        let mut row = json!({ "partial": entry.partial });
+        put_path(&mut row, "capture", &entry.path);
         if entry.partial {
             row["status"] = "interrupted (.partial): incomplete, never used; can be deleted".into();
             out.push(row);
@@ -119,7 +117,7 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
         row["commits"] = m.wal.commits.into();
         row["main_torn"] = m.main_torn.into();
         let database = given_db.clone().unwrap_or_else(|| m.database_path());
-        row["database"] = database.display().to_string().into();
+        put_path(&mut row, "database", &database);
         match Capture::open(&entry.path) {
             Err(e) => row["status"] = format!("NOT verified: {e}").into(),
             Ok(capture) => {
@@ -458,5 +456,21 @@ fn label(value: &impl serde::Serialize) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(s)) => s,
         _ => "-".to_owned(),
+    }
+}
+
+/// `row[key]` = `path` as a display string and, only when its bytes are not UTF-8, `row[key_hex]`
+/// = its exact bytes in lowercase hex (as in the manifest), so a script can use the real path.
+fn put_path(row: &mut serde_json::Value, key: &str, path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    row[key] = path.display().to_string().into();
+    if path.to_str().is_none() {
+        let hex: String = path
+            .as_os_str()
+            .as_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        row[format!("{key}_hex")] = hex.into();
     }
 }

@@ -81,6 +81,33 @@ fn captures_lists_when_why_verified_and_rows_missing() {
 }
 
 #[test]
+fn captures_json_carries_the_exact_bytes_of_a_non_utf8_path() {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    let dir = tempfile::tempdir().unwrap();
+    let odd = dir.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+    fs::create_dir(&odd).unwrap();
+    let (path, artifact) = lost_four(&odd);
+
+    let (code, out, _) = cli(&[os("captures"), path.as_os_str(), os("--json")]);
+    assert_eq!(code, 0, "{out}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &list[0];
+    let unhex = |key: &str| -> PathBuf {
+        let hex = row[key]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {key} in {row}"));
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        PathBuf::from(std::ffi::OsString::from_vec(bytes))
+    };
+    assert_eq!(unhex("capture_hex"), artifact);
+    assert_eq!(unhex("database_hex"), path);
+    assert_eq!(row["status"], "verified", "{row}");
+}
+
+#[test]
 fn verify_passes_only_a_complete_matching_clean_capture() {
     let dir = tempfile::tempdir().unwrap();
     let (_path, artifact) = lost_four(dir.path());
