@@ -1040,15 +1040,21 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
                 delete = 0;
             }
         }
+        let mut left = None;
         if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
             state.shm_unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's
             // descriptor): the DMS lock goes with the node's last guarded connection.
-            state.shield().leave_shm();
+            left = state.shield().leave_shm();
         }
         let rc = sub_call!(gf, xShmUnmap, delete);
-        if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (gf.kind, &gf.state, rc) {
-            state.shm_unmapped();
+        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+            if rc == ffi::SQLITE_OK {
+                state.shm_unmapped();
+            } else {
+                // Still mapped: still shielded.
+                state.shield().rejoin_shm(left);
+            }
         }
         rc
     })

@@ -276,10 +276,13 @@ impl Shield {
 
     /// The connection is about to unmap its shared memory (a close, or a switch out of WAL
     /// mode): the main lock goes, and the node's DMS lock with its last guarded connection.
-    pub(crate) fn leave_shm(&self) {
+    /// Returns the node left, for [`Shield::rejoin_shm`] should the unmap fail.
+    pub(crate) fn leave_shm(&self) -> Option<(c_int, FileId)> {
         self.joined.store(false, Ordering::Release);
         self.reconcile();
-        if let Some(joined) = self.node.lock().take() {
+        let joined = self.node.lock().take()?;
+        let left = (joined.key.fd, joined.key.id);
+        {
             let mut map = NODES.lock();
             let map = map.get_or_insert_with(HashMap::new);
             if let Some(node) = map.get_mut(&joined.key) {
@@ -289,6 +292,15 @@ impl Shield {
                 }
             }
             sync_node(map, joined.key);
+        }
+        Some(left)
+    }
+
+    /// The unmap after [`Shield::leave_shm`] failed: the connection still maps the node, so it
+    /// counts in it again and takes its locks back.
+    pub(crate) fn rejoin_shm(&self, left: Option<(c_int, FileId)>) {
+        if let Some((fd, id)) = left {
+            self.join_shm(fd, id);
         }
     }
 
