@@ -49,14 +49,20 @@ fn prepare(conn: &Connection) {
     .unwrap();
 }
 
-/// Seeds and checkpoints history, then commits one row that lives only in the WAL.
-pub fn wal_only_sentinel(conn: &Connection) -> String {
+/// Turns automatic checkpoints off, commits 20 rows of history and checkpoints them all
+/// (TRUNCATE): whatever is committed next lives only in the WAL.
+pub fn checkpointed_history(conn: &Connection) {
     conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
     for i in 0..20 {
         insert(conn, &format!("history {i}")).unwrap();
     }
     conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .unwrap();
+}
+
+/// Seeds and checkpoints history, then commits one row that lives only in the WAL.
+pub fn wal_only_sentinel(conn: &Connection) -> String {
+    checkpointed_history(conn);
     let sentinel = format!("{SENTINEL_PREFIX}{}", "x".repeat(3000));
     insert(conn, &sentinel).unwrap();
     sentinel

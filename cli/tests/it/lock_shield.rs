@@ -129,12 +129,7 @@ fn scenario(python: &str, dir: &Path, guarded: bool) -> Outcome {
     } else {
         open_stock(&path)
     };
-    a.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
-    for i in 0..20 {
-        insert(&a, &format!("history {i}")).unwrap();
-    }
-    a.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .unwrap();
+    checkpointed_history(&a);
     let mut committed = 20;
     for i in 0..5 {
         insert(&a, &format!("A only in the WAL {i}")).unwrap();

@@ -20,12 +20,7 @@ fn os(s: &str) -> &std::ffi::OsStr {
 fn lost_four(dir: &Path) -> (PathBuf, PathBuf) {
     let path = dir.join("state.db");
     let conn = open_guarded(&path);
-    conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
-    for i in 0..20 {
-        insert(&conn, &format!("history {i}")).unwrap();
-    }
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .unwrap();
+    checkpointed_history(&conn);
     for i in 0..4 {
         insert(&conn, &format!("retired {i}")).unwrap();
     }

@@ -172,12 +172,7 @@ fn a_restore_of_an_older_snapshot_is_recovered_on_purpose() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let conn = open_guarded(&path);
-    conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
-    for i in 0..20 {
-        insert(&conn, &format!("history {i}")).unwrap();
-    }
-    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-        .unwrap();
+    checkpointed_history(&conn);
     let snapshot = dir.path().join("snapshot.db");
     std::fs::copy(&path, &snapshot).unwrap();
     for i in 0..5 {
