@@ -171,12 +171,13 @@ fn heal_one(
             messages: inserted("messages"),
             rows: report.inserted(),
             // A session in both with other counters is reconciled above, not left over.
-            left_over: report.left_over()
-                - report
+            left_over: report.left_over().saturating_sub(
+                report
                     .tables
                     .iter()
                     .find(|r| r.table == "sessions")
-                    .map_or(0, |r| r.conflicts - r.replaced),
+                    .map_or(0, |r| r.conflicts.saturating_sub(r.replaced)),
+            ),
         };
         conn.execute(
             "INSERT OR REPLACE INTO state_meta (key, value) VALUES (?1, ?2)",

@@ -153,7 +153,9 @@ impl MergeReport {
         let tables: u64 = self
             .tables
             .iter()
-            .map(|t| t.conflicts - t.replaced + t.rejected + t.unreadable.len() as u64)
+            .map(|t| {
+                t.conflicts.saturating_sub(t.replaced) + t.rejected + t.unreadable.len() as u64
+            })
             .sum();
         tables + self.not_merged.iter().filter(|n| n.leaves_rows).count() as u64
     }
@@ -323,7 +325,9 @@ fn read_rows(
             after_rowid: after,
             before_rowid: if tail_result.is_err() { before } else { None },
             at_most: match (after, before) {
-                (Some(a), Some(b)) if tail_result.is_err() => Some((b - a - 1).max(0) as u64),
+                (Some(a), Some(b)) if tail_result.is_err() => {
+                    Some(b.saturating_sub(a).saturating_sub(1).max(0) as u64)
+                }
                 _ => None,
             },
             error: e.to_string(),

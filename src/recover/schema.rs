@@ -224,7 +224,7 @@ fn read_table(conn: &Connection, name: &str, without_rowid: bool) -> rusqlite::R
 
 /// The `content=` table of an FTS3/4/5 declaration, when it has one (external content).
 fn external_content(sql: &str) -> Option<String> {
-    let lower = sql.to_lowercase();
+    let lower = sql.to_ascii_lowercase(); // same byte offsets as `sql`: they index it below
     if !lower.contains("using fts") {
         return None;
     }
@@ -252,6 +252,15 @@ fn external_content(sql: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn external_content_with_non_ascii_before_it_is_read_exactly() {
+        // 'İ' lowercases to three bytes from two: offsets into the declaration must not shift.
+        assert_eq!(
+            external_content("CREATE VIRTUAL TABLE \"İİİ\" USING fts5(body, content='İtems')"),
+            Some("İtems".to_owned())
+        );
+    }
 
     #[test]
     fn external_content_is_read_from_the_declaration() {
