@@ -8,7 +8,7 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -34,11 +34,23 @@ pub(super) struct GuardFile {
     base: ffi::sqlite3_file,
     sub: SubFile,
     kind: Kind,
-    /// `kind == Kind::Main && state.is_some()`, decided at open: the one test the watched
-    /// paths of `xShmLock` and `xFileControl` make before anything else.
-    guarded_main: bool,
+    /// `state`'s `DbState` when `kind == Kind::Main`, else NULL; decided at open: the one test
+    /// the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
+    /// state they use (one load, no `Option` to test). Points into `state`'s allocation, which
+    /// lives as long as this file object holds the `Arc`.
+    main_state: *const DbState,
+    /// The flag `xWrite` loads to decide "pass straight down": the state's `lock_checked` for a
+    /// WAL (the write lock is held, its check passed and the generation is not retired), a
+    /// static `false` for a guarded main file (every write takes the gate), a static `true` for
+    /// a file without guard state. Points at a static or into `state`'s allocation.
+    write_go: *const AtomicBool,
     state: Option<Arc<DbState>>,
 }
+
+/// `write_go` of a guarded main file: its writes always take the gate.
+static WRITE_GATED: AtomicBool = AtomicBool::new(false);
+/// `write_go` of a file without guard state: its writes always pass straight down.
+static WRITE_UNGUARDED: AtomicBool = AtomicBool::new(true);
 
 /// The wrapped VFS's file object, in memory of our own.
 struct SubFile {
@@ -458,6 +470,15 @@ pub(super) unsafe fn open(
         2 => &IO_V2,
         _ => &IO_V3,
     };
+    let main_state = match (kind, &state) {
+        (Kind::Main, Some(state)) => Arc::as_ptr(state),
+        _ => ptr::null(),
+    };
+    let write_go: *const AtomicBool = match (kind, &state) {
+        (Kind::Wal, Some(state)) => state.lock_checked_flag(),
+        (_, Some(_)) => &WRITE_GATED,
+        (_, None) => &WRITE_UNGUARDED,
+    };
     // SAFETY: `f` has room for a GuardFile (szOsFile) and is suitably aligned by SQLite.
     unsafe {
         ptr::write(
@@ -466,7 +487,8 @@ pub(super) unsafe fn open(
                 base: ffi::sqlite3_file { pMethods: table },
                 sub,
                 kind,
-                guarded_main: kind == Kind::Main && state.is_some(),
+                main_state,
+                write_go,
                 state,
             },
         )
@@ -611,8 +633,9 @@ unsafe extern "C" fn x_read(
 
 /// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
 /// slow verdicts enter `ffi_guard` (see `gate_rc`). A WAL write inside a checked transaction
-/// (the write lock held after its check passed, not retired) is two loads before the call;
-/// everything else goes through `write_gated`.
+/// (the write lock held after its check passed; `lock_checked` is cleared when the generation
+/// is retired, see `DbState::write_lock`) and a write to a file without guard state are one
+/// flag load (`write_go`) before the call; everything else goes through `write_gated`.
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -621,11 +644,10 @@ unsafe extern "C" fn x_write(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    if let Some(state) = &gf.state {
-        if !(gf.kind == Kind::Wal && state.wal_write_go()) {
-            // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-            return unsafe { write_gated(f, buf, amt, ofst) };
-        }
+    // SAFETY: `write_go` points at a static or into the state this file object holds.
+    if !unsafe { &*gf.write_go }.load(Ordering::Acquire) {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { write_gated(f, buf, amt, ofst) };
     }
     sub_call!(gf, xWrite, buf, amt, ofst)
 }
@@ -795,21 +817,33 @@ unsafe extern "C" fn x_file_control(
         | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
         | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
         | 1 << ffi::SQLITE_FCNTL_PRAGMA;
-    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO && gf.guarded_main {
-        if let Some(state) = &gf.state {
+    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO {
+        // SAFETY: `main_state` is NULL or points into the state this file object holds.
+        if let Some(state) = unsafe { gf.main_state.as_ref() } {
             // Sent after every commit, in every locking mode: the transaction is over.
             state.end_of_transaction();
         }
     } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
-        return file_control_answered(gf, op, arg);
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { file_control_answered(f, op, arg) };
     }
     sub_call!(gf, xFileControl, op, arg)
 }
 
-/// The file controls the guard answers or acts on, inside `ffi_guard`.
+/// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
+/// caller's arguments, for a tail call (see `shm_lock_watched`).
+///
+/// # Safety
+/// `f` is one of our live files.
 #[cold]
 #[inline(never)]
-fn file_control_answered(gf: &GuardFile, op: c_int, arg: *mut c_void) -> c_int {
+unsafe extern "C" fn file_control_answered(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
     ffi_guard(ffi::SQLITE_ERROR, || {
         match (op, gf.kind, &gf.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
@@ -956,21 +990,27 @@ unsafe extern "C" fn x_shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
     // Only the WAL write lock (0) and the checkpoint lock (1) of a guarded main file are
-    // watched; every other lock (each read transaction's read mark) passes straight down.
-    if (ofst as u32) < 2 && n == 1 && gf.guarded_main {
+    // watched; every other lock (each read transaction's read mark, 3 and up) passes straight
+    // down after this one compare. The rest of the test is `shm_lock_watched`'s.
+    if (ofst as u32) < 2 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { shm_lock_watched(f, ofst, n, flags) };
     }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
     sub_call!(gf, xShmLock, ofst, n, flags)
 }
 
-/// `x_shm_lock` of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot, of a
-/// guarded main file. Out of line so that the pass-through of every other lock stays a few
-/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
-/// reaches it with a tail call.
+const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+
+/// `x_shm_lock` at `ofst` 0 or 1: the WAL write lock (0) or the checkpoint lock (1), one slot,
+/// of a guarded main file is watched; anything else passes down. Out of line so that the
+/// pass-through of every other lock stays a few instructions; `extern "C"` (cannot unwind) with
+/// the caller's arguments, so that the caller reaches it with a tail call. Its release paths
+/// store flags and tail-call the wrapped method; the exclusive lock goes on to
+/// `shm_lock_exclusive` (also a tail call), so this one pushes nothing.
 ///
 /// # Safety
 /// `f` is one of our live files.
@@ -983,40 +1023,62 @@ unsafe extern "C" fn shm_lock_watched(
 ) -> c_int {
     // SAFETY: as the caller promises.
     let gf = unsafe { guard(f) };
-    let Some(state) = &gf.state else {
+    // SAFETY: `main_state` is NULL or points into the state this file object holds.
+    let Some(state) = (unsafe { gf.main_state.as_ref() }) else {
         return sub_call!(gf, xShmLock, ofst, n, flags);
     };
+    if n != 1 {
+        return sub_call!(gf, xShmLock, ofst, n, flags);
+    }
+    // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
+    // checkpoints); the checkpoint lock opens every checkpoint.
+    if flags == LOCK_EXCLUSIVE {
+        // SAFETY: `f` is the live file SQLite passed (a tail call).
+        return unsafe { shm_lock_exclusive(f, ofst) };
+    }
+    if flags == UNLOCK_EXCLUSIVE {
+        // Cleared whatever the release returns, as always; before it rather than after (until it
+        // returns this connection writes nothing), so the call below is a tail call.
+        if ofst == 0 {
+            state.write_lock(false);
+        } else {
+            state.end_of_main_write();
+        }
+    }
+    sub_call!(gf, xShmLock, ofst, n, flags)
+}
+
+/// The exclusive lock of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot, of
+/// a guarded main file: the check (its fast path inlined here: atomics and one `epoll_wait`,
+/// panic-free; a full check or a refusal in `slow_gate`, inside `ffi_guard`), the lock, and the
+/// flags that say the transaction or checkpoint was checked.
+///
+/// # Safety
+/// `f` is one of our live files, a guarded main file (`main_state` not NULL).
+#[inline(never)]
+unsafe extern "C" fn shm_lock_exclusive(f: *mut ffi::sqlite3_file, ofst: c_int) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
+    // SAFETY: as the caller promises, `main_state` points into the state the file holds.
+    let state = unsafe { &*gf.main_state };
     let site = if ofst == 0 {
         Site::WalWrite
     } else {
         Site::MainWrite
     };
-    const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-    const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-    // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
-    // checkpoints); the checkpoint lock opens every checkpoint.
-    if flags == LOCK_EXCLUSIVE {
-        let rc = gate_check(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+    if !state.check_fast(site) {
+        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let rc = sub_call!(gf, xShmLock, ofst, n, flags);
-        match site {
-            Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
-            Site::MainWrite if rc != ffi::SQLITE_OK => state.end_of_main_write(),
-            Site::MainWrite => {}
-        }
-        return rc;
     }
-    if flags == UNLOCK_EXCLUSIVE {
-        // Cleared whatever the release returns, as always; before it rather than after (until it
-        // returns this connection writes nothing), so the call below is a tail call.
-        match site {
-            Site::WalWrite => state.write_lock(false),
-            Site::MainWrite => state.end_of_main_write(),
-        }
+    let rc = sub_call!(gf, xShmLock, ofst, 1, LOCK_EXCLUSIVE);
+    match site {
+        Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
+        Site::MainWrite if rc != ffi::SQLITE_OK => state.end_of_main_write(),
+        Site::MainWrite => {}
     }
-    sub_call!(gf, xShmLock, ofst, n, flags)
+    rc
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {

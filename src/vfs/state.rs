@@ -50,8 +50,10 @@ pub(crate) struct DbState {
     retired: AtomicBool,
     /// Mirrors `inner.wal.is_some()`.
     wal_pinned: AtomicBool,
-    /// The WAL write lock is held and its check passed: every WAL write until its release
-    /// belongs to a checked transaction.
+    /// The WAL write lock is held, its check passed and the generation is not retired: every
+    /// WAL write until its release belongs to a checked transaction. Cleared at the release, at
+    /// the commit and at the retirement (see [`DbState::write_lock`]), so the WAL's `xWrite`
+    /// passes down after loading this flag alone.
     lock_checked: AtomicBool,
     /// Without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks): a check passed for
     /// the WAL writes of the current transaction.
@@ -363,12 +365,12 @@ impl DbState {
         Gate::Check(Site::WalWrite)
     }
 
-    /// The WAL write's fast path: [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a
-    /// transaction whose write lock was taken after its check passed, and nothing else (a
-    /// `false` asks the gate). Two atomic loads: panic-free.
-    #[inline(always)]
-    pub(crate) fn wal_write_go(&self) -> bool {
-        self.lock_checked.load(Ordering::Acquire) && !self.is_retired()
+    /// The WAL write's fast path, loaded by the shim's `xWrite`: `true` is
+    /// [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a transaction whose write
+    /// lock was taken after its check passed, of a generation not retired (a `false` asks the
+    /// gate). One atomic load: panic-free.
+    pub(crate) fn lock_checked_flag(&self) -> &AtomicBool {
+        &self.lock_checked
     }
 
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
@@ -428,10 +430,21 @@ impl DbState {
     }
 
     /// The WAL write lock was taken after its check passed (`held`), or released.
+    ///
+    /// `lock_checked` never stays set on a retired generation, so the WAL's `xWrite` need not
+    /// load `retired` as well: a retirement stores `retired` and then clears `lock_checked`, and
+    /// this stores `lock_checked` and then loads `retired`, all `SeqCst`. In their single total
+    /// order, either this load comes after the retirement's store (it sees `retired` and clears
+    /// the flag again) or the retirement's clear comes after this store; either way the flag
+    /// ends cleared. (Retirements run inside this connection's own calls, so this is belt and
+    /// braces.)
     #[inline]
     pub(crate) fn write_lock(&self, held: bool) {
         if held {
-            self.lock_checked.store(true, Ordering::Release);
+            self.lock_checked.store(true, Ordering::SeqCst);
+            if self.retired.load(Ordering::SeqCst) {
+                self.lock_checked.store(false, Ordering::SeqCst);
+            }
         } else {
             self.end_of_transaction();
         }
@@ -477,7 +490,9 @@ impl DbState {
             return None;
         };
         inner.reason = Some(reason);
-        self.retired.store(true, Ordering::Release);
+        self.retired.store(true, Ordering::SeqCst);
+        // The WAL's `xWrite` loads only this flag (see `write_lock`): it refuses from now on.
+        self.lock_checked.store(false, Ordering::SeqCst);
         log::error!(
             "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
             self.db_path.display(),

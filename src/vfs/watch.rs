@@ -27,7 +27,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -185,36 +185,39 @@ impl DirWatch {
     /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
     /// this process made the watch, no other thread is draining, and the epoll set has nothing
     /// ready. `None` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
-    /// readiness this call took from the set (left in `pending` for the next drain to handle),
+    /// readiness this call took from the set (left pending in the gate word for the next drain to handle),
     /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
     /// whether it is on this path).
     ///
     /// Sound because every readiness is handled under the drain lock, which this holds too: an
     /// event that left the set before this `epoll_wait` has either moved `changes` already or
-    /// sits in `pending`.
+    /// sits in the gate word's pending bits.
     ///
     /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
     /// only conversions are checked and return errors).
     #[inline]
     pub(crate) fn current_fast(&self, verified: u64) -> bool {
         // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`);
-        // in a forked child it reads as zero, which `same_process` reports.
+        // in a forked child it reads as zero, which makes `try_lock_fast` fail.
         let shared = unsafe { &*self.shared };
-        if !shared.same_process() || !shared.try_lock_drain() {
+        // One compare-exchange stands for three tests: this is the process that made the page
+        // (the gate word of a forked child reads 0), nobody is draining, nothing is pending.
+        if !shared.try_lock_fast() {
             return false;
         }
-        let vouched = shared.pending.load(Ordering::Acquire) == 0
-            && match epoll_ready(self.epoll) {
-                0 => shared.changes.load(Ordering::Acquire) == verified,
-                ready => {
-                    // Taken from the set (mountinfo's readiness resets when reported): the next
-                    // drain handles it, before anybody's check can vouch again.
-                    shared.pending.fetch_or(ready, Ordering::AcqRel);
-                    false
-                }
-            };
-        shared.unlock_drain();
-        vouched
+        match epoll_ready(self.epoll) {
+            0 => {
+                let vouched = shared.changes.load(Ordering::Acquire) == verified;
+                shared.unlock_drain(0);
+                vouched
+            }
+            ready => {
+                // Taken from the set (mountinfo's readiness resets when reported): left pending
+                // in the gate word for the next drain, before anybody's check can vouch again.
+                shared.unlock_drain(ready);
+                false
+            }
+        }
     }
 
     /// The sum of the path's generations, `None` if a watch on it can no longer vouch.
@@ -433,14 +436,14 @@ impl Watcher {
 
     /// Takes in everything that happened since the last call: one `epoll_wait` that returns at
     /// once, normally with nothing, plus whatever a fast path took from the set and left in
-    /// `pending`; the inotify queue is read only when it holds events. Holds the drain lock
+    /// the gate word; the inotify queue is read only when it holds events. Holds the drain lock
     /// throughout, so no fast path vouches between an event leaving the set and its generation
     /// moving.
     fn drain(&mut self) {
         // SAFETY: our own page, mapped while the watcher lives.
         let shared = unsafe { &*self.fork_marker.page };
-        let _held = shared.lock_drain();
-        let ready = shared.pending.swap(0, Ordering::AcqRel) | epoll_ready(self.epoll.as_fd());
+        let held = shared.lock_drain();
+        let ready = held.pending | epoll_ready(self.epoll.as_fd());
         if ready & MOUNTS_CHANGED != 0 {
             self.mounts_changed();
         }
@@ -549,15 +552,24 @@ pub(super) fn local_filesystem(dir: &Path) -> bool {
 struct Shared {
     /// 1 in the process that made the page.
     alive: AtomicU64,
-    /// Held across every `epoll_wait` on the set and the handling of what it returned.
-    drain: AtomicU8,
-    /// Readiness a fast path took from the set and left for the next drain.
-    pending: AtomicU64,
+    /// The drain lock and the readiness a fast path took from the set and left for the next
+    /// drain, in one word: [`GATE_FREE`] or [`GATE_HELD`], and the pending readiness
+    /// (`INOTIFY_READY | MOUNTS_CHANGED`) shifted by [`PENDING_SHIFT`]. 0 (neither free nor
+    /// held) only in a forked child, where the page was wiped. The lock is held across every
+    /// `epoll_wait` on the set and the handling of what it returned.
+    gate: AtomicU64,
     /// Moves whenever any watch of this watcher can vouch for less than before: a generation
     /// moved, or an entry stopped being current. One load tells the fast path that nothing
     /// changed anywhere since a full check, without walking a path's entries.
     changes: AtomicU64,
 }
+
+/// The drain lock is free (and the page is this process's).
+const GATE_FREE: u64 = 1;
+/// The drain lock is held.
+const GATE_HELD: u64 = 2;
+/// Where the pending readiness sits in the gate word.
+const PENDING_SHIFT: u32 = 2;
 
 impl Shared {
     #[inline]
@@ -565,33 +577,54 @@ impl Shared {
         self.alive.load(Ordering::Acquire) == 1
     }
 
+    /// The fast path's lock: taken only when the lock is free and nothing is pending (and so
+    /// never in a forked child, whose word reads 0).
     #[inline]
-    fn try_lock_drain(&self) -> bool {
-        self.drain
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+    fn try_lock_fast(&self) -> bool {
+        self.gate
+            .compare_exchange(GATE_FREE, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
+    /// Releases the drain lock, leaving `pending` readiness for the next drain.
     #[inline]
-    fn unlock_drain(&self) {
-        self.drain.store(0, Ordering::Release);
+    fn unlock_drain(&self, pending: u64) {
+        self.gate
+            .store(GATE_FREE | pending << PENDING_SHIFT, Ordering::Release);
     }
 
-    /// Waits for the drain lock (fast paths hold it for one syscall); released when the guard
-    /// drops, unwinding included.
+    /// Waits for the drain lock (fast paths hold it for one syscall) and takes what is pending;
+    /// released when the guard drops, unwinding included. Only called by the watcher of this
+    /// process (its page is not wiped: the word is never 0 here).
     fn lock_drain(&self) -> DrainGuard<'_> {
-        while !self.try_lock_drain() {
+        loop {
+            let word = self.gate.load(Ordering::Relaxed);
+            if word & GATE_FREE != 0
+                && self
+                    .gate
+                    .compare_exchange(word, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return DrainGuard {
+                    shared: self,
+                    pending: word >> PENDING_SHIFT,
+                };
+            }
             std::thread::yield_now();
         }
-        DrainGuard(self)
     }
 }
 
-struct DrainGuard<'a>(&'a Shared);
+/// The drain lock, and the readiness that was pending when it was taken (handled by the
+/// holder: the lock is released with nothing pending).
+struct DrainGuard<'a> {
+    shared: &'a Shared,
+    pending: u64,
+}
 
 impl Drop for DrainGuard<'_> {
     fn drop(&mut self) {
-        self.0.unlock_drain();
+        self.shared.unlock_drain(0);
     }
 }
 
@@ -626,8 +659,11 @@ impl ForkMarker {
         }
         let page = page as *mut Shared;
         // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
-        // and large enough for one.
-        unsafe { (*page).alive.store(1, Ordering::Release) };
+        // and large enough for one; a forked child's copy reads all zero again.
+        unsafe {
+            (*page).gate.store(GATE_FREE, Ordering::Release);
+            (*page).alive.store(1, Ordering::Release);
+        }
         Some(ForkMarker { page })
     }
 
