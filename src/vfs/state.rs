@@ -18,6 +18,10 @@ use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
+/// `verified_changes` of a state the fast path must never vouch for: not checked yet, or
+/// retired. The watcher's change count starts at 0 and only counts up; it never gets here.
+const NEVER_VOUCHED: u64 = u64::MAX;
+
 /// The extended code of every refusal.
 pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
 
@@ -71,7 +75,8 @@ pub(crate) struct DbState {
     watch: Option<DirWatch>,
     verified_generation: AtomicU64,
     /// The watcher-wide change count read at the start of the last full check that passed:
-    /// while it stands, the fast path vouches with one `epoll_wait`.
+    /// while it stands, the fast path vouches with one `epoll_wait`. [`NEVER_VOUCHED`] before
+    /// the first full check and from the retirement on (see [`DbState::check_fast`]).
     verified_changes: AtomicU64,
     /// The database's directory, held since the open (shared per directory): the capture is
     /// written into it, so it lands beside the database even if the directory was moved away.
@@ -210,7 +215,7 @@ impl DbState {
             refusals: AtomicU64::new(0),
             watch,
             verified_generation: AtomicU64::new(u64::MAX),
-            verified_changes: AtomicU64::new(u64::MAX),
+            verified_changes: AtomicU64::new(NEVER_VOUCHED),
             dir,
             shield: Shield::new(),
             inner: Mutex::new(Inner {
@@ -377,11 +382,12 @@ impl DbState {
     /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
     /// with one `epoll_wait` that nothing on the path changed since the last full check that
     /// passed. `false`: nothing was decided, run [`DbState::check`].
+    ///
+    /// "Not retired" costs no test of its own: a retirement sets `verified_changes` to
+    /// [`NEVER_VOUCHED`], which no change count equals, and a full check that records a count
+    /// re-reads `retired` after it (see [`DbState::check`]).
     #[inline]
     pub(crate) fn check_fast(&self, site: Site) -> bool {
-        if self.is_retired() {
-            return false;
-        }
         let Some(watch) = &self.watch else {
             return false;
         };
@@ -423,7 +429,14 @@ impl DbState {
         if let (Some(_), Some(c)) = (generation, changes) {
             // Vouched for by the path's generations, or verified by `stat` just now: the path was
             // as pinned when `changes` was read, or `changes` has moved since.
-            self.verified_changes.store(c, Ordering::Release);
+            self.verified_changes.store(c, Ordering::SeqCst);
+            // A retirement stores `retired` and then `NEVER_VOUCHED`, all `SeqCst`: either this
+            // load sees it, or its `NEVER_VOUCHED` lands after the store above. Either way the
+            // fast path never vouches for a retired generation (belt and braces: retirements run
+            // inside this connection's own calls).
+            if self.retired.load(Ordering::SeqCst) {
+                self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+            }
         }
         self.checked(site);
         Ok(())
@@ -493,6 +506,8 @@ impl DbState {
         self.retired.store(true, Ordering::SeqCst);
         // The WAL's `xWrite` loads only this flag (see `write_lock`): it refuses from now on.
         self.lock_checked.store(false, Ordering::SeqCst);
+        // The fast check no longer vouches (see `check_fast` and `check`).
+        self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
         log::error!(
             "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
             self.db_path.display(),
