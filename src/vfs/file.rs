@@ -8,14 +8,14 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::shield;
-use super::state::{DbState, Gate, Site, WalIndex};
+use super::state::{DbState, Gate, Site, WalIndex, WRITE_GO};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::{identity_of_fd, identity_of_mapping, FileId};
@@ -39,18 +39,19 @@ pub(super) struct GuardFile {
     /// state they use (one load, no `Option` to test). Points into `state`'s allocation, which
     /// lives as long as this file object holds the `Arc`.
     main_state: *const DbState,
-    /// The flag `xWrite` loads to decide "pass straight down": the state's `lock_checked` for a
-    /// WAL (the write lock is held, its check passed and the generation is not retired), a
-    /// static `false` for a guarded main file (every write takes the gate), a static `true` for
-    /// a file without guard state. Points at a static or into `state`'s allocation.
-    write_go: *const AtomicBool,
+    /// The word `xWrite` tests for [`WRITE_GO`] to decide "pass straight down": the state's
+    /// transaction bits for a WAL (set while the write lock is held, its check passed and the
+    /// generation is not retired), a static without it for a guarded main file (every write
+    /// takes the gate), a static with it for a file without guard state. Points at a static or
+    /// into `state`'s allocation.
+    write_go: *const AtomicU8,
     state: Option<Arc<DbState>>,
 }
 
 /// `write_go` of a guarded main file: its writes always take the gate.
-static WRITE_GATED: AtomicBool = AtomicBool::new(false);
+static WRITE_GATED: AtomicU8 = AtomicU8::new(0);
 /// `write_go` of a file without guard state: its writes always pass straight down.
-static WRITE_UNGUARDED: AtomicBool = AtomicBool::new(true);
+static WRITE_UNGUARDED: AtomicU8 = AtomicU8::new(WRITE_GO);
 
 /// The wrapped VFS's file object, in memory of our own.
 struct SubFile {
@@ -474,8 +475,8 @@ pub(super) unsafe fn open(
         (Kind::Main, Some(state)) => Arc::as_ptr(state),
         _ => ptr::null(),
     };
-    let write_go: *const AtomicBool = match (kind, &state) {
-        (Kind::Wal, Some(state)) => state.lock_checked_flag(),
+    let write_go: *const AtomicU8 = match (kind, &state) {
+        (Kind::Wal, Some(state)) => state.write_go_word(),
         (_, Some(_)) => &WRITE_GATED,
         (_, None) => &WRITE_UNGUARDED,
     };
@@ -633,9 +634,9 @@ unsafe extern "C" fn x_read(
 
 /// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
 /// slow verdicts enter `ffi_guard` (see `gate_rc`). A WAL write inside a checked transaction
-/// (the write lock held after its check passed; `lock_checked` is cleared when the generation
-/// is retired, see `DbState::write_lock`) and a write to a file without guard state are one
-/// flag load (`write_go`) before the call; everything else goes through `write_gated`.
+/// (the write lock held after its check passed; the bit is cleared when the generation is
+/// retired, see `DbState::write_lock`) and a write to a file without guard state are one load
+/// and a bit test (`write_go`) before the call; everything else goes through `write_gated`.
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -645,7 +646,7 @@ unsafe extern "C" fn x_write(
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
     // SAFETY: `write_go` points at a static or into the state this file object holds.
-    if !unsafe { &*gf.write_go }.load(Ordering::Acquire) {
+    if unsafe { &*gf.write_go }.load(Ordering::Acquire) & WRITE_GO == 0 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { write_gated(f, buf, amt, ofst) };
     }
@@ -1005,17 +1006,55 @@ unsafe extern "C" fn x_shm_lock(
 const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
-/// `x_shm_lock` at `ofst` 0 or 1: the WAL write lock (0) or the checkpoint lock (1), one slot,
-/// of a guarded main file is watched; anything else passes down. Out of line so that the
-/// pass-through of every other lock stays a few instructions; `extern "C"` (cannot unwind) with
-/// the caller's arguments, so that the caller reaches it with a tail call. Its release paths
-/// store flags and tail-call the wrapped method; the exclusive lock goes on to
-/// `shm_lock_exclusive` (also a tail call), so this one pushes nothing.
+/// `x_shm_lock` at `ofst` 0 or 1: an exclusive lock goes on to `shm_lock_exclusive` (a tail
+/// call); the release of the WAL write lock (0) or the checkpoint lock (1), one slot, of a
+/// guarded main file clears what its check allowed; anything else passes down. Out of line so
+/// that the pass-through of every other lock stays a few instructions; `extern "C"` (cannot
+/// unwind) with the caller's arguments, so that the caller reaches it with a tail call. It
+/// stores flags and tail-calls, so it pushes nothing.
 ///
 /// # Safety
 /// `f` is one of our live files.
 #[inline(never)]
 unsafe extern "C" fn shm_lock_watched(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    if flags == LOCK_EXCLUSIVE {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { shm_lock_exclusive(f, ofst, n, flags) };
+    }
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
+    if flags == UNLOCK_EXCLUSIVE && n == 1 {
+        // SAFETY: `main_state` is NULL or points into the state this file object holds.
+        if let Some(state) = unsafe { gf.main_state.as_ref() } {
+            // Cleared whatever the release returns, as always; before it rather than after
+            // (until it returns this connection writes nothing), so the call below is a tail
+            // call.
+            if ofst == 0 {
+                state.write_lock(false);
+            } else {
+                state.end_of_main_write();
+            }
+        }
+    }
+    sub_call!(gf, xShmLock, ofst, n, flags)
+}
+
+/// The exclusive lock at `ofst` 0 or 1. The WAL write lock (0) opens every write transaction
+/// (and FULL/RESTART/TRUNCATE checkpoints), the checkpoint lock (1) every checkpoint; of those,
+/// one slot, of a guarded main file: the check (its fast path inlined here: atomics and one
+/// `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside `ffi_guard`),
+/// the lock, and, once it is taken, the flags that say the transaction or checkpoint was
+/// checked. Anything else passes down.
+///
+/// # Safety
+/// `f` is one of our live files.
+#[inline(never)]
+unsafe extern "C" fn shm_lock_exclusive(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
     n: c_int,
@@ -1030,43 +1069,12 @@ unsafe extern "C" fn shm_lock_watched(
     if n != 1 {
         return sub_call!(gf, xShmLock, ofst, n, flags);
     }
-    // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
-    // checkpoints); the checkpoint lock opens every checkpoint.
-    if flags == LOCK_EXCLUSIVE {
-        // SAFETY: `f` is the live file SQLite passed (a tail call).
-        return unsafe { shm_lock_exclusive(f, ofst) };
-    }
-    if flags == UNLOCK_EXCLUSIVE {
-        // Cleared whatever the release returns, as always; before it rather than after (until it
-        // returns this connection writes nothing), so the call below is a tail call.
-        if ofst == 0 {
-            state.write_lock(false);
-        } else {
-            state.end_of_main_write();
-        }
-    }
-    sub_call!(gf, xShmLock, ofst, n, flags)
-}
-
-/// The exclusive lock of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot, of
-/// a guarded main file: the check (its fast path inlined here: atomics and one `epoll_wait`,
-/// panic-free; a full check or a refusal in `slow_gate`, inside `ffi_guard`), the lock, and the
-/// flags that say the transaction or checkpoint was checked.
-///
-/// # Safety
-/// `f` is one of our live files, a guarded main file (`main_state` not NULL).
-#[inline(never)]
-unsafe extern "C" fn shm_lock_exclusive(f: *mut ffi::sqlite3_file, ofst: c_int) -> c_int {
-    // SAFETY: as the caller promises.
-    let gf = unsafe { guard(f) };
-    // SAFETY: as the caller promises, `main_state` points into the state the file holds.
-    let state = unsafe { &*gf.main_state };
     let site = if ofst == 0 {
         Site::WalWrite
     } else {
         Site::MainWrite
     };
-    if !state.check_fast(site) {
+    if !state.vouched_fast() {
         let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
@@ -1075,8 +1083,7 @@ unsafe extern "C" fn shm_lock_exclusive(f: *mut ffi::sqlite3_file, ofst: c_int) 
     let rc = sub_call!(gf, xShmLock, ofst, 1, LOCK_EXCLUSIVE);
     match site {
         Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
-        Site::MainWrite if rc != ffi::SQLITE_OK => state.end_of_main_write(),
-        Site::MainWrite => {}
+        Site::MainWrite => state.checkpoint_lock(rc == ffi::SQLITE_OK),
     }
     rc
 }

@@ -24,8 +24,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,7 +43,7 @@ pub(crate) struct DirWatch {
     /// The epoch of the watcher that made it: only that watcher, in this process, may vouch for
     /// it or release it.
     epoch: u64,
-    /// That watcher's epoll set, for the lock-free fast path ([`DirWatch::current_fast`]). The
+    /// That watcher's epoll set, for the lock-free fast path ([`FastWatch::current_fast`]). The
     /// descriptor stays open for the life of the process that made it: a `Watcher` is never
     /// dropped (`STATE` leaves `Ready` only through `forget_inherited`, which leaks it).
     epoll: BorrowedFd<'static>,
@@ -174,51 +173,19 @@ impl DirWatch {
     }
 
     /// The watcher-wide change count; read by a full check before its drain and its `stat`s
-    /// (see [`DirWatch::current_fast`]).
+    /// (see [`FastWatch::current_fast`]).
     #[inline]
     pub(crate) fn changes(&self) -> u64 {
-        // SAFETY: as in `current_fast`.
+        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`).
         let shared = unsafe { &*self.shared };
         shared.changes.load(Ordering::Acquire)
     }
 
-    /// The transaction start's fast path: whether nothing changed since the change count was
-    /// `verified`, without the watcher's mutex and
-    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
-    /// this process made the watch, no other thread is draining, and the epoll set has nothing
-    /// ready. `None` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
-    /// readiness this call took from the set (left pending in the gate word for the next drain to handle),
-    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
-    /// whether it is on this path).
-    ///
-    /// Sound because every readiness is handled under the drain lock, which this holds too: an
-    /// event that left the set before this `epoll_wait` has either moved `changes` already or
-    /// sits in the gate word's pending bits.
-    ///
-    /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
-    /// only conversions are checked and return errors).
-    #[inline]
-    pub(crate) fn current_fast(&self, verified: u64) -> bool {
-        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`);
-        // in a forked child it reads as zero, which makes `try_lock_fast` fail.
-        let shared = unsafe { &*self.shared };
-        // One compare-exchange stands for three tests: this is the process that made the page
-        // (the gate word of a forked child reads 0), nobody is draining, nothing is pending.
-        if !shared.try_lock_fast() {
-            return false;
-        }
-        match epoll_ready(self.epoll) {
-            0 => {
-                let vouched = shared.changes.load(Ordering::Acquire) == verified;
-                shared.unlock_drain(0);
-                vouched
-            }
-            ready => {
-                // Taken from the set (mountinfo's readiness resets when reported): left pending
-                // in the gate word for the next drain, before anybody's check can vouch again.
-                shared.unlock_drain(ready);
-                false
-            }
+    /// The lock-free half of this watch, for the transaction start's fast path.
+    pub(crate) fn fast(&self) -> FastWatch {
+        FastWatch {
+            shared: self.shared,
+            epoll: self.epoll.as_raw_fd(),
         }
     }
 
@@ -257,18 +224,86 @@ impl DirWatch {
     }
 }
 
+/// The lock-free half of a [`DirWatch`]: its watcher's wipe-on-fork page and epoll descriptor,
+/// copied out so that the fast path tests one pointer (NULL: no watch) instead of an `Option`.
+/// Both live for the rest of the process that made them (see `DirWatch::epoll`).
+#[derive(Clone, Copy)]
+pub(crate) struct FastWatch {
+    shared: *const Shared,
+    epoll: RawFd,
+}
+
+// SAFETY: as for DirWatch: the page is only reached through atomics, and only vouches in the
+// process that made it (checked through the page itself); the descriptor is the kernel's.
+unsafe impl Send for FastWatch {}
+// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
+unsafe impl Sync for FastWatch {}
+
+impl FastWatch {
+    /// No watch: never vouches.
+    pub(crate) const NONE: FastWatch = FastWatch {
+        shared: std::ptr::null(),
+        epoll: -1,
+    };
+
+    /// The transaction start's fast path: whether nothing changed since the change count was
+    /// `verified`, without the watcher's mutex and
+    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
+    /// this process made the watch, no other thread is draining, and the epoll set has nothing
+    /// ready. `false` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
+    /// readiness this call took from the set (left pending in the gate word for the next drain to handle),
+    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
+    /// whether it is on this path).
+    ///
+    /// Sound because every readiness is handled under the drain lock, which this holds too: an
+    /// event that left the set before this `epoll_wait` has either moved `changes` already or
+    /// sits in the gate word's pending bits.
+    ///
+    /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
+    /// only conversions are checked and return errors).
+    #[inline]
+    pub(crate) fn current_fast(&self, verified: u64) -> bool {
+        // SAFETY: NULL (no watch) or the page of the watcher that made the DirWatch, which is
+        // never unmapped (see `DirWatch::shared`); in a forked child it reads as zero, which
+        // makes `try_lock_fast` fail.
+        let Some(shared) = (unsafe { self.shared.as_ref() }) else {
+            return false;
+        };
+        // One compare-exchange stands for three tests: this is the process that made the page
+        // (the gate word of a forked child reads 0), nobody is draining, nothing is pending.
+        if !shared.try_lock_fast() {
+            return false;
+        }
+        match epoll_ready(self.epoll) {
+            0 => {
+                let vouched = shared.changes.load(Ordering::Acquire) == verified;
+                shared.unlock_drain(0);
+                vouched
+            }
+            ready => {
+                // Taken from the set (mountinfo's readiness resets when reported): left pending
+                // in the gate word for the next drain, before anybody's check can vouch again.
+                shared.unlock_drain(ready);
+                false
+            }
+        }
+    }
+}
+
 // SAFETY: the raw descriptor and page pointer are only used from the process that made them
 // (checked through the page itself), and everything they reach is the kernel's or atomics.
 unsafe impl Send for DirWatch {}
-// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
+// SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
 unsafe impl Sync for DirWatch {}
 
 /// Asks the epoll set, without waiting, what is ready: `INOTIFY_READY | MOUNTS_CHANGED` bits,
 /// all of them when the call fails (assume everything changed). Panic-free (see
-/// `DirWatch::current_fast`).
+/// `FastWatch::current_fast`).
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
+fn epoll_ready(epoll: RawFd) -> u64 {
+    // SAFETY: the callers pass the open epoll descriptor of a live watcher.
+    let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
     let empty = || epoll::Event {
         flags: epoll::EventFlags::empty(),
         data: epoll::EventData::new_u64(0),
@@ -295,8 +330,7 @@ fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
 /// Panic-free: the syscall, then reads of at most the two events the kernel wrote.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
-    use std::os::fd::AsRawFd;
+fn epoll_ready(epoll: RawFd) -> u64 {
     /// x86_64's `struct epoll_event` is packed: a `u32` of flags, then the `u64` of data.
     const EVENT: usize = 12;
     const SYS_EPOLL_PWAIT: isize = 281;
@@ -309,7 +343,7 @@ fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
         std::arch::asm!(
             "syscall",
             inlateout("rax") SYS_EPOLL_PWAIT => ret,
-            in("rdi") epoll.as_raw_fd(),
+            in("rdi") epoll,
             in("rsi") events.as_mut_ptr(),
             in("rdx") 2usize,
             in("r10") 0usize,
@@ -319,25 +353,27 @@ fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
             options(nostack),
         );
     }
-    match ret {
-        0 => 0,
-        1 | 2 => {
-            let mut bits = 0;
-            for i in 0..ret as usize {
-                // SAFETY: the kernel wrote `ret` (<= 2) whole events at the start of `events`;
-                // the data of event `i` is the 8 bytes at `i * 12 + 4`, unaligned.
-                let data = unsafe {
-                    (events.as_ptr() as *const u8)
-                        .add(i * EVENT + 4)
-                        .cast::<u64>()
-                        .read_unaligned()
-                };
-                bits |= data & (INOTIFY_READY | MOUNTS_CHANGED);
-            }
-            bits
-        }
-        _ => INOTIFY_READY | MOUNTS_CHANGED,
+    if ret == 0 {
+        return 0;
     }
+    if !(1..=2).contains(&ret) {
+        return INOTIFY_READY | MOUNTS_CHANGED;
+    }
+    let data = |i: usize| {
+        // SAFETY: the kernel wrote `ret` (1 or 2) whole events at the start of `events`, and
+        // `i < ret`; the data of event `i` is the 8 bytes at `i * 12 + 4`, unaligned.
+        unsafe {
+            (events.as_ptr() as *const u8)
+                .add(i * EVENT + 4)
+                .cast::<u64>()
+                .read_unaligned()
+        }
+    };
+    let mut bits = data(0);
+    if ret == 2 {
+        bits |= data(1);
+    }
+    bits & (INOTIFY_READY | MOUNTS_CHANGED)
 }
 
 impl Drop for DirWatch {
@@ -498,7 +534,7 @@ impl Watcher {
         // SAFETY: our own page, mapped while the watcher lives.
         let shared = unsafe { &*self.fork_marker.page };
         let held = shared.lock_drain();
-        let ready = held.pending | epoll_ready(self.epoll.as_fd());
+        let ready = held.pending | epoll_ready(self.epoll.as_raw_fd());
         if ready & MOUNTS_CHANGED != 0 {
             self.mounts_changed();
         }
