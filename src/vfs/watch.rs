@@ -259,7 +259,8 @@ impl FastWatch {
     /// event that left the set before this `epoll_wait` has either moved `changes` already or
     /// sits in the gate word's pending bits.
     ///
-    /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
+    /// Panic-free: atomics and one `epoll_wait` ([`epoll_ready`]: on x86_64 the raw syscall and
+    /// reads of at most two events; elsewhere rustix's raw syscall into a fixed array, whose
     /// only conversions are checked and return errors).
     #[inline]
     pub(crate) fn current_fast(&self, verified: u64) -> bool {
