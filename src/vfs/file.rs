@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::shield;
-use super::state::{DbState, Gate, Site, WalIndex};
+use super::state::{DbState, Gate, Site, WalIndex, WRITE_GO};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::{identity_of_fd, identity_of_mapping, FileId};
@@ -34,11 +34,24 @@ pub(super) struct GuardFile {
     base: ffi::sqlite3_file,
     sub: SubFile,
     kind: Kind,
-    /// `kind == Kind::Main && state.is_some()`, decided at open: the one test the watched
-    /// paths of `xShmLock` and `xFileControl` make before anything else.
-    guarded_main: bool,
+    /// `state`'s `DbState` when `kind == Kind::Main`, else NULL; decided at open: the one test
+    /// the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
+    /// state they use (one load, no `Option` to test). Points into `state`'s allocation, which
+    /// lives as long as this file object holds the `Arc`.
+    main_state: *const DbState,
+    /// The word `xWrite` tests for [`WRITE_GO`] to decide "pass straight down": the state's
+    /// transaction bits for a WAL (set while the write lock is held, its check passed and the
+    /// generation is not retired), a static without it for a guarded main file (every write
+    /// takes the gate), a static with it for a file without guard state. Points at a static or
+    /// into `state`'s allocation.
+    write_go: *const AtomicU8,
     state: Option<Arc<DbState>>,
 }
+
+/// `write_go` of a guarded main file: its writes always take the gate.
+static WRITE_GATED: AtomicU8 = AtomicU8::new(0);
+/// `write_go` of a file without guard state: its writes always pass straight down.
+static WRITE_UNGUARDED: AtomicU8 = AtomicU8::new(WRITE_GO);
 
 /// The wrapped VFS's file object, in memory of our own.
 struct SubFile {
@@ -458,6 +471,15 @@ pub(super) unsafe fn open(
         2 => &IO_V2,
         _ => &IO_V3,
     };
+    let main_state = match (kind, &state) {
+        (Kind::Main, Some(state)) => Arc::as_ptr(state),
+        _ => ptr::null(),
+    };
+    let write_go: *const AtomicU8 = match (kind, &state) {
+        (Kind::Wal, Some(state)) => state.write_go_word(),
+        (_, Some(_)) => &WRITE_GATED,
+        (_, None) => &WRITE_UNGUARDED,
+    };
     // SAFETY: `f` has room for a GuardFile (szOsFile) and is suitably aligned by SQLite.
     unsafe {
         ptr::write(
@@ -466,7 +488,8 @@ pub(super) unsafe fn open(
                 base: ffi::sqlite3_file { pMethods: table },
                 sub,
                 kind,
-                guarded_main: kind == Kind::Main && state.is_some(),
+                main_state,
+                write_go,
                 state,
             },
         )
@@ -611,8 +634,9 @@ unsafe extern "C" fn x_read(
 
 /// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
 /// slow verdicts enter `ffi_guard` (see `gate_rc`). A WAL write inside a checked transaction
-/// (the write lock held after its check passed, not retired) is two loads before the call;
-/// everything else goes through `write_gated`.
+/// (the write lock held after its check passed; the bit is cleared when the generation is
+/// retired, see `DbState::write_lock`) and a write to a file without guard state are one load
+/// and a bit test (`write_go`) before the call; everything else goes through `write_gated`.
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -621,11 +645,10 @@ unsafe extern "C" fn x_write(
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let gf = unsafe { guard(f) };
-    if let Some(state) = &gf.state {
-        if !(gf.kind == Kind::Wal && state.wal_write_go()) {
-            // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-            return unsafe { write_gated(f, buf, amt, ofst) };
-        }
+    // SAFETY: `write_go` points at a static or into the state this file object holds.
+    if unsafe { &*gf.write_go }.load(Ordering::Acquire) & WRITE_GO == 0 {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { write_gated(f, buf, amt, ofst) };
     }
     sub_call!(gf, xWrite, buf, amt, ofst)
 }
@@ -795,21 +818,33 @@ unsafe extern "C" fn x_file_control(
         | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
         | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
         | 1 << ffi::SQLITE_FCNTL_PRAGMA;
-    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO && gf.guarded_main {
-        if let Some(state) = &gf.state {
+    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO {
+        // SAFETY: `main_state` is NULL or points into the state this file object holds.
+        if let Some(state) = unsafe { gf.main_state.as_ref() } {
             // Sent after every commit, in every locking mode: the transaction is over.
             state.end_of_transaction();
         }
     } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
-        return file_control_answered(gf, op, arg);
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { file_control_answered(f, op, arg) };
     }
     sub_call!(gf, xFileControl, op, arg)
 }
 
-/// The file controls the guard answers or acts on, inside `ffi_guard`.
+/// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
+/// caller's arguments, for a tail call (see `shm_lock_watched`).
+///
+/// # Safety
+/// `f` is one of our live files.
 #[cold]
 #[inline(never)]
-fn file_control_answered(gf: &GuardFile, op: c_int, arg: *mut c_void) -> c_int {
+unsafe extern "C" fn file_control_answered(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
     ffi_guard(ffi::SQLITE_ERROR, || {
         match (op, gf.kind, &gf.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
@@ -956,21 +991,27 @@ unsafe extern "C" fn x_shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
     // Only the WAL write lock (0) and the checkpoint lock (1) of a guarded main file are
-    // watched; every other lock (each read transaction's read mark) passes straight down.
-    if (ofst as u32) < 2 && n == 1 && gf.guarded_main {
+    // watched; every other lock (each read transaction's read mark, 3 and up) passes straight
+    // down after this one compare. The rest of the test is `shm_lock_watched`'s.
+    if (ofst as u32) < 2 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { shm_lock_watched(f, ofst, n, flags) };
     }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let gf = unsafe { guard(f) };
     sub_call!(gf, xShmLock, ofst, n, flags)
 }
 
-/// `x_shm_lock` of the WAL write lock (`ofst` 0) or the checkpoint lock (1), one slot, of a
-/// guarded main file. Out of line so that the pass-through of every other lock stays a few
-/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
-/// reaches it with a tail call.
+const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+
+/// `x_shm_lock` at `ofst` 0 or 1: an exclusive lock goes on to `shm_lock_exclusive` (a tail
+/// call); the release of the WAL write lock (0) or the checkpoint lock (1), one slot, of a
+/// guarded main file clears what its check allowed; anything else passes down. Out of line so
+/// that the pass-through of every other lock stays a few instructions; `extern "C"` (cannot
+/// unwind) with the caller's arguments, so that the caller reaches it with a tail call. It
+/// stores flags and tail-calls, so it pushes nothing.
 ///
 /// # Safety
 /// `f` is one of our live files.
@@ -981,42 +1022,70 @@ unsafe extern "C" fn shm_lock_watched(
     n: c_int,
     flags: c_int,
 ) -> c_int {
+    if flags == LOCK_EXCLUSIVE {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { shm_lock_exclusive(f, ofst, n, flags) };
+    }
     // SAFETY: as the caller promises.
     let gf = unsafe { guard(f) };
-    let Some(state) = &gf.state else {
+    if flags == UNLOCK_EXCLUSIVE && n == 1 {
+        // SAFETY: `main_state` is NULL or points into the state this file object holds.
+        if let Some(state) = unsafe { gf.main_state.as_ref() } {
+            // Cleared whatever the release returns, as always; before it rather than after
+            // (until it returns this connection writes nothing), so the call below is a tail
+            // call.
+            if ofst == 0 {
+                state.write_lock(false);
+            } else {
+                state.end_of_main_write();
+            }
+        }
+    }
+    sub_call!(gf, xShmLock, ofst, n, flags)
+}
+
+/// The exclusive lock at `ofst` 0 or 1. The WAL write lock (0) opens every write transaction
+/// (and FULL/RESTART/TRUNCATE checkpoints), the checkpoint lock (1) every checkpoint; of those,
+/// one slot, of a guarded main file: the check (its fast path inlined here: atomics and one
+/// `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside `ffi_guard`),
+/// the lock, and, once it is taken, the flags that say the transaction or checkpoint was
+/// checked. Anything else passes down.
+///
+/// # Safety
+/// `f` is one of our live files.
+#[inline(never)]
+unsafe extern "C" fn shm_lock_exclusive(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let gf = unsafe { guard(f) };
+    // SAFETY: `main_state` is NULL or points into the state this file object holds.
+    let Some(state) = (unsafe { gf.main_state.as_ref() }) else {
         return sub_call!(gf, xShmLock, ofst, n, flags);
     };
+    if n != 1 {
+        return sub_call!(gf, xShmLock, ofst, n, flags);
+    }
     let site = if ofst == 0 {
         Site::WalWrite
     } else {
         Site::MainWrite
     };
-    const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-    const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-    // The WAL write lock opens every write transaction (and FULL/RESTART/TRUNCATE
-    // checkpoints); the checkpoint lock opens every checkpoint.
-    if flags == LOCK_EXCLUSIVE {
-        let rc = gate_check(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+    if !state.vouched_fast() {
+        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let rc = sub_call!(gf, xShmLock, ofst, n, flags);
-        match site {
-            Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
-            Site::MainWrite if rc != ffi::SQLITE_OK => state.end_of_main_write(),
-            Site::MainWrite => {}
-        }
-        return rc;
     }
-    if flags == UNLOCK_EXCLUSIVE {
-        // Cleared whatever the release returns, as always; before it rather than after (until it
-        // returns this connection writes nothing), so the call below is a tail call.
-        match site {
-            Site::WalWrite => state.write_lock(false),
-            Site::MainWrite => state.end_of_main_write(),
-        }
+    let rc = sub_call!(gf, xShmLock, ofst, 1, LOCK_EXCLUSIVE);
+    match site {
+        Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
+        Site::MainWrite => state.checkpoint_lock(rc == ffi::SQLITE_OK),
     }
-    sub_call!(gf, xShmLock, ofst, n, flags)
+    rc
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {

@@ -5,18 +5,30 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
 use super::shield::Shield;
-use super::watch::DirWatch;
+use super::watch::{DirWatch, FastWatch};
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, Captured, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
+
+const LOCK_CHECKED: u8 = 1;
+const WAL_CHECKED: u8 = 2;
+const MAIN_CHECKED: u8 = 4;
+
+/// The bit of a WAL's write-go word (`DbState::write_go_word`) that lets its `xWrite` pass
+/// straight down.
+pub(crate) const WRITE_GO: u8 = LOCK_CHECKED;
+
+/// `verified_changes` of a state the fast path must never vouch for: not checked yet, or
+/// retired. The watcher's change count starts at 0 and only counts up; it never gets here.
+const NEVER_VOUCHED: u64 = u64::MAX;
 
 /// The extended code of every refusal.
 pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
@@ -50,18 +62,25 @@ pub(crate) struct DbState {
     retired: AtomicBool,
     /// Mirrors `inner.wal.is_some()`.
     wal_pinned: AtomicBool,
-    /// The WAL write lock is held and its check passed: every WAL write until its release
-    /// belongs to a checked transaction.
-    lock_checked: AtomicBool,
-    /// Without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks): a check passed for
-    /// the WAL writes of the current transaction.
-    wal_checked: AtomicBool,
+    /// What was checked in the current transaction or checkpoint, as bits, in one word so that
+    /// its end is one store:
+    ///
+    /// - [`LOCK_CHECKED`]: the WAL write lock is held, its check passed and the generation is
+    ///   not retired: every WAL write until its release belongs to a checked transaction.
+    ///   Cleared at the release, at the commit and at the retirement (see
+    ///   [`DbState::write_lock`]), so the WAL's `xWrite` passes down after testing this bit
+    ///   alone ([`WRITE_GO`]).
+    /// - [`WAL_CHECKED`]: without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks),
+    ///   a check passed for the WAL writes of the current transaction.
+    /// - [`MAIN_CHECKED`]: a check passed for the current checkpoint (main-file writes).
+    ///
+    /// Only this connection's calls set bits; a retirement clears [`LOCK_CHECKED`] with an
+    /// atomic read-modify-write, so no bit another writer cleared comes back.
+    tx: AtomicU8,
     /// Offset of the last WAL write. A transaction writes forwards; a write at or below an
     /// earlier one is a new transaction after a rollback (or a rewrite within one, which only
     /// costs an extra check).
     last_wal_offset: AtomicI64,
-    /// A check passed for the current checkpoint (main-file writes).
-    main_checked: AtomicBool,
     refusals: AtomicU64,
     /// The database directory's watch, and its generation at the last full check that passed:
     /// while they match, no name in the directory has changed, no directory above it moved and
@@ -69,8 +88,11 @@ pub(crate) struct DbState {
     watch: Option<DirWatch>,
     verified_generation: AtomicU64,
     /// The watcher-wide change count read at the start of the last full check that passed:
-    /// while it stands, the fast path vouches with one `epoll_wait`.
+    /// while it stands, the fast path vouches with one `epoll_wait`. [`NEVER_VOUCHED`] before
+    /// the first full check and from the retirement on (see [`DbState::check_fast`]).
     verified_changes: AtomicU64,
+    /// `watch`'s lock-free half (NONE without a watch): what the fast check uses.
+    fast_watch: FastWatch,
     /// The database's directory, held since the open (shared per directory): the capture is
     /// written into it, so it lands beside the database even if the directory was moved away.
     dir: Option<Arc<DirHandle>>,
@@ -195,20 +217,20 @@ impl DbState {
                 None
             }
         };
+        let fast_watch = watch.as_ref().map_or(FastWatch::NONE, DirWatch::fast);
         Arc::new(DbState {
             wal_path: sidecar(&db_path, "-wal"),
             shm_path: sidecar(&db_path, "-shm"),
             db_path,
             retired: AtomicBool::new(false),
             wal_pinned: AtomicBool::new(false),
-            lock_checked: AtomicBool::new(false),
-            wal_checked: AtomicBool::new(false),
+            tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
-            main_checked: AtomicBool::new(false),
             refusals: AtomicU64::new(0),
             watch,
             verified_generation: AtomicU64::new(u64::MAX),
-            verified_changes: AtomicU64::new(u64::MAX),
+            verified_changes: AtomicU64::new(NEVER_VOUCHED),
+            fast_watch,
             dir,
             shield: Shield::new(),
             inner: Mutex::new(Inner {
@@ -336,7 +358,7 @@ impl DbState {
     pub(crate) fn main_write_gate(&self) -> Gate {
         if self.is_retired() {
             Gate::Refuse
-        } else if self.main_checked.load(Ordering::Acquire) {
+        } else if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
             Gate::Go
         } else {
             Gate::Check(Site::MainWrite)
@@ -350,40 +372,39 @@ impl DbState {
         if self.is_retired() {
             return Gate::Refuse;
         }
-        if self.lock_checked.load(Ordering::Acquire) {
+        let tx = self.tx.load(Ordering::Acquire);
+        if tx & LOCK_CHECKED != 0 {
             return Gate::Go;
         }
         // No write lock (exclusive locking mode): the first write of a transaction checks. A
         // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
         // the next transaction writes at or below where the last write was.
         let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
-        if self.wal_checked.load(Ordering::Acquire) && offset > previous {
+        if tx & WAL_CHECKED != 0 && offset > previous {
             return Gate::Go;
         }
         Gate::Check(Site::WalWrite)
     }
 
-    /// The WAL write's fast path: [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a
-    /// transaction whose write lock was taken after its check passed, and nothing else (a
-    /// `false` asks the gate). Two atomic loads: panic-free.
-    #[inline(always)]
-    pub(crate) fn wal_write_go(&self) -> bool {
-        self.lock_checked.load(Ordering::Acquire) && !self.is_retired()
+    /// The WAL write's fast path, loaded by the shim's `xWrite`: `true` is
+    /// [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a transaction whose write
+    /// lock was taken after its check passed, of a generation not retired (a `false` asks the
+    /// gate). One atomic load: panic-free.
+    pub(crate) fn write_go_word(&self) -> &AtomicU8 {
+        &self.tx
     }
 
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
     /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
     /// with one `epoll_wait` that nothing on the path changed since the last full check that
     /// passed. `false`: nothing was decided, run [`DbState::check`].
+    ///
+    /// "Not retired" costs no test of its own: a retirement sets `verified_changes` to
+    /// [`NEVER_VOUCHED`], which no change count equals, and a full check that records a count
+    /// re-reads `retired` after it (see [`DbState::check`]).
     #[inline]
     pub(crate) fn check_fast(&self, site: Site) -> bool {
-        if self.is_retired() {
-            return false;
-        }
-        let Some(watch) = &self.watch else {
-            return false;
-        };
-        if watch.current_fast(self.verified_changes.load(Ordering::Acquire)) {
+        if self.vouched_fast() {
             self.checked(site);
             true
         } else {
@@ -391,12 +412,22 @@ impl DbState {
         }
     }
 
+    /// [`DbState::check_fast`] without recording anything: for the watched locks, which record
+    /// what their check allows only once the lock is taken ([`DbState::write_lock`],
+    /// [`DbState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
+    #[inline(always)]
+    pub(crate) fn vouched_fast(&self) -> bool {
+        self.fast_watch
+            .current_fast(self.verified_changes.load(Ordering::Acquire))
+    }
+
     #[inline]
     fn checked(&self, site: Site) {
-        match site {
-            Site::WalWrite => self.wal_checked.store(true, Ordering::Release),
-            Site::MainWrite => self.main_checked.store(true, Ordering::Release),
-        }
+        let bit = match site {
+            Site::WalWrite => WAL_CHECKED,
+            Site::MainWrite => MAIN_CHECKED,
+        };
+        self.tx.fetch_or(bit, Ordering::AcqRel);
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
@@ -421,36 +452,70 @@ impl DbState {
         if let (Some(_), Some(c)) = (generation, changes) {
             // Vouched for by the path's generations, or verified by `stat` just now: the path was
             // as pinned when `changes` was read, or `changes` has moved since.
-            self.verified_changes.store(c, Ordering::Release);
+            self.verified_changes.store(c, Ordering::SeqCst);
+            // A retirement stores `retired` and then `NEVER_VOUCHED`, all `SeqCst`: either this
+            // load sees it, or its `NEVER_VOUCHED` lands after the store above. Either way the
+            // fast path never vouches for a retired generation (belt and braces: retirements run
+            // inside this connection's own calls).
+            if self.retired.load(Ordering::SeqCst) {
+                self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+            }
         }
         self.checked(site);
         Ok(())
     }
 
     /// The WAL write lock was taken after its check passed (`held`), or released.
+    ///
+    /// `LOCK_CHECKED` never stays set on a retired generation, so the WAL's `xWrite` need not
+    /// load `retired` as well: a retirement stores `retired` and then clears `LOCK_CHECKED`, and
+    /// this stores `LOCK_CHECKED` and then loads `retired`, all `SeqCst`. In their single total
+    /// order, either this load comes after the retirement's store (it sees `retired` and clears
+    /// the flag again) or the retirement's clear comes after this store; either way the flag
+    /// ends cleared. (Retirements run inside this connection's own calls, so this is belt and
+    /// braces.)
+    ///
+    /// Taken, it records the check as the transaction's ([`WAL_CHECKED`] too, as a check at the
+    /// WAL's first write would).
     #[inline]
     pub(crate) fn write_lock(&self, held: bool) {
         if held {
-            self.lock_checked.store(true, Ordering::Release);
+            self.tx
+                .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
+            if self.retired.load(Ordering::SeqCst) {
+                self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+            }
         } else {
             self.end_of_transaction();
+        }
+    }
+
+    /// The checkpoint lock was taken after its check passed (`held`: the checkpoint's main-file
+    /// writes are checked), or not taken.
+    #[inline]
+    pub(crate) fn checkpoint_lock(&self, held: bool) {
+        if held {
+            self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
+        } else {
+            self.end_of_main_write();
         }
     }
 
     /// A write transaction committed or ended: the next write checks again.
     #[inline]
     pub(crate) fn end_of_transaction(&self) {
-        self.lock_checked.store(false, Ordering::Release);
-        self.wal_checked.store(false, Ordering::Release);
-        // New frames mean a later checkpoint has new pages to copy.
-        self.main_checked.store(false, Ordering::Release);
+        // All three: new frames mean a later checkpoint has new pages to copy. (A retirement's
+        // concurrent clear of LOCK_CHECKED clears no more than this.)
+        self.tx.store(0, Ordering::Release);
     }
 
     /// A main-file write ended — a checkpoint (its lock released, or the main file synced) or a
     /// rollback-mode write (its lock dropped to SHARED): the next one checks.
     #[inline]
     pub(crate) fn end_of_main_write(&self) {
-        self.main_checked.store(false, Ordering::Release);
+        if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
+            self.tx.fetch_and(!MAIN_CHECKED, Ordering::AcqRel);
+        }
     }
 
     /// Compares each pinned identity with what its pathname resolves to now; at the first
@@ -477,7 +542,11 @@ impl DbState {
             return None;
         };
         inner.reason = Some(reason);
-        self.retired.store(true, Ordering::Release);
+        self.retired.store(true, Ordering::SeqCst);
+        // The WAL's `xWrite` loads only this flag (see `write_lock`): it refuses from now on.
+        self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+        // The fast check no longer vouches (see `check_fast` and `check`).
+        self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
         log::error!(
             "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
             self.db_path.display(),

@@ -24,14 +24,15 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::AsFd;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustix::event::{epoll, Timespec};
+use rustix::event::epoll;
+#[cfg(not(target_arch = "x86_64"))]
+use rustix::event::Timespec;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
@@ -42,7 +43,7 @@ pub(crate) struct DirWatch {
     /// The epoch of the watcher that made it: only that watcher, in this process, may vouch for
     /// it or release it.
     epoch: u64,
-    /// That watcher's epoll set, for the lock-free fast path ([`DirWatch::current_fast`]). The
+    /// That watcher's epoll set, for the lock-free fast path ([`FastWatch::current_fast`]). The
     /// descriptor stays open for the life of the process that made it: a `Watcher` is never
     /// dropped (`STATE` leaves `Ready` only through `forget_inherited`, which leaks it).
     epoll: BorrowedFd<'static>,
@@ -172,49 +173,20 @@ impl DirWatch {
     }
 
     /// The watcher-wide change count; read by a full check before its drain and its `stat`s
-    /// (see [`DirWatch::current_fast`]).
+    /// (see [`FastWatch::current_fast`]).
     #[inline]
     pub(crate) fn changes(&self) -> u64 {
-        // SAFETY: as in `current_fast`.
+        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`).
         let shared = unsafe { &*self.shared };
         shared.changes.load(Ordering::Acquire)
     }
 
-    /// The transaction start's fast path: whether nothing changed since the change count was
-    /// `verified`, without the watcher's mutex and
-    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
-    /// this process made the watch, no other thread is draining, and the epoll set has nothing
-    /// ready. `None` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
-    /// readiness this call took from the set (left in `pending` for the next drain to handle),
-    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
-    /// whether it is on this path).
-    ///
-    /// Sound because every readiness is handled under the drain lock, which this holds too: an
-    /// event that left the set before this `epoll_wait` has either moved `changes` already or
-    /// sits in `pending`.
-    ///
-    /// Panic-free: atomics and one `epoll_wait` (rustix's raw syscall into a fixed array; its
-    /// only conversions are checked and return errors).
-    #[inline]
-    pub(crate) fn current_fast(&self, verified: u64) -> bool {
-        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`);
-        // in a forked child it reads as zero, which `same_process` reports.
-        let shared = unsafe { &*self.shared };
-        if !shared.same_process() || !shared.try_lock_drain() {
-            return false;
+    /// The lock-free half of this watch, for the transaction start's fast path.
+    pub(crate) fn fast(&self) -> FastWatch {
+        FastWatch {
+            shared: self.shared,
+            epoll: self.epoll.as_raw_fd(),
         }
-        let vouched = shared.pending.load(Ordering::Acquire) == 0
-            && match epoll_ready(self.epoll) {
-                0 => shared.changes.load(Ordering::Acquire) == verified,
-                ready => {
-                    // Taken from the set (mountinfo's readiness resets when reported): the next
-                    // drain handles it, before anybody's check can vouch again.
-                    shared.pending.fetch_or(ready, Ordering::AcqRel);
-                    false
-                }
-            };
-        shared.unlock_drain();
-        vouched
     }
 
     /// The sum of the path's generations, `None` if a watch on it can no longer vouch.
@@ -252,17 +224,87 @@ impl DirWatch {
     }
 }
 
+/// The lock-free half of a [`DirWatch`]: its watcher's wipe-on-fork page and epoll descriptor,
+/// copied out so that the fast path tests one pointer (NULL: no watch) instead of an `Option`.
+/// Both live for the rest of the process that made them (see `DirWatch::epoll`).
+#[derive(Clone, Copy)]
+pub(crate) struct FastWatch {
+    shared: *const Shared,
+    epoll: RawFd,
+}
+
+// SAFETY: as for DirWatch: the page is only reached through atomics, and only vouches in the
+// process that made it (checked through the page itself); the descriptor is the kernel's.
+unsafe impl Send for FastWatch {}
+// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
+unsafe impl Sync for FastWatch {}
+
+impl FastWatch {
+    /// No watch: never vouches.
+    pub(crate) const NONE: FastWatch = FastWatch {
+        shared: std::ptr::null(),
+        epoll: -1,
+    };
+
+    /// The transaction start's fast path: whether nothing changed since the change count was
+    /// `verified`, without the watcher's mutex and
+    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
+    /// this process made the watch, no other thread is draining, and the epoll set has nothing
+    /// ready. `false` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
+    /// readiness this call took from the set (left pending in the gate word for the next drain to handle),
+    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
+    /// whether it is on this path).
+    ///
+    /// Sound because every readiness is handled under the drain lock, which this holds too: an
+    /// event that left the set before this `epoll_wait` has either moved `changes` already or
+    /// sits in the gate word's pending bits.
+    ///
+    /// Panic-free: atomics and one `epoll_wait` ([`epoll_ready`]: on x86_64 the raw syscall and
+    /// reads of at most two events; elsewhere rustix's raw syscall into a fixed array, whose
+    /// only conversions are checked and return errors).
+    #[inline]
+    pub(crate) fn current_fast(&self, verified: u64) -> bool {
+        // SAFETY: NULL (no watch) or the page of the watcher that made the DirWatch, which is
+        // never unmapped (see `DirWatch::shared`); in a forked child it reads as zero, which
+        // makes `try_lock_fast` fail.
+        let Some(shared) = (unsafe { self.shared.as_ref() }) else {
+            return false;
+        };
+        // One compare-exchange stands for three tests: this is the process that made the page
+        // (the gate word of a forked child reads 0), nobody is draining, nothing is pending.
+        if !shared.try_lock_fast() {
+            return false;
+        }
+        match epoll_ready(self.epoll) {
+            0 => {
+                let vouched = shared.changes.load(Ordering::Acquire) == verified;
+                shared.unlock_drain(0);
+                vouched
+            }
+            ready => {
+                // Taken from the set (mountinfo's readiness resets when reported): left pending
+                // in the gate word for the next drain, before anybody's check can vouch again.
+                shared.unlock_drain(ready);
+                false
+            }
+        }
+    }
+}
+
 // SAFETY: the raw descriptor and page pointer are only used from the process that made them
 // (checked through the page itself), and everything they reach is the kernel's or atomics.
 unsafe impl Send for DirWatch {}
-// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
+// SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
 unsafe impl Sync for DirWatch {}
 
 /// Asks the epoll set, without waiting, what is ready: `INOTIFY_READY | MOUNTS_CHANGED` bits,
 /// all of them when the call fails (assume everything changed). Panic-free (see
-/// `DirWatch::current_fast`).
+/// `FastWatch::current_fast`).
+#[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
+fn epoll_ready(epoll: RawFd) -> u64 {
+    // SAFETY: the callers pass the open epoll descriptor of a live watcher.
+    let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
     let empty = || epoll::Event {
         flags: epoll::EventFlags::empty(),
         data: epoll::EventData::new_u64(0),
@@ -280,6 +322,59 @@ fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
         }),
         Err(_) => INOTIFY_READY | MOUNTS_CHANGED,
     }
+}
+
+/// [`epoll_ready`] on x86_64: the same `epoll_pwait(fd, events, 2, 0, NULL)` rustix makes,
+/// written out so that the common answer (nothing ready) costs the syscall and one test: no
+/// zeroed event array, no decoding of the return value into a `Result` first. Any negative
+/// return (an error, `EINTR` included) is "everything changed", as with rustix's `Err`.
+/// Panic-free: the syscall, then reads of at most the two events the kernel wrote.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn epoll_ready(epoll: RawFd) -> u64 {
+    /// x86_64's `struct epoll_event` is packed: a `u32` of flags, then the `u64` of data.
+    const EVENT: usize = 12;
+    const SYS_EPOLL_PWAIT: isize = 281;
+    let mut events = MaybeUninit::<[u8; 2 * EVENT]>::uninit();
+    let ret: isize;
+    // SAFETY: `epoll_pwait(2)` on an open descriptor, with room for 2 events (24 bytes, which
+    // the kernel may write: no `nomem`), a zero timeout and no signal mask; the `syscall`
+    // instruction clobbers only `rcx` and `r11` besides the return in `rax`, and uses no stack.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_EPOLL_PWAIT => ret,
+            in("rdi") epoll,
+            in("rsi") events.as_mut_ptr(),
+            in("rdx") 2usize,
+            in("r10") 0usize,
+            in("r8") 0usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    if ret == 0 {
+        return 0;
+    }
+    if !(1..=2).contains(&ret) {
+        return INOTIFY_READY | MOUNTS_CHANGED;
+    }
+    let data = |i: usize| {
+        // SAFETY: the kernel wrote `ret` (1 or 2) whole events at the start of `events`, and
+        // `i < ret`; the data of event `i` is the 8 bytes at `i * 12 + 4`, unaligned.
+        unsafe {
+            (events.as_ptr() as *const u8)
+                .add(i * EVENT + 4)
+                .cast::<u64>()
+                .read_unaligned()
+        }
+    };
+    let mut bits = data(0);
+    if ret == 2 {
+        bits |= data(1);
+    }
+    bits & (INOTIFY_READY | MOUNTS_CHANGED)
 }
 
 impl Drop for DirWatch {
@@ -433,14 +528,14 @@ impl Watcher {
 
     /// Takes in everything that happened since the last call: one `epoll_wait` that returns at
     /// once, normally with nothing, plus whatever a fast path took from the set and left in
-    /// `pending`; the inotify queue is read only when it holds events. Holds the drain lock
+    /// the gate word; the inotify queue is read only when it holds events. Holds the drain lock
     /// throughout, so no fast path vouches between an event leaving the set and its generation
     /// moving.
     fn drain(&mut self) {
         // SAFETY: our own page, mapped while the watcher lives.
         let shared = unsafe { &*self.fork_marker.page };
-        let _held = shared.lock_drain();
-        let ready = shared.pending.swap(0, Ordering::AcqRel) | epoll_ready(self.epoll.as_fd());
+        let held = shared.lock_drain();
+        let ready = held.pending | epoll_ready(self.epoll.as_raw_fd());
         if ready & MOUNTS_CHANGED != 0 {
             self.mounts_changed();
         }
@@ -549,15 +644,24 @@ pub(super) fn local_filesystem(dir: &Path) -> bool {
 struct Shared {
     /// 1 in the process that made the page.
     alive: AtomicU64,
-    /// Held across every `epoll_wait` on the set and the handling of what it returned.
-    drain: AtomicU8,
-    /// Readiness a fast path took from the set and left for the next drain.
-    pending: AtomicU64,
+    /// The drain lock and the readiness a fast path took from the set and left for the next
+    /// drain, in one word: [`GATE_FREE`] or [`GATE_HELD`], and the pending readiness
+    /// (`INOTIFY_READY | MOUNTS_CHANGED`) shifted by [`PENDING_SHIFT`]. 0 (neither free nor
+    /// held) only in a forked child, where the page was wiped. The lock is held across every
+    /// `epoll_wait` on the set and the handling of what it returned.
+    gate: AtomicU64,
     /// Moves whenever any watch of this watcher can vouch for less than before: a generation
     /// moved, or an entry stopped being current. One load tells the fast path that nothing
     /// changed anywhere since a full check, without walking a path's entries.
     changes: AtomicU64,
 }
+
+/// The drain lock is free (and the page is this process's).
+const GATE_FREE: u64 = 1;
+/// The drain lock is held.
+const GATE_HELD: u64 = 2;
+/// Where the pending readiness sits in the gate word.
+const PENDING_SHIFT: u32 = 2;
 
 impl Shared {
     #[inline]
@@ -565,33 +669,54 @@ impl Shared {
         self.alive.load(Ordering::Acquire) == 1
     }
 
+    /// The fast path's lock: taken only when the lock is free and nothing is pending (and so
+    /// never in a forked child, whose word reads 0).
     #[inline]
-    fn try_lock_drain(&self) -> bool {
-        self.drain
-            .compare_exchange(0, 1, Ordering::Acquire, Ordering::Relaxed)
+    fn try_lock_fast(&self) -> bool {
+        self.gate
+            .compare_exchange(GATE_FREE, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
+    /// Releases the drain lock, leaving `pending` readiness for the next drain.
     #[inline]
-    fn unlock_drain(&self) {
-        self.drain.store(0, Ordering::Release);
+    fn unlock_drain(&self, pending: u64) {
+        self.gate
+            .store(GATE_FREE | pending << PENDING_SHIFT, Ordering::Release);
     }
 
-    /// Waits for the drain lock (fast paths hold it for one syscall); released when the guard
-    /// drops, unwinding included.
+    /// Waits for the drain lock (fast paths hold it for one syscall) and takes what is pending;
+    /// released when the guard drops, unwinding included. Only called by the watcher of this
+    /// process (its page is not wiped: the word is never 0 here).
     fn lock_drain(&self) -> DrainGuard<'_> {
-        while !self.try_lock_drain() {
+        loop {
+            let word = self.gate.load(Ordering::Relaxed);
+            if word & GATE_FREE != 0
+                && self
+                    .gate
+                    .compare_exchange(word, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return DrainGuard {
+                    shared: self,
+                    pending: word >> PENDING_SHIFT,
+                };
+            }
             std::thread::yield_now();
         }
-        DrainGuard(self)
     }
 }
 
-struct DrainGuard<'a>(&'a Shared);
+/// The drain lock, and the readiness that was pending when it was taken (handled by the
+/// holder: the lock is released with nothing pending).
+struct DrainGuard<'a> {
+    shared: &'a Shared,
+    pending: u64,
+}
 
 impl Drop for DrainGuard<'_> {
     fn drop(&mut self) {
-        self.0.unlock_drain();
+        self.shared.unlock_drain(0);
     }
 }
 
@@ -626,8 +751,11 @@ impl ForkMarker {
         }
         let page = page as *mut Shared;
         // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
-        // and large enough for one.
-        unsafe { (*page).alive.store(1, Ordering::Release) };
+        // and large enough for one; a forked child's copy reads all zero again.
+        unsafe {
+            (*page).gate.store(GATE_FREE, Ordering::Release);
+            (*page).alive.store(1, Ordering::Release);
+        }
         Some(ForkMarker { page })
     }
 
