@@ -60,6 +60,15 @@ pub fn checkpointed_history(conn: &Connection) {
         .unwrap();
 }
 
+/// The newer generation: a stock connection commits `rows` rows (`newer 0`, `newer 1`, ...) at
+/// `path` and closes.
+pub fn newer_generation(path: &Path, rows: usize) {
+    let newer = open_stock(path);
+    for i in 0..rows {
+        insert(&newer, &format!("newer {i}")).unwrap();
+    }
+}
+
 /// Seeds and checkpoints history, then commits one row that lives only in the WAL.
 pub fn wal_only_sentinel(conn: &Connection) -> String {
     checkpointed_history(conn);

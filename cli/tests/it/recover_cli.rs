@@ -28,10 +28,7 @@ fn lost_four(dir: &Path) -> (PathBuf, PathBuf) {
     assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
-    let newer = open_stock(&path);
-    for i in 0..10 {
-        insert(&newer, &format!("newer {i}")).unwrap();
-    }
+    newer_generation(&path, 10);
     (path, artifact)
 }
 

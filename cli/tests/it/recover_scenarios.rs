@@ -125,11 +125,7 @@ fn a_lost_shm_alone_leaves_nothing_to_merge() {
     let artifact = conn.guard_status().unwrap().capture.unwrap();
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
-    let newer = open_stock(&path);
-    for i in 0..10 {
-        insert(&newer, &format!("newer {i}")).unwrap();
-    }
-    drop(newer);
+    newer_generation(&path, 10);
     // The WAL stayed at the path: the live database has the sentinel already.
     recover_twice(&artifact, &path, 0);
     let live = Connection::open(&path).unwrap();
@@ -155,11 +151,7 @@ fn a_foreign_wal_put_in_place_is_recovered() {
     let artifact = conn.guard_status().unwrap().capture.unwrap();
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
-    let newer = open_stock(&path);
-    for i in 0..10 {
-        insert(&newer, &format!("newer {i}")).unwrap();
-    }
-    drop(newer);
+    newer_generation(&path, 10);
     recover_twice(&artifact, &path, 3);
     let live = Connection::open(&path).unwrap();
     assert_eq!(count_like(&live, "only in the retired WAL %"), 3);
@@ -189,11 +181,7 @@ fn a_restore_of_an_older_snapshot_is_recovered_on_purpose() {
     assert_eq!(manifest(&artifact)["reason"], "main-replaced");
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
-    let newer = open_stock(&path);
-    for i in 0..10 {
-        insert(&newer, &format!("newer {i}")).unwrap();
-    }
-    drop(newer);
+    newer_generation(&path, 10);
     recover_twice(&artifact, &path, 5);
     assert_eq!(total(&path), 35);
 }
@@ -210,11 +198,7 @@ fn exclusive_locking_mode_is_recovered() {
     let artifact = conn.guard_status().unwrap().capture.unwrap();
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
-    let newer = open_stock(&path);
-    for i in 0..10 {
-        insert(&newer, &format!("newer {i}")).unwrap();
-    }
-    drop(newer);
+    newer_generation(&path, 10);
     recover_twice(&artifact, &path, 1);
     let live = Connection::open(&path).unwrap();
     assert_eq!(count_like(&live, &sentinel), 1);
