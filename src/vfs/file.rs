@@ -1,9 +1,25 @@
-//! The io methods. Each guarded file is a `GuardFile`: SQLite's `sqlite3_file` header, then a
-//! pointer to the wrapped VFS's file object, which lives on the heap so that a retired, uncaptured
-//! main file can outlive SQLite's close of it (its descriptor is the only way left to the main
-//! image, and closing it would drop the process's locks on that inode).
+//! The io methods. A guarded file's `pMethods` points at its [`FileTable`]: the method table
+//! SQLite calls, followed by the guard's data for that file (one heap allocation per open file,
+//! freed at its close).
+//!
+//! Where the wrapped file object lives depends on the wrapped VFS:
+//!
+//! - **The unix VFS** (any of SQLite's `unix` family, the common case): in SQLite's own buffer
+//!   (`szOsFile` is the unix VFS's), under the guard's `pMethods`. The methods the guard has no
+//!   business with (reads, sizes, barriers, fetches; every method of a journal) are the unix
+//!   VFS's own functions in the table, which SQLite calls with no wrapper at all, and the
+//!   wrappers hand SQLite's pointer straight down. The unix VFS never reads its file's
+//!   `pMethod` back (only the Apple-only proxy locking does), so the substitution is invisible
+//!   to it.
+//! - **Any other VFS**: on the heap, every method wrapped; its methods get the heap pointer.
+//!
+//! A retired, uncaptured main file outlives SQLite's close of it: its descriptor is the only way
+//! left to the main image, and closing it would drop the process's locks on that inode. A unix
+//! file object in SQLite's buffer is moved to the heap at that close (a `unixFile` holds no
+//! pointer into itself and nothing points at it; see [`HeapFile::relocate`]).
 
 use std::alloc::{self, Layout};
+use std::cell::UnsafeCell;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::io;
 use std::mem::size_of;
@@ -15,7 +31,7 @@ use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::shield;
-use super::state::{DbState, Gate, Site, WalIndex, WRITE_GO};
+use super::state::{DbState, Gate, Site, WalGate, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::{identity_of_fd, identity_of_mapping, FileId};
@@ -28,42 +44,58 @@ enum Kind {
     Other,
 }
 
-/// The guard's file object. `#[repr(C)]` and starting with `sqlite3_file`, as SQLite requires.
+/// What a guarded file's `pMethods` points at. `#[repr(C)]` with the method table first, so
+/// that SQLite's `pMethods` is a pointer to it; the rest is the guard's, at fixed offsets from
+/// the one load every wrapper starts with.
 #[repr(C)]
-pub(super) struct GuardFile {
-    base: ffi::sqlite3_file,
-    sub: SubFile,
+pub(super) struct FileTable {
+    /// What SQLite calls: the guard's wrappers for the methods it watches, the wrapped file's
+    /// own methods for the rest (see [`FileTable::methods_for`]). A WAL's `xWrite` slot is its
+    /// write gate, which the state opens and closes ([`WalGate`]): hence the cell.
+    methods: UnsafeCell<ffi::sqlite3_io_methods>,
+    /// The wrapped file's methods, each missing slot a stub returning what a missing method
+    /// means: a call down is one load and an unconditional call.
+    sub: SubMethods,
+    /// The wrapped file object when it lives on the heap (a wrapped VFS outside the unix
+    /// family); NULL when it is SQLite's own buffer, the pointer SQLite passes.
+    heap: *mut ffi::sqlite3_file,
+    /// The wrapped file's own method table, as its xOpen installed it.
+    sub_table: *const ffi::sqlite3_io_methods,
+    /// The wrapped VFS's `szOsFile`, and the layout of a heap copy of that size.
+    sub_size: usize,
+    sub_layout: Layout,
     kind: Kind,
     /// `state`'s `DbState` when `kind == Kind::Main`, else NULL; decided at open: the one test
     /// the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
     /// state they use (one load, no `Option` to test). Points into `state`'s allocation, which
-    /// lives as long as this file object holds the `Arc`.
+    /// lives as long as this table holds the `Arc`.
     main_state: *const DbState,
-    /// The word `xWrite` tests for [`WRITE_GO`] to decide "pass straight down": the state's
-    /// transaction bits for a WAL (set while the write lock is held, its check passed and the
-    /// generation is not retired), a static without it for a guarded main file (every write
-    /// takes the gate), a static with it for a file without guard state. Points at a static or
-    /// into `state`'s allocation.
-    write_go: *const AtomicU8,
     state: Option<Arc<DbState>>,
 }
 
-/// `write_go` of a guarded main file: its writes always take the gate.
-static WRITE_GATED: AtomicU8 = AtomicU8::new(0);
-/// `write_go` of a file without guard state: its writes always pass straight down.
-static WRITE_UNGUARDED: AtomicU8 = AtomicU8::new(WRITE_GO);
+/// Whether the wrapped VFS's file objects live in SQLite's buffer (the unix family: `unix`,
+/// `unix-excl`, `unix-dotfile`, `unix-none`, ...), or on the heap (anything else). Decided from
+/// the wrapped VFS alone, so the `szOsFile` the guard registers and the layout `open` uses agree.
+pub(super) fn inline_layout(sub_vfs: &ffi::sqlite3_vfs) -> bool {
+    if sub_vfs.zName.is_null() {
+        return false;
+    }
+    // SAFETY: a registered VFS's name is a NUL-terminated string that lives as long as it.
+    let name = unsafe { CStr::from_ptr(sub_vfs.zName) }.to_bytes();
+    name == b"unix" || name.starts_with(b"unix-")
+}
 
-/// The wrapped VFS's file object, in memory of our own.
-struct SubFile {
-    ptr: *mut ffi::sqlite3_file,
-    /// The wrapped file's method table, copied from its `pMethods` once its xOpen succeeded (a
-    /// VFS never changes a file's table while it is open): one load less on every call. NULL
-    /// until then.
-    methods: *const ffi::sqlite3_io_methods,
-    /// The same table's slots, copied at open with every missing one replaced by a stub that
-    /// returns what a missing method means: a call is one load and an unconditional call.
-    m: SubMethods,
-    layout: Layout,
+/// The `szOsFile` of the guard's VFS over `sub_vfs`: the wrapped file object's when it lives in
+/// SQLite's buffer, else only the `sqlite3_file` header (everything of the guard's is in the
+/// [`FileTable`]).
+pub(super) fn os_file_size(sub_vfs: &ffi::sqlite3_vfs) -> c_int {
+    let header = size_of::<ffi::sqlite3_file>();
+    let size = if inline_layout(sub_vfs) {
+        (sub_vfs.szOsFile.max(0) as usize).max(header)
+    } else {
+        header
+    };
+    size.next_multiple_of(8) as c_int
 }
 
 /// Declares [`SubMethods`]: one field per io method (named after its slot), and
@@ -88,14 +120,6 @@ macro_rules! sub_methods {
                 SubMethods {
                     $($slot: m.$slot.unwrap_or($slot),)*
                 }
-            }
-
-            /// Every slot a stub: the table of a file not opened yet.
-            fn none() -> SubMethods {
-                SubMethods::of(&ffi::sqlite3_io_methods {
-                    iVersion: 0,
-                    $($slot: None,)*
-                })
             }
         }
     };
@@ -122,36 +146,195 @@ sub_methods! {
     xUnfetch(ffi::sqlite3_int64, *mut c_void) -> c_int = ffi::SQLITE_IOERR_MMAP;
 }
 
-// SAFETY: the wrapped unix file object is used by one thread at a time (SQLite's connection
-// mutex, or the pending-capture list's mutex once SQLite has let go of it).
-unsafe impl Send for SubFile {}
+impl FileTable {
+    /// The table SQLite calls for a file of `kind` whose wrapped table is `sub` (`iVersion` at
+    /// most 3, the versions this crate knows). A slot is the guard's wrapper where the guard
+    /// watches the method for this kind of file, or where the wrapped file object is on the
+    /// heap (`heap`: SQLite's pointer is not the wrapped object's); else the wrapped method
+    /// itself, which SQLite then calls with no wrapper in between.
+    fn methods_for(
+        kind: Kind,
+        heap: bool,
+        sub: &ffi::sqlite3_io_methods,
+    ) -> ffi::sqlite3_io_methods {
+        let version = sub.iVersion.clamp(1, 3);
+        let main = kind == Kind::Main;
+        let guarded = kind != Kind::Other;
+        macro_rules! slot {
+            ($watched:expr, $ours:expr, $theirs:ident) => {
+                if $watched || heap {
+                    Some($ours)
+                } else {
+                    sub.$theirs
+                }
+            };
+        }
+        macro_rules! slot_v {
+            ($min:expr, $watched:expr, $ours:expr, $theirs:ident) => {
+                if version >= $min {
+                    slot!($watched, $ours, $theirs)
+                } else {
+                    None
+                }
+            };
+        }
+        type FileControlFn =
+            unsafe extern "C" fn(*mut ffi::sqlite3_file, c_int, *mut c_void) -> c_int;
+        type ShmLockFn = unsafe extern "C" fn(*mut ffi::sqlite3_file, c_int, c_int, c_int) -> c_int;
+        let (file_control, shm_lock): (FileControlFn, ShmLockFn) = match (kind, heap) {
+            (Kind::Main, true) => (x_file_control_main::<true>, x_shm_lock::<true>),
+            (Kind::Main, false) => (x_file_control_main::<false>, x_shm_lock::<false>),
+            (_, true) => (x_file_control, x_shm_lock::<true>),
+            (_, false) => (x_file_control, x_shm_lock::<false>),
+        };
+        ffi::sqlite3_io_methods {
+            iVersion: version,
+            // Always the guard's: the table is freed there.
+            xClose: Some(x_close),
+            xRead: slot!(false, x_read, xRead),
+            // A guarded file's writes take the gate: always for a main file, while its write
+            // gate is closed for a WAL (it starts closed; see `open`).
+            xWrite: if guarded {
+                Some(write_gated)
+            } else {
+                slot!(false, x_write, xWrite)
+            },
+            xTruncate: slot!(guarded, x_truncate, xTruncate),
+            xSync: slot!(main, x_sync, xSync),
+            xFileSize: slot!(false, x_file_size, xFileSize),
+            xLock: slot!(main, x_lock, xLock),
+            xUnlock: slot!(main, x_unlock, xUnlock),
+            xCheckReservedLock: slot!(false, x_check_reserved_lock, xCheckReservedLock),
+            // Always the guard's: VFSNAME answers `hermes-guard/...` for every file.
+            xFileControl: Some(file_control),
+            xSectorSize: slot!(false, x_sector_size, xSectorSize),
+            xDeviceCharacteristics: slot!(false, x_device_characteristics, xDeviceCharacteristics),
+            xShmMap: slot_v!(2, main, x_shm_map, xShmMap),
+            xShmLock: slot_v!(2, main, shm_lock, xShmLock),
+            xShmBarrier: slot_v!(2, false, x_shm_barrier, xShmBarrier),
+            xShmUnmap: slot_v!(2, main, x_shm_unmap, xShmUnmap),
+            xFetch: slot_v!(3, false, x_fetch, xFetch),
+            xUnfetch: slot_v!(3, false, x_unfetch, xUnfetch),
+        }
+    }
 
-impl SubFile {
-    fn alloc(size: usize) -> Option<SubFile> {
-        let layout = Layout::from_size_align(size.max(size_of::<ffi::sqlite3_file>()), 8).ok()?;
+    /// The `xWrite` of a WAL whose write gate is open: the wrapped file's own (or, on the heap,
+    /// the pass-through to it).
+    fn open_write(&self) -> WriteFn {
+        if self.heap.is_null() {
+            self.sub.xWrite
+        } else {
+            x_write
+        }
+    }
+
+    /// The wrapped file object of the guarded file `f`.
+    #[inline(always)]
+    fn sub_ptr(&self, f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+        if self.heap.is_null() {
+            f
+        } else {
+            self.heap
+        }
+    }
+}
+
+type WriteFn =
+    unsafe extern "C" fn(*mut ffi::sqlite3_file, *const c_void, c_int, ffi::sqlite3_int64) -> c_int;
+
+/// A WAL file object's write gate: its table's `xWrite` slot, which SQLite reads at every call.
+struct WalGateSlot {
+    table: *const FileTable,
+    open: WriteFn,
+}
+
+// SAFETY: the slot is written under the state's mutex from inside the connection's calls, which
+// SQLite serialises with its reads of it (see `WalGate`); the table outlives the handle (the
+// WAL's `x_close` detaches it before freeing the table).
+unsafe impl Send for WalGateSlot {}
+
+impl WalGate for WalGateSlot {
+    fn set_open(&self, open: bool) {
+        let slot: WriteFn = if open { self.open } else { write_gated };
+        // SAFETY: the table is alive (see Send above) and the slot is only ever written here,
+        // one writer at a time, never while SQLite reads it.
+        unsafe { (*(*self.table).methods.get()).xWrite = Some(slot) };
+    }
+}
+
+/// The wrapped file object of `f` in a wrapper compiled for one layout (`HEAP`): no test.
+#[inline(always)]
+fn sub_of<const HEAP: bool>(t: &FileTable, f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+    if HEAP {
+        t.heap
+    } else {
+        f
+    }
+}
+
+/// A wrapped file object on the heap, ours to close and free: a wrapped VFS outside the unix
+/// family, or a retired main file held past SQLite's close.
+struct HeapFile {
+    ptr: *mut ffi::sqlite3_file,
+    layout: Layout,
+}
+
+// SAFETY: the wrapped file object is used by one thread at a time (SQLite's connection mutex, or
+// the pending-capture list's mutex once SQLite has let go of it).
+unsafe impl Send for HeapFile {}
+
+impl HeapFile {
+    fn layout(size: usize) -> Option<Layout> {
+        Layout::from_size_align(size.max(size_of::<ffi::sqlite3_file>()), 8).ok()
+    }
+
+    /// Zeroed memory for a wrapped file object (`layout`, from [`HeapFile::layout`]).
+    fn alloc(layout: Layout) -> Option<HeapFile> {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut ffi::sqlite3_file;
-        (!ptr.is_null()).then(|| SubFile {
-            ptr,
-            methods: ptr::null(),
-            m: SubMethods::none(),
-            layout,
-        })
+        (!ptr.is_null()).then_some(HeapFile { ptr, layout })
     }
 
-    #[inline(always)]
-    fn methods(&self) -> &ffi::sqlite3_io_methods {
-        // SAFETY: a SubFile only escapes `open` once the wrapped xOpen succeeded and `methods`
-        // was set from the non-NULL method table it installed, which outlives the file.
-        unsafe { &*self.methods }
+    /// Moves the open unix file object in SQLite's buffer `f` (`size` bytes) to the heap, with
+    /// `table` (its own method table) back in its `pMethod`, so that it can be read and closed
+    /// after SQLite frees `f`. A `unixFile` is plain data: no field points into it and nothing
+    /// points at it (its inode, shared-memory and unused-descriptor records point elsewhere), so
+    /// a byte copy is the same open file.
+    ///
+    /// # Safety
+    /// `f` is an open unix file object of `size` bytes that nothing uses after this call;
+    /// `layout` is [`HeapFile::layout`] of `size`.
+    unsafe fn relocate(
+        f: *mut ffi::sqlite3_file,
+        layout: Layout,
+        size: usize,
+        table: *const ffi::sqlite3_io_methods,
+    ) -> Option<HeapFile> {
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc::alloc(layout) } as *mut ffi::sqlite3_file;
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: `f` is `size` readable bytes, `ptr` at least as many writable ones, and they
+        // are distinct allocations.
+        unsafe {
+            ptr::copy_nonoverlapping(f as *const u8, ptr as *mut u8, size);
+            (*ptr).pMethods = table;
+        }
+        Some(HeapFile { ptr, layout })
     }
 
-    /// Closes the wrapped file (if it was opened) and frees its memory.
+    /// Closes the wrapped file through its own table (if it was opened) and frees the memory.
     fn close(self) -> c_int {
-        // SAFETY: `ptr` is our allocation; `m` holds the wrapped table's xClose once its xOpen
-        // succeeded, and a stub (nothing to close) before.
-        let rc = unsafe { (self.m.xClose)(self.ptr) };
-        // SAFETY: allocated in `alloc` with this layout, and closed above.
+        // SAFETY: `ptr` is our allocation: a file object its VFS opened (pMethods set), or
+        // zeroed memory it never opened or already closed (pMethods NULL).
+        let rc = unsafe {
+            match (*self.ptr).pMethods.as_ref().and_then(|m| m.xClose) {
+                Some(x) => x(self.ptr),
+                None => ffi::SQLITE_OK,
+            }
+        };
+        // SAFETY: allocated with this layout; closed above.
         unsafe { alloc::dealloc(self.ptr as *mut u8, self.layout) };
         rc
     }
@@ -160,7 +343,7 @@ impl SubFile {
 /// Reads the main image through the wrapped file object, never through a descriptor of our own.
 struct MainImage(*mut ffi::sqlite3_file);
 
-// SAFETY: see SubFile; the image is read under the state's mutex only.
+// SAFETY: see HeapFile; the image is read under the state's mutex only.
 unsafe impl Send for MainImage {}
 
 impl ImageSource for MainImage {
@@ -275,10 +458,12 @@ struct UnixShmNodePrefix {
 /// reason the shield cannot be used otherwise.
 ///
 /// # Safety
-/// `sub_vfs` is the wrapped VFS, `sub` its file object just opened by it from `z_name`.
+/// `sub_vfs` is the wrapped VFS, `sub` its file object just opened by it from `z_name` and
+/// `sub_table` the method table that xOpen installed.
 unsafe fn main_descriptor(
     sub_vfs: *mut ffi::sqlite3_vfs,
-    sub: &SubFile,
+    sub: *mut ffi::sqlite3_file,
+    sub_table: *const ffi::sqlite3_io_methods,
     z_name: ffi::sqlite3_filename,
     state: &DbState,
 ) -> Result<c_int, String> {
@@ -300,9 +485,8 @@ unsafe fn main_descriptor(
     }
     // SAFETY: the allocation is the unix VFS's file object (szOsFile bytes, 8-aligned, checked
     // above to cover the prefix), initialised by its xOpen, used on this thread only.
-    let p = unsafe { &*(sub.ptr as *const UnixFilePrefix) };
-    if !ptr::eq(p.p_method, sub.methods) || !ptr::eq(p.p_vfs, sub_vfs) || !ptr::eq(p.z_path, z_name)
-    {
+    let p = unsafe { &*(sub as *const UnixFilePrefix) };
+    if !ptr::eq(p.p_method, sub_table) || !ptr::eq(p.p_vfs, sub_vfs) || !ptr::eq(p.z_path, z_name) {
         return Err(format!(
             "the unix VFS's file object does not have the layout of SQLite {} (pMethod, pVfs or              zPath differ)",
             ffi::SQLITE_VERSION.to_str().unwrap_or("?")
@@ -330,13 +514,16 @@ unsafe fn main_descriptor(
 /// verified against the pinned `-shm`.
 ///
 /// # Safety
-/// `gf` is a live main GuardFile whose shield is armed (so its wrapped file object has the
+/// `sub` is the wrapped file object of a live main file whose shield is armed (so it has the
 /// verified unix layout) and whose `xShmMap` just succeeded.
-unsafe fn shm_descriptor(gf: &GuardFile, state: &DbState) -> Result<(c_int, FileId), String> {
+unsafe fn shm_descriptor(
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+) -> Result<(c_int, FileId), String> {
     // SAFETY: as the caller promises: the layout was verified at the open, and `pShm`, its
     // node and the node's `pInode` and `hShm` are set by xShmMap and stay until xShmUnmap.
     let (node_inode, fd, file_inode) = unsafe {
-        let p = &*(gf.sub.ptr as *const UnixFilePrefix);
+        let p = &*(sub as *const UnixFilePrefix);
         if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
             return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
         }
@@ -372,7 +559,7 @@ fn shield_slow(f: impl FnOnce()) {
 }
 
 /// Retired main files SQLite has closed but whose generation is not captured yet.
-static PENDING: Mutex<Vec<(Arc<DbState>, SubFile)>> = Mutex::new(Vec::new());
+static PENDING: Mutex<Vec<(Arc<DbState>, HeapFile)>> = Mutex::new(Vec::new());
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// Retries the capture of every held retired generation; returns how many are still uncaptured.
@@ -382,13 +569,13 @@ pub(crate) fn retry_pending_captures() -> usize {
     }
     let mut pending = PENDING.lock();
     let mut kept = Vec::new();
-    for (state, sub) in pending.drain(..) {
+    for (state, held) in pending.drain(..) {
         match state.ensure_captured(Trigger::Close) {
             Ok(_) => {
                 state.main_closed();
-                sub.close();
+                held.close();
             }
-            Err(_) => kept.push((state, sub)),
+            Err(_) => kept.push((state, held)),
         }
     }
     *pending = kept;
@@ -399,7 +586,8 @@ pub(crate) fn retry_pending_captures() -> usize {
 /// Opens `z_name` through the wrapped VFS and wraps it.
 ///
 /// # Safety
-/// Arguments as SQLite passes them to `xOpen`: `f` points at `szOsFile` writable bytes.
+/// Arguments as SQLite passes them to `xOpen`: `f` points at `szOsFile` writable bytes (the size
+/// [`os_file_size`] gave for `sub_vfs`).
 pub(super) unsafe fn open(
     sub_vfs: *mut ffi::sqlite3_vfs,
     z_name: ffi::sqlite3_filename,
@@ -412,39 +600,66 @@ pub(super) unsafe fn open(
     retry_pending_captures();
     // SAFETY: the wrapped VFS is registered for the life of the process.
     let svfs = unsafe { &*sub_vfs };
-    let Some(sub) = SubFile::alloc(svfs.szOsFile as usize) else {
-        return ffi::SQLITE_NOMEM;
-    };
     let Some(x_open) = svfs.xOpen else {
-        sub.close();
         return ffi::SQLITE_CANTOPEN;
     };
-    // SAFETY: SQLite's own arguments, with our allocation of the wrapped VFS's size.
-    let rc = unsafe { x_open(sub_vfs, z_name, sub.ptr, flags, out_flags) };
-    let mut sub = sub;
-    // SAFETY: `sub.ptr` is our zeroed allocation; xOpen set pMethods or left it NULL.
-    sub.methods = unsafe { (*sub.ptr).pMethods };
-    // SAFETY: a non-NULL table installed by the wrapped VFS outlives the file.
-    if let Some(table) = unsafe { sub.methods.as_ref() } {
-        sub.m = SubMethods::of(table);
-    }
-    if rc != ffi::SQLITE_OK || sub.methods.is_null() {
-        sub.close();
+    let sub_size = (svfs.szOsFile.max(0) as usize).max(size_of::<ffi::sqlite3_file>());
+    let Some(sub_layout) = HeapFile::layout(sub_size) else {
+        return ffi::SQLITE_CANTOPEN;
+    };
+    let heap = if inline_layout(svfs) {
+        // SAFETY: `f` is szOsFile writable bytes, at least `sub_size` in this layout (see
+        // `os_file_size`); zeroed as the heap layout's memory is.
+        unsafe { ptr::write_bytes(f as *mut u8, 0, sub_size) };
+        None
+    } else {
+        match HeapFile::alloc(sub_layout) {
+            Some(h) => Some(h),
+            None => return ffi::SQLITE_NOMEM,
+        }
+    };
+    let sub = heap.as_ref().map_or(f, |h| h.ptr);
+    // SAFETY: SQLite's own arguments, with a zeroed file object of the wrapped VFS's size.
+    let rc = unsafe { x_open(sub_vfs, z_name, sub, flags, out_flags) };
+    // SAFETY: `sub` is the zeroed object; xOpen set pMethods or left it NULL.
+    let sub_table = unsafe { (*sub).pMethods };
+    // Closes what the wrapped xOpen opened (if it did) and gives the memory back; leaves `f`
+    // with a NULL pMethods, so that SQLite calls nothing on it.
+    let abandon = |heap: Option<HeapFile>| {
+        match heap {
+            Some(h) => {
+                h.close();
+            }
+            // SAFETY: `f` is the wrapped VFS's object (opened, or left with a NULL table).
+            None => unsafe {
+                if let Some(x) = sub_table.as_ref().and_then(|m| m.xClose) {
+                    x(f);
+                }
+            },
+        }
+        // SAFETY: `f` is writable.
+        unsafe { (*f).pMethods = ptr::null() };
+    };
+    if rc != ffi::SQLITE_OK || sub_table.is_null() {
+        abandon(heap);
         return if rc == ffi::SQLITE_OK {
             ffi::SQLITE_CANTOPEN
         } else {
             rc
         };
     }
+    // SAFETY: a non-NULL table installed by the wrapped VFS outlives the file.
+    let sub_methods = unsafe { &*sub_table };
 
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
     let path = unsafe { cstr_path(z_name) };
     let (kind, state) = match path {
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             let state = DbState::new(path);
-            state.set_main_image(Some(Box::new(MainImage(sub.ptr))));
-            // SAFETY: `sub` was just opened by the wrapped VFS from `z_name`.
-            let main_fd = unsafe { main_descriptor(sub_vfs, &sub, z_name, &state) };
+            state.set_main_image(Some(Box::new(MainImage(sub))));
+            // SAFETY: `sub` was just opened by the wrapped VFS from `z_name` and still has the
+            // table its xOpen installed (the guard's goes on below).
+            let main_fd = unsafe { main_descriptor(sub_vfs, sub, sub_table, z_name, &state) };
             state.shield().arm(main_fd, state.db_path());
             (Kind::Main, Some(state))
         }
@@ -456,7 +671,7 @@ pub(super) unsafe fn open(
             match unsafe { guard_state(main) } {
                 Some(state) => {
                     if state.pin_wal(&path).is_err() {
-                        sub.close();
+                        abandon(heap);
                         return ffi::SQLITE_CANTOPEN;
                     }
                     (Kind::Wal, Some(state))
@@ -466,34 +681,35 @@ pub(super) unsafe fn open(
         }
         _ => (Kind::Other, None),
     };
-    let table = match sub.methods().iVersion {
-        1 => &IO_V1,
-        2 => &IO_V2,
-        _ => &IO_V3,
-    };
     let main_state = match (kind, &state) {
         (Kind::Main, Some(state)) => Arc::as_ptr(state),
         _ => ptr::null(),
     };
-    let write_go: *const AtomicU8 = match (kind, &state) {
-        (Kind::Wal, Some(state)) => state.write_go_word(),
-        (_, Some(_)) => &WRITE_GATED,
-        (_, None) => &WRITE_UNGUARDED,
-    };
-    // SAFETY: `f` has room for a GuardFile (szOsFile) and is suitably aligned by SQLite.
-    unsafe {
-        ptr::write(
-            f as *mut GuardFile,
-            GuardFile {
-                base: ffi::sqlite3_file { pMethods: table },
-                sub,
-                kind,
-                main_state,
-                write_go,
-                state,
-            },
-        )
-    };
+    let table = Box::new(FileTable {
+        methods: UnsafeCell::new(FileTable::methods_for(kind, heap.is_some(), sub_methods)),
+        sub: SubMethods::of(sub_methods),
+        // Owned by the table from here on: closed and freed in `x_close`.
+        heap: heap.map_or(ptr::null_mut(), |h| h.ptr),
+        sub_table,
+        sub_size,
+        sub_layout,
+        kind,
+        main_state,
+        state,
+    });
+    let open_write = table.open_write();
+    let table = Box::into_raw(table);
+    // SAFETY: `f` is writable; from here on SQLite calls the guard's table (freed in x_close).
+    unsafe { (*f).pMethods = table as *const ffi::sqlite3_io_methods };
+    if kind == Kind::Wal {
+        // SAFETY: just made; alive until x_close, which detaches the gate first.
+        if let Some(state) = unsafe { &(*table).state } {
+            state.attach_wal_gate(Box::new(WalGateSlot {
+                table,
+                open: open_write,
+            }));
+        }
+    }
     ffi::SQLITE_OK
 }
 
@@ -506,35 +722,36 @@ unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<DbState>> {
         return None;
     }
     // SAFETY: `f` is live; its pMethods identifies its type.
-    let methods = unsafe { (*f).pMethods };
-    let ours = [&IO_V1, &IO_V2, &IO_V3]
-        .iter()
-        .any(|t| ptr::eq(*t as *const _, methods));
-    if !ours {
+    let methods = unsafe { (*f).pMethods.as_ref() }?;
+    // Every table of the guard's, and only those, closes through `x_close` (one function, not
+    // generic: one address in the program).
+    let close = methods.xClose? as *const () as usize;
+    if close != x_close as *const () as usize {
         return None;
     }
-    // SAFETY: our method tables are only ever installed on GuardFiles.
-    unsafe { (*(f as *const GuardFile)).state.clone() }
+    // SAFETY: `x_close` is only ever installed in FileTables, which start with the methods.
+    unsafe { (*(methods as *const _ as *const FileTable)).state.clone() }
 }
 
 /// # Safety
-/// `f` is a live GuardFile (SQLite only calls our methods on files we opened).
+/// `f` is one of our live files (SQLite only calls our methods on files we opened): its
+/// pMethods is its FileTable, alive until `x_close`.
 #[inline(always)]
-unsafe fn guard<'a>(f: *mut ffi::sqlite3_file) -> &'a GuardFile {
+unsafe fn table<'a>(f: *mut ffi::sqlite3_file) -> &'a FileTable {
     // SAFETY: as the caller promises.
-    unsafe { &*(f as *const GuardFile) }
+    unsafe { &*((*f).pMethods as *const FileTable) }
 }
 
-/// Calls the wrapped file's method `slot` with SQLite's arguments (a slot the wrapped table
-/// lacks is a stub returning what a missing method means, see [`SubMethods`]). Panic-free: two
-/// field reads and a call into C (which cannot unwind into Rust) or into a stub that returns a
-/// constant. The pass-through methods below are nothing else but this and the cast of `f`, so
-/// they run without `catch_unwind`.
+/// Calls the wrapped file's method `slot` with SQLite's arguments on the wrapped file object
+/// (`$sub`); a slot the wrapped table lacks is a stub returning what a missing method means
+/// (see [`SubMethods`]). Panic-free: a field read and a call into C (which cannot unwind into
+/// Rust) or into a stub that returns a constant. The pass-through methods below are nothing
+/// else but this, so they run without `catch_unwind`.
 macro_rules! sub_call {
-    ($gf:expr, $slot:ident $(, $arg:expr)*) => {{
-        let gf: &GuardFile = $gf;
+    ($t:expr, $sub:expr, $slot:ident $(, $arg:expr)*) => {{
+        let t: &FileTable = $t;
         // SAFETY: the wrapped file is open and the slot is its own table's method (or a stub).
-        unsafe { (gf.sub.m.$slot)(gf.sub.ptr $(, $arg)*) }
+        unsafe { (t.sub.$slot)($sub $(, $arg)*) }
     }};
 }
 
@@ -576,49 +793,80 @@ fn slow_gate(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
 
 unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_CLOSE, || {
-        // SAFETY: SQLite closes each file it opened exactly once; we take ownership of our
-        // fields and leave pMethods NULL behind.
-        let GuardFile {
-            sub, kind, state, ..
-        } = unsafe { ptr::read(f as *mut GuardFile) };
-        // SAFETY: `f` stays valid memory until SQLite frees it after this call.
-        unsafe { (*f).pMethods = ptr::null() };
-        if let (Kind::Main, Some(state)) = (kind, &state) {
+        // SAFETY: SQLite closes each file it opened exactly once: the table is ours again (it
+        // clears pMethods after this call and never reads the table afterwards).
+        let t = unsafe { Box::from_raw((*f).pMethods as *mut FileTable) };
+        let sub = t.sub_ptr(f);
+        let heap = (!t.heap.is_null()).then_some(HeapFile {
+            ptr: t.heap,
+            layout: t.sub_layout,
+        });
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             // Before SQLite's descriptor is closed or parked for reuse.
             state.shield().close();
         }
-        let rc = match (kind, state) {
+        let rc = match (t.kind, &t.state) {
             (Kind::Main, Some(state)) if state.must_hold_main() => {
                 // Locks go (nobody may wait on a retired handle) but the descriptor stays.
-                // SAFETY: the wrapped file is open; the slot is its table's (or a stub).
-                unsafe { (sub.m.xUnlock)(sub.ptr, ffi::SQLITE_LOCK_NONE) };
-                log::error!(
-                    "hermes-guard: {} closed with its retired generation uncaptured; its \
-                     descriptor is held and the capture is retried at the next open or close \
-                     (or hermes_guard::retry_pending_captures)",
-                    state.db_path().display()
-                );
-                let mut pending = PENDING.lock();
-                pending.push((state, sub));
-                PENDING_COUNT.store(pending.len(), Ordering::Release);
-                ffi::SQLITE_OK
+                sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
+                let held = match heap {
+                    Some(h) => Some(h),
+                    // SAFETY: `f` is the open unix file object (inline layout: the unix family)
+                    // of `sub_size` bytes; SQLite frees it after this call.
+                    None => unsafe { HeapFile::relocate(f, t.sub_layout, t.sub_size, t.sub_table) },
+                };
+                match held {
+                    Some(held) => {
+                        state.set_main_image(Some(Box::new(MainImage(held.ptr))));
+                        log::error!(
+                            "hermes-guard: {} closed with its retired generation uncaptured; its \
+                             descriptor is held and the capture is retried at the next open or \
+                             close (or hermes_guard::retry_pending_captures)",
+                            state.db_path().display()
+                        );
+                        let mut pending = PENDING.lock();
+                        pending.push((state.clone(), held));
+                        PENDING_COUNT.store(pending.len(), Ordering::Release);
+                        ffi::SQLITE_OK
+                    }
+                    None => {
+                        log::error!(
+                            "hermes-guard: {} closed with its retired generation uncaptured, and \
+                             no memory to hold its descriptor: the retired main image is lost \
+                             with this close (the retired WAL stays held)",
+                            state.db_path().display()
+                        );
+                        state.main_closed();
+                        sub_call!(&t, sub, xClose)
+                    }
+                }
             }
             (Kind::Main, Some(state)) => {
                 state.main_closed();
-                sub.close()
+                close_sub(&t, sub, heap)
             }
             (Kind::Wal, Some(state)) => {
-                let rc = sub.close();
+                // Before the table goes (at the end of this call).
+                state.detach_wal_gate();
+                let rc = close_sub(&t, sub, heap);
                 state.wal_closed();
                 rc
             }
-            _ => sub.close(),
+            _ => close_sub(&t, sub, heap),
         };
-        if kind == Kind::Main {
+        if t.kind == Kind::Main {
             retry_pending_captures();
         }
         rc
     })
+}
+
+/// Closes the wrapped file object `sub` (on the heap when `heap` is given: freed too).
+fn close_sub(t: &FileTable, sub: *mut ffi::sqlite3_file, heap: Option<HeapFile>) -> c_int {
+    match heap {
+        Some(h) => h.close(),
+        None => sub_call!(t, sub, xClose),
+    }
 }
 
 unsafe extern "C" fn x_read(
@@ -628,15 +876,14 @@ unsafe extern "C" fn x_read(
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xRead, buf, amt, ofst)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xRead, buf, amt, ofst)
 }
 
-/// No `catch_unwind` on the way through: the gate is decided by panic-free code and only its
-/// slow verdicts enter `ffi_guard` (see `gate_rc`). A WAL write inside a checked transaction
-/// (the write lock held after its check passed; the bit is cleared when the generation is
-/// retired, see `DbState::write_lock`) and a write to a file without guard state are one load
-/// and a bit test (`write_go`) before the call; everything else goes through `write_gated`.
+/// The pass-through `xWrite` of a file without guard state, or of a WAL whose gate is open, when
+/// the wrapped file object is on the heap (in SQLite's buffer, SQLite calls the wrapped
+/// `xWrite` itself).
 unsafe extern "C" fn x_write(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -644,21 +891,13 @@ unsafe extern "C" fn x_write(
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    // SAFETY: `write_go` points at a static or into the state this file object holds.
-    if unsafe { &*gf.write_go }.load(Ordering::Acquire) & WRITE_GO == 0 {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { write_gated(f, buf, amt, ofst) };
-    }
-    sub_call!(gf, xWrite, buf, amt, ofst)
+    let t = unsafe { table(f) };
+    sub_call!(t, t.sub_ptr(f), xWrite, buf, amt, ofst)
 }
 
-/// `x_write` of a guarded file outside the fast path: the gate, then the write. `extern "C"`
-/// with the caller's arguments, for a tail call (see `shm_lock_watched`).
-///
-/// # Safety
-/// `f` is one of our live files.
-#[inline(never)]
+/// The `xWrite` of a guarded main file, and of a WAL while its write gate is closed: the gate
+/// (no `catch_unwind`: it is decided by panic-free code and only its slow verdicts enter
+/// `ffi_guard`, see `gate_rc`), then the write.
 unsafe extern "C" fn write_gated(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -666,11 +905,12 @@ unsafe extern "C" fn write_gated(
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
     // SAFETY: as the caller promises.
-    let gf = unsafe { guard(f) };
-    let Some(state) = &gf.state else {
-        return sub_call!(gf, xWrite, buf, amt, ofst);
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let Some(state) = &t.state else {
+        return sub_call!(t, sub, xWrite, buf, amt, ofst);
     };
-    let gate = match gf.kind {
+    let gate = match t.kind {
         Kind::Wal => state.wal_write_gate(ofst),
         // In WAL mode the main file is written only by checkpoints; in rollback mode the
         // RESERVED lock before any write was checked.
@@ -681,15 +921,16 @@ unsafe extern "C" fn write_gated(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    sub_call!(gf, xWrite, buf, amt, ofst)
+    sub_call!(t, sub, xWrite, buf, amt, ofst)
 }
 
 unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
         // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
-        if let Some(state) = &gf.state {
-            let allowed = if gf.kind == Kind::Wal {
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
+        if let Some(state) = &t.state {
+            let allowed = if t.kind == Kind::Wal {
                 // Below any write: a truncate outside a checked transaction always checks.
                 state.before_wal_write(i64::MIN)
             } else {
@@ -699,15 +940,16 @@ unsafe extern "C" fn x_truncate(f: *mut ffi::sqlite3_file, size: ffi::sqlite3_in
                 return code;
             }
         }
-        sub_call!(gf, xTruncate, size)
+        sub_call!(t, sub, xTruncate, size)
     })
 }
 
 unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    let rc = sub_call!(gf, xSync, flags);
-    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let rc = sub_call!(t, sub, xSync, flags);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
         state.end_of_main_write();
     }
@@ -719,15 +961,17 @@ unsafe extern "C" fn x_file_size(
     size: *mut ffi::sqlite3_int64,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xFileSize, size)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xFileSize, size)
 }
 
 /// No `catch_unwind` on the way through (see `x_write`).
 unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
         // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
         // EXCLUSIVE straight from SHARED to roll back a hot journal (which writes the main
@@ -747,9 +991,9 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        return lock_shielded(gf, state, level);
+        return lock_shielded(t, sub, state, level);
     }
-    sub_call!(gf, xLock, level)
+    sub_call!(t, sub, xLock, level)
 }
 
 /// `xLock` of a guarded main file, with the lock shield around it: it steps aside before an
@@ -757,16 +1001,22 @@ unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
 /// back what the new level allows. Outside WAL mode the shield holds nothing and this is two
 /// atomic loads and a store around the call.
 #[inline(always)]
-fn lock_shielded(gf: &GuardFile, state: &DbState, level: c_int) -> c_int {
+fn lock_shielded(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+    level: c_int,
+) -> c_int {
     let shield = state.shield();
     let engaged = shield.engaged();
     let stepping_aside = engaged && level == ffi::SQLITE_LOCK_EXCLUSIVE;
     if stepping_aside {
         shield_slow(|| shield.before_exclusive());
     }
-    let rc = sub_call!(gf, xLock, level);
+    let rc = sub_call!(t, sub, xLock, level);
     if rc == ffi::SQLITE_OK {
         shield.set_level(level);
+        state.main_lock_level(level > ffi::SQLITE_LOCK_SHARED);
     }
     if stepping_aside {
         shield_slow(|| shield.after_exclusive());
@@ -778,12 +1028,14 @@ fn lock_shielded(gf: &GuardFile, state: &DbState, level: c_int) -> c_int {
 
 unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    let rc = sub_call!(gf, xUnlock, level);
-    if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let rc = sub_call!(t, sub, xUnlock, level);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         let shield = state.shield();
         if rc == ffi::SQLITE_OK {
             shield.set_level(level);
+            state.main_lock_level(level > ffi::SQLITE_LOCK_SHARED);
             if shield.engaged() {
                 // Back to SHARED after EXCLUSIVE: the shield takes its locks back.
                 shield_slow(|| shield.reconcile());
@@ -799,36 +1051,53 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
 
 unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xCheckReservedLock, out)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xCheckReservedLock, out)
 }
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
-/// (SQLite sends several per transaction) passes straight down, and the commit boundary only
-/// stores atomics: neither can panic.
-unsafe extern "C" fn x_file_control(
+/// (SQLite sends several per transaction) passes straight down: neither can panic.
+const ANSWERED: u32 = 1 << ffi::SQLITE_FCNTL_VFSNAME
+    | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
+    | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
+    | 1 << ffi::SQLITE_FCNTL_PRAGMA;
+
+/// `xFileControl` of a guarded main file: as `x_file_control`, and the commit boundary, which
+/// only stores atomics.
+unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    /// The file controls `file_control_answered` handles, as bits.
-    const ANSWERED: u32 = 1 << ffi::SQLITE_FCNTL_VFSNAME
-        | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
-        | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
-        | 1 << ffi::SQLITE_FCNTL_PRAGMA;
+    let t = unsafe { table(f) };
     if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO {
-        // SAFETY: `main_state` is NULL or points into the state this file object holds.
-        if let Some(state) = unsafe { gf.main_state.as_ref() } {
-            // Sent after every commit, in every locking mode: the transaction is over.
-            state.end_of_transaction();
-        }
+        // SAFETY: a guarded main file's `main_state` points into the state its table holds.
+        let state = unsafe { &*t.main_state };
+        // Sent after every commit, in every locking mode: the transaction is over.
+        state.end_of_transaction();
     } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { file_control_answered(f, op, arg) };
     }
-    sub_call!(gf, xFileControl, op, arg)
+    sub_call!(t, sub_of::<HEAP>(t, f), xFileControl, op, arg)
+}
+
+/// `xFileControl` of every other file: the controls in [`ANSWERED`] go to
+/// `file_control_answered`, the rest straight down.
+unsafe extern "C" fn x_file_control(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { file_control_answered(f, op, arg) };
+    }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    sub_call!(t, t.sub_ptr(f), xFileControl, op, arg)
 }
 
 /// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
@@ -844,11 +1113,12 @@ unsafe extern "C" fn file_control_answered(
     arg: *mut c_void,
 ) -> c_int {
     // SAFETY: as the caller promises.
-    let gf = unsafe { guard(f) };
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
     ffi_guard(ffi::SQLITE_ERROR, || {
-        match (op, gf.kind, &gf.state) {
+        match (op, t.kind, &t.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
-                let rc = sub_call!(gf, xFileControl, op, arg);
+                let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
                 unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
             }
@@ -859,10 +1129,10 @@ unsafe extern "C" fn file_control_answered(
                 if let Err(code) = state.before_main_write() {
                     return code;
                 }
-                sub_call!(gf, xFileControl, op, arg)
+                sub_call!(t, sub, xFileControl, op, arg)
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
-                let rc = sub_call!(gf, xFileControl, op, arg);
+                let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
                 if state.check_pins().is_some() {
@@ -877,10 +1147,10 @@ unsafe extern "C" fn file_control_answered(
                 // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
                 match unsafe { pragma(state, arg as *mut *mut c_char) } {
                     Some(rc) => rc,
-                    None => sub_call!(gf, xFileControl, op, arg),
+                    None => sub_call!(t, sub, xFileControl, op, arg),
                 }
             }
-            _ => sub_call!(gf, xFileControl, op, arg),
+            _ => sub_call!(t, sub, xFileControl, op, arg),
         }
     })
 }
@@ -940,14 +1210,16 @@ unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
 
 unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xSectorSize)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xSectorSize)
 }
 
 unsafe extern "C" fn x_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xDeviceCharacteristics)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xDeviceCharacteristics)
 }
 
 unsafe extern "C" fn x_shm_map(
@@ -959,9 +1231,10 @@ unsafe extern "C" fn x_shm_map(
 ) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
-        let rc = sub_call!(gf, xShmMap, region, size, extend, pp);
-        if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (gf.kind, &gf.state, rc, region) {
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
+        let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (t.kind, &t.state, rc, region) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as *const u8;
             if !addr.is_null() {
@@ -972,7 +1245,7 @@ unsafe extern "C" fn x_shm_map(
                 if state.shield().enabled() {
                     // SAFETY: an armed shield means the wrapped file's unix layout was verified
                     // at the open; xShmMap just mapped region 0.
-                    match unsafe { shm_descriptor(gf, state) } {
+                    match unsafe { shm_descriptor(sub, state) } {
                         Ok((fd, id)) => state.shield().join_shm(fd, id),
                         Err(reason) => state.shield().disable(reason, state.db_path()),
                     }
@@ -984,122 +1257,148 @@ unsafe extern "C" fn x_shm_map(
 }
 
 /// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
-/// around the two watched locks only atomics run outside `slow_gate`.
-unsafe extern "C" fn x_shm_lock(
+/// around the two watched locks only atomics run outside `slow_gate`. Installed on guarded main
+/// files (and, in the heap layout, on every file: SQLite only calls it on main files).
+unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // Only the WAL write lock (0) and the checkpoint lock (1) of a guarded main file are
-    // watched; every other lock (each read transaction's read mark, 3 and up) passes straight
-    // down after this one compare. The rest of the test is `shm_lock_watched`'s.
+    // Only the WAL write lock (0) and the checkpoint lock (1) are watched; every other lock
+    // (each read transaction's read mark, 3 and up) passes straight down after this one
+    // compare. The rest of the test is `shm_lock_watched`'s.
     if (ofst as u32) < 2 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { shm_lock_watched(f, ofst, n, flags) };
+        return unsafe { shm_lock_watched::<HEAP>(f, ofst, n, flags) };
     }
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xShmLock, ofst, n, flags)
+    let t = unsafe { table(f) };
+    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
 }
 
 const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
-const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
-/// `x_shm_lock` at `ofst` 0 or 1: an exclusive lock goes on to `shm_lock_exclusive` (a tail
-/// call); the release of the WAL write lock (0) or the checkpoint lock (1), one slot, of a
-/// guarded main file clears what its check allowed; anything else passes down. Out of line so
-/// that the pass-through of every other lock stays a few instructions; `extern "C"` (cannot
-/// unwind) with the caller's arguments, so that the caller reaches it with a tail call. It
-/// stores flags and tail-calls, so it pushes nothing.
+/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_write_lock` (at
+/// 0: the WAL write lock, which opens every write transaction) or `shm_checkpoint_lock` (at 1:
+/// every checkpoint), as tail calls; any other call at 0 or 1 (a release, above all) clears
+/// what the check of that lock allowed first (clearing only ever costs a check more); the rest
+/// passes down. Out of line so that the pass-through of every other lock stays a few
+/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
+/// reaches it with a tail call. It stores flags and tail-calls, so it pushes nothing.
 ///
 /// # Safety
 /// `f` is one of our live files.
 #[inline(never)]
-unsafe extern "C" fn shm_lock_watched(
+unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    if flags == LOCK_EXCLUSIVE {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { shm_lock_exclusive(f, ofst, n, flags) };
-    }
     // SAFETY: as the caller promises.
-    let gf = unsafe { guard(f) };
-    if flags == UNLOCK_EXCLUSIVE && n == 1 {
-        // SAFETY: `main_state` is NULL or points into the state this file object holds.
-        if let Some(state) = unsafe { gf.main_state.as_ref() } {
+    let t = unsafe { table(f) };
+    // In SQLite's buffer, `x_shm_lock` is only installed on guarded main files (whose
+    // `main_state` is set); on the heap, on every file.
+    if !HEAP || !t.main_state.is_null() {
+        if flags == LOCK_EXCLUSIVE {
+            if n == 1 {
+                // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not
+                // NULL (tail calls).
+                return unsafe {
+                    if ofst == 0 {
+                        shm_write_lock::<HEAP>(f)
+                    } else {
+                        shm_checkpoint_lock::<HEAP>(f)
+                    }
+                };
+            }
+        } else {
+            // SAFETY: not NULL (above), into the state the table holds.
+            let state = unsafe { &*t.main_state };
             // Cleared whatever the release returns, as always; before it rather than after
             // (until it returns this connection writes nothing), so the call below is a tail
             // call.
             if ofst == 0 {
-                state.write_lock(false);
+                state.end_of_transaction();
             } else {
                 state.end_of_main_write();
             }
         }
     }
-    sub_call!(gf, xShmLock, ofst, n, flags)
+    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
 }
 
-/// The exclusive lock at `ofst` 0 or 1. The WAL write lock (0) opens every write transaction
-/// (and FULL/RESTART/TRUNCATE checkpoints), the checkpoint lock (1) every checkpoint; of those,
-/// one slot, of a guarded main file: the check (its fast path inlined here: atomics and one
-/// `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside `ffi_guard`),
-/// the lock, and, once it is taken, the flags that say the transaction or checkpoint was
-/// checked. Anything else passes down.
+/// The WAL write lock (`ofst` 0, one slot, exclusive) of a guarded main file: it opens every
+/// write transaction (and FULL/RESTART/TRUNCATE checkpoints). The check (its fast path inlined
+/// here: atomics and one `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`,
+/// inside `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction was
+/// checked ([`DbState::write_lock`]). The hot path of the guard: every write transaction runs
+/// it.
 ///
 /// # Safety
-/// `f` is one of our live files.
+/// `f` is one of our live files and its table's `main_state` is not NULL.
 #[inline(never)]
-unsafe extern "C" fn shm_lock_exclusive(
-    f: *mut ffi::sqlite3_file,
-    ofst: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
+unsafe extern "C" fn shm_write_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: as the caller promises.
-    let gf = unsafe { guard(f) };
-    // SAFETY: `main_state` is NULL or points into the state this file object holds.
-    let Some(state) = (unsafe { gf.main_state.as_ref() }) else {
-        return sub_call!(gf, xShmLock, ofst, n, flags);
-    };
-    if n != 1 {
-        return sub_call!(gf, xShmLock, ofst, n, flags);
-    }
-    let site = if ofst == 0 {
-        Site::WalWrite
-    } else {
-        Site::MainWrite
-    };
+    let t = unsafe { table(f) };
+    // SAFETY: as the caller promises: not NULL, into the state the table holds.
+    let state = unsafe { &*t.main_state };
     if !state.vouched_fast() {
-        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+        let rc = slow_gate(
+            state,
+            Gate::Check(Site::WalWrite),
+            ffi::SQLITE_IOERR_SHMLOCK,
+        );
         if rc != ffi::SQLITE_OK {
             return rc;
         }
     }
-    let rc = sub_call!(gf, xShmLock, ofst, 1, LOCK_EXCLUSIVE);
-    match site {
-        Site::WalWrite => state.write_lock(rc == ffi::SQLITE_OK),
-        Site::MainWrite => state.checkpoint_lock(rc == ffi::SQLITE_OK),
+    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, 0, 1, LOCK_EXCLUSIVE);
+    state.write_lock(rc == ffi::SQLITE_OK);
+    rc
+}
+
+/// The checkpoint lock (`ofst` 1, one slot, exclusive) of a guarded main file: as
+/// `shm_write_lock`, for the checkpoint's main-file writes ([`DbState::checkpoint_lock`]).
+///
+/// # Safety
+/// `f` is one of our live files and its table's `main_state` is not NULL.
+#[inline(never)]
+unsafe extern "C" fn shm_checkpoint_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    // SAFETY: as the caller promises: not NULL, into the state the table holds.
+    let state = unsafe { &*t.main_state };
+    if !state.vouched_fast() {
+        let rc = slow_gate(
+            state,
+            Gate::Check(Site::MainWrite),
+            ffi::SQLITE_IOERR_SHMLOCK,
+        );
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
     }
+    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, 1, 1, LOCK_EXCLUSIVE);
+    state.checkpoint_lock(rc == ffi::SQLITE_OK);
     rc
 }
 
 unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xShmBarrier)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xShmBarrier)
 }
 
 unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
-        let gf = unsafe { guard(f) };
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
         let mut delete = delete;
-        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             if delete != 0 && !state.may_delete_shm() {
                 log::warn!(
                     "hermes-guard: not unlinking {}-shm at close: it is not the one this \
@@ -1110,14 +1409,14 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
             }
         }
         let mut left = None;
-        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             state.shm_unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's
             // descriptor): the DMS lock goes with the node's last guarded connection.
             left = state.shield().leave_shm();
         }
-        let rc = sub_call!(gf, xShmUnmap, delete);
-        if let (Kind::Main, Some(state)) = (gf.kind, &gf.state) {
+        let rc = sub_call!(t, sub, xShmUnmap, delete);
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             if rc == ffi::SQLITE_OK {
                 state.shm_unmapped();
             } else {
@@ -1136,8 +1435,9 @@ unsafe extern "C" fn x_fetch(
     pp: *mut *mut c_void,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xFetch, ofst, amt, pp)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xFetch, ofst, amt, pp)
 }
 
 unsafe extern "C" fn x_unfetch(
@@ -1146,44 +1446,7 @@ unsafe extern "C" fn x_unfetch(
     p: *mut c_void,
 ) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
-    let gf = unsafe { guard(f) };
-    sub_call!(gf, xUnfetch, ofst, p)
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    sub_call!(t, sub, xUnfetch, ofst, p)
 }
-
-/// One table per wrapped `iVersion`: declaring a version the wrapped file cannot serve would
-/// make SQLite call a method the wrapped file lacks.
-const fn io_methods(version: c_int) -> ffi::sqlite3_io_methods {
-    ffi::sqlite3_io_methods {
-        iVersion: version,
-        xClose: Some(x_close),
-        xRead: Some(x_read),
-        xWrite: Some(x_write),
-        xTruncate: Some(x_truncate),
-        xSync: Some(x_sync),
-        xFileSize: Some(x_file_size),
-        xLock: Some(x_lock),
-        xUnlock: Some(x_unlock),
-        xCheckReservedLock: Some(x_check_reserved_lock),
-        xFileControl: Some(x_file_control),
-        xSectorSize: Some(x_sector_size),
-        xDeviceCharacteristics: Some(x_device_characteristics),
-        xShmMap: if version >= 2 { Some(x_shm_map) } else { None },
-        xShmLock: if version >= 2 { Some(x_shm_lock) } else { None },
-        xShmBarrier: if version >= 2 {
-            Some(x_shm_barrier)
-        } else {
-            None
-        },
-        xShmUnmap: if version >= 2 {
-            Some(x_shm_unmap)
-        } else {
-            None
-        },
-        xFetch: if version >= 3 { Some(x_fetch) } else { None },
-        xUnfetch: if version >= 3 { Some(x_unfetch) } else { None },
-    }
-}
-
-static IO_V1: ffi::sqlite3_io_methods = io_methods(1);
-static IO_V2: ffi::sqlite3_io_methods = io_methods(2);
-static IO_V3: ffi::sqlite3_io_methods = io_methods(3);

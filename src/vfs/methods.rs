@@ -2,12 +2,11 @@
 //! no longer the one its connection pinned, everything else is handed to the wrapped VFS.
 
 use std::ffi::{c_char, c_int, c_void};
-use std::mem::size_of;
 use std::ptr;
 
 use rusqlite::ffi;
 
-use super::file::{self, GuardFile};
+use super::file;
 use super::state::may_delete;
 use super::{cstr_path, ffi_guard, VFS_NAME_C};
 
@@ -17,8 +16,8 @@ pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
     let s = unsafe { &*sub };
     ffi::sqlite3_vfs {
         iVersion: s.iVersion.min(3),
-        // The wrapped file lives on the heap (see file.rs), so SQLite allocates only ours.
-        szOsFile: size_of::<GuardFile>().next_multiple_of(8) as c_int,
+        // The unix VFS's file object lives in SQLite's buffer, any other on the heap (file.rs).
+        szOsFile: file::os_file_size(s),
         mxPathname: s.mxPathname,
         pNext: ptr::null_mut(),
         zName: VFS_NAME_C.as_ptr(),

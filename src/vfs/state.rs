@@ -22,10 +22,6 @@ const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
 const MAIN_CHECKED: u8 = 4;
 
-/// The bit of a WAL's write-go word (`DbState::write_go_word`) that lets its `xWrite` pass
-/// straight down.
-pub(crate) const WRITE_GO: u8 = LOCK_CHECKED;
-
 /// `verified_changes` of a state the fast path must never vouch for: not checked yet, or
 /// retired. The watcher's change count starts at 0 and only counts up; it never gets here.
 const NEVER_VOUCHED: u64 = u64::MAX;
@@ -62,14 +58,18 @@ pub(crate) struct DbState {
     retired: AtomicBool,
     /// Mirrors `inner.wal.is_some()`.
     wal_pinned: AtomicBool,
+    /// The main file is locked above SHARED: in WAL mode, `locking_mode=EXCLUSIVE` (SQLite
+    /// then writes the WAL without its write lock), a journal-mode change or the close. The
+    /// WAL's write gate is closed meanwhile (see [`WalGate`]).
+    main_above_shared: AtomicBool,
     /// What was checked in the current transaction or checkpoint, as bits, in one word so that
     /// its end is one store:
     ///
     /// - [`LOCK_CHECKED`]: the WAL write lock is held, its check passed and the generation is
     ///   not retired: every WAL write until its release belongs to a checked transaction.
     ///   Cleared at the release, at the commit and at the retirement (see
-    ///   [`DbState::write_lock`]), so the WAL's `xWrite` passes down after testing this bit
-    ///   alone ([`WRITE_GO`]).
+    ///   [`DbState::write_lock`]). What the WAL's write gate tests first while it is closed
+    ///   (see [`WalGate`]).
     /// - [`WAL_CHECKED`]: without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks),
     ///   a check passed for the WAL writes of the current transaction.
     /// - [`MAIN_CHECKED`]: a check passed for the current checkpoint (main-file writes).
@@ -117,6 +117,33 @@ struct Inner {
     /// This generation's capture, shared by every connection of the process that retired it;
     /// joined at the first capture attempt, left with the pinned WAL.
     generation: Option<Arc<GenerationCapture>>,
+    /// The open WAL file object's write gate, while SQLite has it open.
+    wal_gate: Option<Box<dyn WalGate>>,
+}
+
+/// The write gate of the WAL file object, which the shim installs and the state opens and
+/// closes. Open, SQLite's WAL writes go straight to the wrapped file with nothing of the
+/// guard's in between: SQLite writes the WAL only under the WAL write lock (its sole writer),
+/// and every acquisition of that lock ran the guard's check first, in the same transaction.
+/// Closed, each WAL write goes through the guard's gate ([`DbState::wal_write_gate`]). It is
+/// closed from the retirement on (every write refused) and while the main file is locked above
+/// SHARED: `locking_mode=EXCLUSIVE` writes the WAL without taking the write lock.
+///
+/// The gate is only moved under the state's mutex and from inside the connection's own calls
+/// (a retirement, a lock of the main file), which SQLite serialises with the WAL writes it
+/// makes; the shim detaches it before it frees the WAL file object.
+pub(crate) trait WalGate: Send {
+    /// Opens (`true`) or closes the gate.
+    fn set_open(&self, open: bool);
+}
+
+impl Inner {
+    /// Opens or closes the WAL's gate as the generation and the main file's lock now require.
+    fn sync_wal_gate(&self, main_above_shared: bool) {
+        if let Some(gate) = &self.wal_gate {
+            gate.set_open(self.reason.is_none() && !main_above_shared);
+        }
+    }
 }
 
 /// The shared memory as a connection maps it: read at the loss for how far the retired WAL had
@@ -224,6 +251,7 @@ impl DbState {
             db_path,
             retired: AtomicBool::new(false),
             wal_pinned: AtomicBool::new(false),
+            main_above_shared: AtomicBool::new(false),
             tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
             refusals: AtomicU64::new(0),
@@ -283,6 +311,31 @@ impl DbState {
         self.last_wal_offset.store(i64::MAX, Ordering::Release);
         self.wal_pinned.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// The WAL file object's write gate, installed once its file object is complete: opened or
+    /// closed at once as the state requires.
+    pub(crate) fn attach_wal_gate(&self, gate: Box<dyn WalGate>) {
+        let mut inner = self.inner.lock();
+        inner.wal_gate = Some(gate);
+        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
+    }
+
+    /// The WAL file object is about to be closed and freed: its gate goes first.
+    pub(crate) fn detach_wal_gate(&self) {
+        self.inner.lock().wal_gate = None;
+    }
+
+    /// The main file's lock level changed: above SHARED (`true`) or not. The WAL's gate follows
+    /// (see [`WalGate`]); nothing to do while the level stays on the same side of SHARED, nor
+    /// without a WAL (rollback mode's every write transaction moves it).
+    pub(crate) fn main_lock_level(&self, above_shared: bool) {
+        if self.main_above_shared.swap(above_shared, Ordering::AcqRel) != above_shared
+            && self.wal_pinned()
+        {
+            let inner = self.inner.lock();
+            inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
+        }
     }
 
     /// Called when SQLite closes the WAL file object.
@@ -386,14 +439,6 @@ impl DbState {
         Gate::Check(Site::WalWrite)
     }
 
-    /// The WAL write's fast path, loaded by the shim's `xWrite`: `true` is
-    /// [`DbState::wal_write_gate`]'s `Gate::Go` for a write inside a transaction whose write
-    /// lock was taken after its check passed, of a generation not retired (a `false` asks the
-    /// gate). One atomic load: panic-free.
-    pub(crate) fn write_go_word(&self) -> &AtomicU8 {
-        &self.tx
-    }
-
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
     /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
     /// with one `epoll_wait` that nothing on the path changed since the last full check that
@@ -417,8 +462,7 @@ impl DbState {
     /// [`DbState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
     #[inline(always)]
     pub(crate) fn vouched_fast(&self) -> bool {
-        self.fast_watch
-            .current_fast(self.verified_changes.load(Ordering::Acquire))
+        self.fast_watch.current_fast(&self.verified_changes)
     }
 
     #[inline]
@@ -543,7 +587,9 @@ impl DbState {
         };
         inner.reason = Some(reason);
         self.retired.store(true, Ordering::SeqCst);
-        // The WAL's `xWrite` loads only this flag (see `write_lock`): it refuses from now on.
+        // The WAL's writes go through the gate from now on, and it refuses them: its first
+        // test is this flag (see `write_lock`).
+        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
         self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
         // The fast check no longer vouches (see `check_fast` and `check`).
         self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);

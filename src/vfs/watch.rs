@@ -22,6 +22,7 @@
 //! watcher that made it, so one inherited from the parent never vouches in the child and its drop
 //! releases nothing.
 
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -183,8 +184,11 @@ impl DirWatch {
     /// The lock-free half of this watch, for the transaction start's fast path.
     pub(crate) fn fast(&self) -> FastWatch {
         FastWatch {
-            shared: self.shared,
-            epoll: self.epoll.as_raw_fd(),
+            // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
+            inner: unsafe { self.shared.as_ref() }.map(|shared| FastInner {
+                shared,
+                epoll: self.epoll,
+            }),
         }
     }
 
@@ -224,48 +228,43 @@ impl DirWatch {
 }
 
 /// The lock-free half of a [`DirWatch`]: its watcher's wipe-on-fork page and epoll descriptor,
-/// copied out so that the fast path tests one pointer (NULL: no watch) instead of an `Option`.
+/// copied out so that the fast path tests one word (`None`: no watch) and borrows nothing.
 /// Both live for the rest of the process that made them (see `DirWatch::epoll`).
 #[derive(Clone, Copy)]
 pub(crate) struct FastWatch {
-    shared: *const Shared,
-    epoll: RawFd,
+    inner: Option<FastInner>,
 }
 
-// SAFETY: as for DirWatch: the page is only reached through atomics, and only vouches in the
-// process that made it (checked through the page itself); the descriptor is the kernel's.
-unsafe impl Send for FastWatch {}
-// SAFETY: as for Send: `current_fast` takes `&self` and touches only atomics and the kernel.
-unsafe impl Sync for FastWatch {}
+#[derive(Clone, Copy)]
+struct FastInner {
+    shared: &'static Shared,
+    epoll: BorrowedFd<'static>,
+}
 
 impl FastWatch {
     /// No watch: never vouches.
-    pub(crate) const NONE: FastWatch = FastWatch {
-        shared: std::ptr::null(),
-        epoll: -1,
-    };
+    pub(crate) const NONE: FastWatch = FastWatch { inner: None };
 
     /// The transaction start's fast path: whether nothing changed since the change count was
-    /// `verified`, without the watcher's mutex and
-    /// without anything that can panic (it runs outside `catch_unwind`), for the common case —
-    /// this process made the watch, no other thread is draining, and the epoll set has nothing
-    /// ready. `false` means "ask [`DirWatch::current`]": a forked child, a drain in progress, or
-    /// readiness this call took from the set (left pending in the gate word for the next drain to handle),
-    /// or a change count other than `verified` (some watch moved; [`DirWatch::current`] tells
-    /// whether it is on this path).
+    /// `verified` (a connection's, changed only by its own calls), without the watcher's mutex and without anything that can panic (it runs
+    /// outside `catch_unwind`), for the common case — this process made the watch, no other
+    /// thread is draining, and the epoll set has nothing ready. `false` means "ask
+    /// [`DirWatch::current`]": a forked child, a drain in progress, readiness this call took
+    /// from the set (left pending in the gate word for the next drain to handle), or a change
+    /// count other than `verified` (some watch moved; [`DirWatch::current`] tells whether it is
+    /// on this path).
     ///
     /// Sound because every readiness is handled under the drain lock, which this holds too: an
     /// event that left the set before this `epoll_wait` has either moved `changes` already or
     /// sits in the gate word's pending bits.
     ///
-    /// Panic-free: atomics and one `epoll_wait` ([`epoll_ready`]: rustix's raw syscall into a
-    /// fixed array, whose only conversions are checked and return errors).
-    #[inline]
-    pub(crate) fn current_fast(&self, verified: u64) -> bool {
-        // SAFETY: NULL (no watch) or the page of the watcher that made the DirWatch, which is
-        // never unmapped (see `DirWatch::shared`); in a forked child it reads as zero, which
+    /// Panic-free: atomics and one `epoll_wait` ([`epoll_first_ready`]: rustix's raw syscall,
+    /// whose only conversions are checked and return errors).
+    #[inline(always)]
+    pub(crate) fn current_fast(&self, verified: &AtomicU64) -> bool {
+        // NULL page (no watch): never vouches. In a forked child the page reads as zero, which
         // makes `try_lock_fast` fail.
-        let Some(shared) = (unsafe { self.shared.as_ref() }) else {
+        let Some(FastInner { shared, epoll }) = self.inner else {
             return false;
         };
         // One compare-exchange stands for three tests: this is the process that made the page
@@ -273,18 +272,19 @@ impl FastWatch {
         if !shared.try_lock_fast() {
             return false;
         }
-        match epoll_ready(self.epoll) {
-            0 => {
-                let vouched = shared.changes.load(Ordering::Acquire) == verified;
-                shared.unlock_drain(0);
-                vouched
-            }
-            ready => {
-                // Taken from the set (mountinfo's readiness resets when reported): left pending
-                // in the gate word for the next drain, before anybody's check can vouch again.
-                shared.unlock_drain(ready);
-                false
-            }
+        // SAFETY: the drain lock is held (just taken): the slot is this thread's until it goes.
+        let ready = epoll_first_ready(epoll, unsafe { &mut *shared.slot.get() });
+        if ready == 0 {
+            // Loaded after the syscall rather than before: nothing needs to be kept across it.
+            let vouched =
+                shared.changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
+            shared.unlock_drain(0);
+            vouched
+        } else {
+            // Taken from the set (mountinfo's readiness resets when reported): left pending in
+            // the gate word for the next drain, before anybody's check can vouch again.
+            shared.unlock_drain(ready);
+            false
         }
     }
 }
@@ -294,6 +294,75 @@ impl FastWatch {
 unsafe impl Send for DirWatch {}
 // SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
 unsafe impl Sync for DirWatch {}
+
+/// The fast path's question to the epoll set, without waiting: the readiness of the first ready
+/// source (`INOTIFY_READY` or `MOUNTS_CHANGED`), 0 when none is, both when the call fails. One
+/// event slot (the caller's, uninitialised): a second ready source stays in the set for the
+/// drain that any readiness leads to.
+///
+/// On x86_64 Linux, the raw `epoll_pwait` system call, written out as rustix writes its own
+/// (`syscall5`: the same registers, clobbers and options), then one test of its result: rustix's
+/// general-purpose `epoll::wait` spends a dozen instructions more per transaction decoding the
+/// result and bounds-checking the slice, and carries a panic path the fast path does not want
+/// (see docs/decisions.md). Elsewhere, rustix's call. Panic-free either way.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[inline(always)]
+fn epoll_first_ready(epoll: BorrowedFd<'static>, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
+    let ret: isize;
+    // SAFETY: epoll_pwait(epfd, events, maxevents = 1, timeout = 0, sigmask = NULL): `epoll` is
+    // an open epoll descriptor, and `slot` has room for the one event the kernel may write. The
+    // `syscall` instruction touches no user memory but that, no stack, restores the flags and
+    // clobbers rcx and r11, which are declared.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") libc::SYS_epoll_pwait as isize => ret,
+            in("rdi") epoll.as_raw_fd() as usize,
+            in("rsi") slot.as_mut_ptr(),
+            in("rdx") 1usize,
+            in("r10") 0usize,
+            in("r8") 0usize,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack, preserves_flags),
+        );
+    }
+    match ret {
+        0 => 0,
+        // SAFETY: the kernel wrote the one event it reported.
+        1 => ready_bits(unsafe { slot[0].assume_init_ref() }),
+        _ => INOTIFY_READY | MOUNTS_CHANGED,
+    }
+}
+
+/// See the x86_64 Linux version above.
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+#[inline(always)]
+fn epoll_first_ready(epoll: BorrowedFd<'static>, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
+    match epoll::wait(epoll, slot, Some(&ZERO_TIMEOUT)) {
+        Ok((ready, _)) => ready.first().map_or(0, ready_bits),
+        Err(_) => INOTIFY_READY | MOUNTS_CHANGED,
+    }
+}
+
+/// The readiness bits of a reported event.
+#[inline(always)]
+fn ready_bits(event: &epoll::Event) -> u64 {
+    // Copied out first: the event is a packed struct.
+    let data = event.data;
+    match data.u64() & (INOTIFY_READY | MOUNTS_CHANGED) {
+        // Every source is registered with its bit: not expected, assume both.
+        0 => INOTIFY_READY | MOUNTS_CHANGED,
+        bits => bits,
+    }
+}
+
+/// The timeout of a poll: none.
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+const ZERO_TIMEOUT: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 0,
+};
 
 /// Asks the epoll set, without waiting, what is ready: `INOTIFY_READY | MOUNTS_CHANGED` bits,
 /// all of them when the call fails (assume everything changed). Panic-free (see
@@ -600,7 +669,15 @@ struct Shared {
     /// moved, or an entry stopped being current. One load tells the fast path that nothing
     /// changed anywhere since a full check, without walking a path's entries.
     changes: AtomicU64,
+    /// The fast path's event slot: written by the kernel (and read) only by the thread holding
+    /// the drain lock in `gate`. Here rather than on the fast path's stack, so that the fast
+    /// path has no stack frame and its caller can reach the lock with a tail call.
+    slot: UnsafeCell<[MaybeUninit<epoll::Event>; 1]>,
 }
+
+// SAFETY: every field but `slot` is an atomic; `slot` is only used by the holder of the drain
+// lock (see `FastWatch::current_fast`), one thread at a time.
+unsafe impl Sync for Shared {}
 
 /// The drain lock is free (and the page is this process's).
 const GATE_FREE: u64 = 1;
