@@ -1,0 +1,127 @@
+//! Where the wrapped file object lives: in SQLite's buffer over the unix VFS (moved to the heap
+//! when a retired main file must outlive SQLite's close), on the heap over any other VFS. Each
+//! test runs alone, in a process of its own (`test_alone!`): the default VFS and the
+//! pending-capture list are process-wide.
+
+use crate::common;
+
+use std::ffi::CStr;
+
+use common::*;
+use rusqlite::ffi;
+
+test_alone! {
+    fn a_replaced_main_file_held_past_its_close_is_captured_from_the_moved_file_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        let sentinel = wal_only_sentinel(&conn);
+        // Into the main file: a restore tool leaves an empty WAL (see main_replaced.rs).
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        let old_main = std::fs::read(&path).unwrap();
+        replace_main_file(&path);
+        // The restored file moves on; the old main image is reachable only through the guarded
+        // connection's descriptor from here on.
+        let fresh = open_stock(&path);
+        insert(&fresh, "written after the restore").unwrap();
+        fresh
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+
+        // The close finds the main file replaced and cannot capture: SQLite frees the file
+        // object's memory, the guard keeps the unix file (moved to the heap).
+        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
+        drop(conn);
+        assert!(artifacts(dir.path()).is_empty());
+        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
+
+        hermes_guard::test_hooks::clear_capture_fault(dir.path());
+        assert_eq!(hermes_guard::retry_pending_captures(), 0);
+        let found = artifacts(dir.path());
+        assert_eq!(found.len(), 1);
+        let manifest = manifest(&found[0]);
+        assert_eq!(manifest["main"]["mode"], "copied");
+        let captured_main = std::fs::read(found[0].join("state.db")).unwrap();
+        assert_same_bytes(&captured_main, &old_main, "captured main image");
+        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert_eq!(count_like(&recovered, "written after the restore"), 0);
+        assert!(integrity_ok(&recovered));
+        drop(fresh);
+    }
+}
+
+/// Registers a copy of the unix VFS under a name outside the unix family and makes it the
+/// default, as a host with a VFS of its own would have it.
+fn register_a_default_vfs_outside_the_unix_family() {
+    static NAME: &CStr = c"plain-copy";
+    // SAFETY: SQLite's own unix VFS lives for the process; the copy is leaked (SQLite keeps
+    // pointers to it) and differs only in its name and list link.
+    unsafe {
+        let unix = ffi::sqlite3_vfs_find(c"unix".as_ptr());
+        assert!(!unix.is_null());
+        let copy = Box::leak(Box::new(*unix));
+        copy.zName = NAME.as_ptr();
+        copy.pNext = std::ptr::null_mut();
+        assert_eq!(ffi::sqlite3_vfs_register(copy, 1), ffi::SQLITE_OK);
+    }
+}
+
+test_alone! {
+    fn over_a_vfs_outside_the_unix_family_every_method_is_wrapped_and_a_loss_is_still_caught() {
+        register_a_default_vfs_outside_the_unix_family();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        // SAFETY: the guard's registered VFS lives for the process.
+        let guard_file_size = unsafe { (*ffi::sqlite3_vfs_find(c"hermes-guard".as_ptr())).szOsFile };
+        assert_eq!(
+            guard_file_size as usize,
+            std::mem::size_of::<ffi::sqlite3_file>(),
+            "over another VFS, SQLite's buffer holds only the header: the wrapped file is on the heap"
+        );
+        // Ordinary transactions and a checkpoint never trip it.
+        for i in 0..200 {
+            insert(&conn, &format!("row {i}")).unwrap();
+        }
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        assert!(!conn.guard_status().unwrap().retired);
+
+        let sentinel = wal_only_sentinel(&conn);
+        let wal_id = identity(&sidecar(&path, "-wal"));
+        lose_sidecars(&path, false);
+        let before = descriptor_contents(wal_id);
+        let err = insert(&conn, "after the loss").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+        assert_same_bytes(&descriptor_contents(wal_id), &before, "retired WAL");
+        let artifact = conn.guard_status().unwrap().capture.unwrap();
+        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+        let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert_eq!(count_like(&recovered, "row %"), 200);
+        assert!(integrity_ok(&recovered));
+    }
+}
+
+test_alone! {
+    fn over_a_vfs_outside_the_unix_family_a_held_main_file_is_captured_later() {
+        register_a_default_vfs_outside_the_unix_family();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        let sentinel = wal_only_sentinel(&conn);
+        lose_sidecars(&path, false);
+        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
+        drop(conn);
+        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
+        hermes_guard::test_hooks::clear_capture_fault(dir.path());
+        assert_eq!(hermes_guard::retry_pending_captures(), 0);
+        let found = artifacts(dir.path());
+        assert_eq!(found.len(), 1);
+        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert!(integrity_ok(&recovered));
+    }
+}
