@@ -279,6 +279,10 @@ pub trait Session {
     fn run(&mut self, ops: u64) -> Result<Timed, BenchError>;
     /// Closes the database (untimed), reporting a failed close.
     fn finish(self: Box<Self>) -> Result<(), BenchError>;
+    /// How many checkpoints the writes so far made, where the session can tell.
+    fn checkpoints(&self) -> Result<Option<u64>, BenchError> {
+        Ok(None)
+    }
 }
 
 /// W1 and W2: inserts into a fresh database, `rows_per_txn` rows per transaction (1: autocommit
@@ -344,6 +348,28 @@ impl Session for Inserts {
     fn finish(self: Box<Self>) -> Result<(), BenchError> {
         close(self.conn, &self.path)
     }
+
+    /// The WAL header's checkpoint sequence number (bytes 12..16, big-endian): SQLite counts
+    /// in it each restart of the log, which follows each completed checkpoint. One connection
+    /// writes, so every autocheckpoint completes.
+    fn checkpoints(&self) -> Result<Option<u64>, BenchError> {
+        let wal = wal_path(&self.path);
+        let mut header = [0u8; 16];
+        let read = std::fs::File::open(&wal)
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
+        match read {
+            Ok(()) => Ok(Some(u32::from_be_bytes([header[12], header[13], header[14], header[15]]) as u64)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Some(0)),
+            Err(e) => Err(e).ctx("reading the WAL header of", &wal),
+        }
+    }
+}
+
+/// `<db>-wal`.
+fn wal_path(db: &Path) -> PathBuf {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
 }
 
 /// Builds the database the read workloads share: `rows` rows, checkpointed, no WAL left.
