@@ -53,6 +53,11 @@ pub struct BenchArgs {
     /// difference between two run lengths of a child process. Needs strace and valgrind.
     #[arg(long)]
     cost: bool,
+    /// CAP-TIME from the disk: drop the page cache (`/proc/sys/vm/drop_caches`, needs root)
+    /// before each side of each round, so that the capture and the floor both read their bytes
+    /// from the device instead of from memory.
+    #[arg(long)]
+    cold_cache: bool,
 }
 
 /// Which benchmark child this process is.
@@ -378,6 +383,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut bench = Bench {
         rounds,
         warmup,
+        cold_cache: args.cold_cache,
         rows: Vec::new(),
     };
     let read_db = if ids.iter().any(|id| matches!(id, Id::R1 | Id::R2)) {
@@ -430,9 +436,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes back every dirty page under `dir`'s file system, then has the kernel drop its clean
+/// page cache (and dentries and inodes): the next reads come from the device.
+fn drop_page_cache(dir: &Path) -> Result<()> {
+    workloads::settle(dir)?;
+    const KNOB: &str = "/proc/sys/vm/drop_caches";
+    std::fs::write(KNOB, "3\n").map_err(|e| {
+        format!(
+            "bench --cold-cache: cannot write {KNOB} ({e}); it needs root (and a kernel that \
+             lets this container drop its page cache)"
+        )
+    })?;
+    Ok(())
+}
+
 struct Bench {
     rounds: usize,
     warmup: usize,
+    /// CAP-TIME with the page cache dropped before each side (`--cold-cache`).
+    cold_cache: bool,
     rows: Vec<Row>,
 }
 
@@ -490,6 +512,9 @@ impl Bench {
             // other measured against the file system's discards.
             let (mut floor, mut report) = (None, None);
             for floor_now in [n.is_multiple_of(2), !n.is_multiple_of(2)] {
+                if self.cold_cache {
+                    drop_page_cache(dir)?;
+                }
                 if floor_now {
                     floor = Some(capture::floor(dir, &db)?);
                 } else {
