@@ -511,8 +511,8 @@ impl DbState {
 
     /// The WAL write lock was taken after its check passed (`held`), or released.
     ///
-    /// `LOCK_CHECKED` never stays set on a retired generation, so the WAL's `xWrite` need not
-    /// load `retired` as well: a retirement stores `retired` and then clears `LOCK_CHECKED`, and
+    /// `LOCK_CHECKED` never stays set on a retired generation, so the WAL's closed write gate
+    /// (`wal_write_gate`) could even go by it alone (it tests `retired` first anyway): a retirement stores `retired` and then clears `LOCK_CHECKED`, and
     /// this stores `LOCK_CHECKED` and then loads `retired`, all `SeqCst`. In their single total
     /// order, either this load comes after the retirement's store (it sees `retired` and clears
     /// the flag again) or the retirement's clear comes after this store; either way the flag

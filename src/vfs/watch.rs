@@ -364,11 +364,10 @@ const ZERO_TIMEOUT: Timespec = Timespec {
     tv_nsec: 0,
 };
 
-/// Asks the epoll set, without waiting, what is ready: `INOTIFY_READY | MOUNTS_CHANGED` bits,
-/// all of them when the call fails (assume everything changed). Panic-free (see
-/// `FastWatch::current_fast`). Through rustix's epoll call (a raw `epoll_pwait` with a zero
-/// timeout): a hand-written syscall saved about 14 instructions per transaction on x86_64 and was
-/// not worth an architecture-specific `asm!` block.
+/// The drain's question to the epoll set, without waiting: every ready source's bits
+/// (`INOTIFY_READY | MOUNTS_CHANGED`), all of them when the call fails (assume everything
+/// changed). Through rustix's call: the drain is off the hot path (the fast path asks with
+/// [`epoll_first_ready`]).
 #[inline]
 fn epoll_ready(epoll: RawFd) -> u64 {
     // SAFETY: the callers pass the open epoll descriptor of a live watcher.

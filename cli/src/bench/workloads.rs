@@ -358,8 +358,15 @@ impl Session for Inserts {
         let read = std::fs::File::open(&wal)
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
         match read {
-            Ok(()) => Ok(Some(u32::from_be_bytes([header[12], header[13], header[14], header[15]]) as u64)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Some(0)),
+            Ok(()) => Ok(Some(
+                u32::from_be_bytes([header[12], header[13], header[14], header[15]]) as u64,
+            )),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::UnexpectedEof =>
+            {
+                Ok(Some(0))
+            }
             Err(e) => Err(e).ctx("reading the WAL header of", &wal),
         }
     }

@@ -107,3 +107,39 @@ fn bench_leaves_nothing_behind_in_its_directory() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Whether `tool` runs here (`--version`/`-V`).
+fn tool_runs(tool: &str, flag: &str) -> bool {
+    Command::new(tool)
+        .arg(flag)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_cost_mode_judges_every_workload_and_names_its_extra_syscalls() {
+    if !tool_runs("strace", "-V") || !tool_runs("valgrind", "--version") {
+        eprintln!("skipped: bench --cost needs strace and valgrind on PATH");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(dir.path(), &["--cost"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "bench --cost --smoke failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for id in ["W1", "R1", "W2"] {
+        let judged = stdout.lines().any(|l| {
+            l.split_whitespace().next() == Some(id) && (l.ends_with("PASS") || l.ends_with("MISS"))
+        });
+        assert!(judged, "no judged row for {id}:\n{stdout}");
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("{id}: extra syscalls per operation by name: "))),
+            "no syscall breakdown for {id}:\n{stdout}"
+        );
+    }
+}
