@@ -16,15 +16,17 @@
 //! A retired, uncaptured main file outlives SQLite's close of it: its descriptor is the only way
 //! left to the main image, and closing it would drop the process's locks on that inode. A unix
 //! file object in SQLite's buffer is moved to the heap at that close (a `unixFile` holds no
-//! pointer into itself and nothing points at it; see [`HeapFile::relocate`]).
+//! pointer into itself and nothing points at it), and its one pointer into SQLite's memory, the
+//! filename, which SQLite frees with the connection, is pointed at a copy of its own (see
+//! [`FileTable::hold`]).
 
 use std::alloc::{self, Layout};
 use std::cell::UnsafeCell;
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
 use std::mem::size_of;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -64,6 +66,11 @@ pub(super) struct FileTable {
     /// The wrapped VFS's `szOsFile`, and the layout of a heap copy of that size.
     sub_size: usize,
     sub_layout: Layout,
+    /// The filename SQLite passed to `xOpen` (its memory, valid until the file's close).
+    z_name: ffi::sqlite3_filename,
+    /// The wrapped object starts as a `unixFile` does, checked at the open ([`unix_prefix`]):
+    /// its filename pointer can be repointed when it is held past SQLite's close.
+    unix_prefix: bool,
     kind: Kind,
     /// `state`'s `DbState` when `kind == Kind::Main`, else NULL; decided at open: the one test
     /// the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
@@ -73,24 +80,45 @@ pub(super) struct FileTable {
     state: Option<Arc<DbState>>,
 }
 
-/// Whether the wrapped VFS's file objects live in SQLite's buffer (the unix family: `unix`,
-/// `unix-excl`, `unix-dotfile`, `unix-none`, ...), or on the heap (anything else). Decided from
-/// the wrapped VFS alone, so the `szOsFile` the guard registers and the layout `open` uses agree.
-pub(super) fn inline_layout(sub_vfs: &ffi::sqlite3_vfs) -> bool {
+/// Whether the wrapped VFS's file objects live in SQLite's buffer: SQLite's own unix family
+/// (`unix`, `unix-excl`, `unix-dotfile`, `unix-none`, ...: the name, and the `xOpen` of the VFS
+/// registered as `unix`, which they all share), or on the heap (anything else, a host's VFS that
+/// took a unix name included).
+fn unix_family(sub_vfs: &ffi::sqlite3_vfs) -> bool {
     if sub_vfs.zName.is_null() {
         return false;
     }
     // SAFETY: a registered VFS's name is a NUL-terminated string that lives as long as it.
     let name = unsafe { CStr::from_ptr(sub_vfs.zName) }.to_bytes();
-    name == b"unix" || name.starts_with(b"unix-")
+    if name != b"unix" && !name.starts_with(b"unix-") {
+        return false;
+    }
+    // SAFETY: looking up a registered VFS; a registered VFS lives for the process.
+    let Some(unix) = (unsafe { ffi::sqlite3_vfs_find(c"unix".as_ptr()).as_ref() }) else {
+        return false;
+    };
+    let open_of = |v: &ffi::sqlite3_vfs| v.xOpen.map(|x| x as *const () as usize);
+    open_of(unix).is_some() && open_of(unix) == open_of(sub_vfs)
+}
+
+/// The layout decided at registration ([`os_file_size`]): the one wrapped VFS of the process.
+static INLINE_LAYOUT: AtomicBool = AtomicBool::new(false);
+
+/// Whether files are opened into SQLite's buffer (see [`unix_family`]), as decided when the
+/// guard was registered.
+fn inline_layout() -> bool {
+    INLINE_LAYOUT.load(Ordering::Acquire)
 }
 
 /// The `szOsFile` of the guard's VFS over `sub_vfs`: the wrapped file object's when it lives in
 /// SQLite's buffer, else only the `sqlite3_file` header (everything of the guard's is in the
-/// [`FileTable`]).
+/// [`FileTable`]). Called once, at the registration (under its mutex): it decides the layout
+/// every `open` uses.
 pub(super) fn os_file_size(sub_vfs: &ffi::sqlite3_vfs) -> c_int {
     let header = size_of::<ffi::sqlite3_file>();
-    let size = if inline_layout(sub_vfs) {
+    let inline = unix_family(sub_vfs);
+    INLINE_LAYOUT.store(inline, Ordering::Release);
+    let size = if inline {
         (sub_vfs.szOsFile.max(0) as usize).max(header)
     } else {
         header
@@ -277,6 +305,12 @@ fn sub_of<const HEAP: bool>(t: &FileTable, f: *mut ffi::sqlite3_file) -> *mut ff
 struct HeapFile {
     ptr: *mut ffi::sqlite3_file,
     layout: Layout,
+    /// A held file's filename, which its `zPath` points at once SQLite's is gone.
+    path: Option<CString>,
+    /// A held file of a VFS the guard cannot see into: its filename pointer is SQLite's, freed
+    /// with the connection, so its `xClose` (which may read it) is never called; the object and
+    /// its descriptor are left open instead.
+    leak_at_close: bool,
 }
 
 // SAFETY: the wrapped file object is used by one thread at a time (SQLite's connection mutex, or
@@ -292,14 +326,20 @@ impl HeapFile {
     fn alloc(layout: Layout) -> Option<HeapFile> {
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { alloc::alloc_zeroed(layout) } as *mut ffi::sqlite3_file;
-        (!ptr.is_null()).then_some(HeapFile { ptr, layout })
+        (!ptr.is_null()).then_some(HeapFile {
+            ptr,
+            layout,
+            path: None,
+            leak_at_close: false,
+        })
     }
 
     /// Moves the open unix file object in SQLite's buffer `f` (`size` bytes) to the heap, with
     /// `table` (its own method table) back in its `pMethod`, so that it can be read and closed
-    /// after SQLite frees `f`. A `unixFile` is plain data: no field points into it and nothing
-    /// points at it (its inode, shared-memory and unused-descriptor records point elsewhere), so
-    /// a byte copy is the same open file.
+    /// after SQLite frees `f`. No field of a `unixFile` points into it and nothing points at it
+    /// (its inode, shared-memory and unused-descriptor records are reached from it, never the
+    /// other way), so a byte copy is the same open file; its filename, SQLite's memory, is the
+    /// caller's to repoint ([`FileTable::hold`]).
     ///
     /// # Safety
     /// `f` is an open unix file object of `size` bytes that nothing uses after this call;
@@ -321,11 +361,23 @@ impl HeapFile {
             ptr::copy_nonoverlapping(f as *const u8, ptr as *mut u8, size);
             (*ptr).pMethods = table;
         }
-        Some(HeapFile { ptr, layout })
+        Some(HeapFile {
+            ptr,
+            layout,
+            path: None,
+            leak_at_close: false,
+        })
     }
 
     /// Closes the wrapped file through its own table (if it was opened) and frees the memory.
     fn close(self) -> c_int {
+        if self.leak_at_close {
+            log::warn!(
+                "hermes-guard: a held main file of a VFS other than unix is left open after its \
+                 capture: its close could read the filename SQLite freed (one descriptor)"
+            );
+            return ffi::SQLITE_OK;
+        }
         // SAFETY: `ptr` is our allocation: a file object its VFS opened (pMethods set), or
         // zeroed memory it never opened or already closed (pMethods NULL).
         let rc = unsafe {
@@ -454,6 +506,32 @@ struct UnixShmNodePrefix {
     h_shm: c_int,
 }
 
+/// The wrapped file object `sub` as a `unixFile`'s leading fields, if it has them: the wrapped
+/// VFS's objects are at least that large and the fields that can be checked hold what is known
+/// independently (`pMethod` = the table its xOpen installed, `pVfs` = the VFS, `zPath` = the
+/// filename SQLite passed).
+///
+/// # Safety
+/// `sub` is a file object just opened by `sub_vfs` from `z_name`, still with the table
+/// `sub_table` its xOpen installed.
+unsafe fn unix_prefix<'a>(
+    sub_vfs: *mut ffi::sqlite3_vfs,
+    sub: *mut ffi::sqlite3_file,
+    sub_table: *const ffi::sqlite3_io_methods,
+    z_name: ffi::sqlite3_filename,
+) -> Option<&'a UnixFilePrefix> {
+    // SAFETY: the wrapped VFS is registered for the life of the process.
+    let size = unsafe { (*sub_vfs).szOsFile };
+    if size < 0 || (size as usize) < size_of::<UnixFilePrefix>() {
+        return None;
+    }
+    // SAFETY: the object is `szOsFile` bytes (checked above to cover the prefix), 8-aligned,
+    // initialised by its xOpen.
+    let p = unsafe { &*(sub as *const UnixFilePrefix) };
+    (ptr::eq(p.p_method, sub_table) && ptr::eq(p.p_vfs, sub_vfs) && ptr::eq(p.z_path, z_name))
+        .then_some(p)
+}
+
 /// The unix VFS's descriptor of a freshly opened main file, verified, for the lock shield; the
 /// reason the shield cannot be used otherwise.
 ///
@@ -471,27 +549,21 @@ unsafe fn main_descriptor(
         return Err(reason.into());
     }
     // SAFETY: the wrapped VFS is registered for the life of the process; its name is a C string.
-    let (name, size) = unsafe { (cstr_text((*sub_vfs).zName), (*sub_vfs).szOsFile) };
+    let name = unsafe { cstr_text((*sub_vfs).zName) };
     if name.as_deref() != Some("unix") {
         return Err(format!(
             "the VFS below the guard is {}, not the unix VFS",
             name.as_deref().unwrap_or("unnamed")
         ));
     }
-    if (size as usize) < size_of::<UnixFilePrefix>() {
+    // SAFETY: as the caller promises.
+    let Some(p) = (unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) }) else {
         return Err(format!(
-            "the unix VFS's file object is {size} bytes, smaller than the fields the shield reads"
-        ));
-    }
-    // SAFETY: the allocation is the unix VFS's file object (szOsFile bytes, 8-aligned, checked
-    // above to cover the prefix), initialised by its xOpen, used on this thread only.
-    let p = unsafe { &*(sub as *const UnixFilePrefix) };
-    if !ptr::eq(p.p_method, sub_table) || !ptr::eq(p.p_vfs, sub_vfs) || !ptr::eq(p.z_path, z_name) {
-        return Err(format!(
-            "the unix VFS's file object does not have the layout of SQLite {} (pMethod, pVfs or              zPath differ)",
+            "the unix VFS's file object does not have the layout of SQLite {} (its size, \
+             pMethod, pVfs or zPath differ)",
             ffi::SQLITE_VERSION.to_str().unwrap_or("?")
         ));
-    }
+    };
     let Some(pinned) = state.main_id() else {
         return Err("the main file is not pinned".into());
     };
@@ -607,7 +679,7 @@ pub(super) unsafe fn open(
     let Some(sub_layout) = HeapFile::layout(sub_size) else {
         return ffi::SQLITE_CANTOPEN;
     };
-    let heap = if inline_layout(svfs) {
+    let heap = if inline_layout() {
         // SAFETY: `f` is szOsFile writable bytes, at least `sub_size` in this layout (see
         // `os_file_size`); zeroed as the heap layout's memory is.
         unsafe { ptr::write_bytes(f as *mut u8, 0, sub_size) };
@@ -623,25 +695,11 @@ pub(super) unsafe fn open(
     let rc = unsafe { x_open(sub_vfs, z_name, sub, flags, out_flags) };
     // SAFETY: `sub` is the zeroed object; xOpen set pMethods or left it NULL.
     let sub_table = unsafe { (*sub).pMethods };
-    // Closes what the wrapped xOpen opened (if it did) and gives the memory back; leaves `f`
-    // with a NULL pMethods, so that SQLite calls nothing on it.
-    let abandon = |heap: Option<HeapFile>| {
-        match heap {
-            Some(h) => {
-                h.close();
-            }
-            // SAFETY: `f` is the wrapped VFS's object (opened, or left with a NULL table).
-            None => unsafe {
-                if let Some(x) = sub_table.as_ref().and_then(|m| m.xClose) {
-                    x(f);
-                }
-            },
-        }
-        // SAFETY: `f` is writable.
-        unsafe { (*f).pMethods = ptr::null() };
-    };
+    // Until the guard's table is installed, any way out (a failure below, or a panic that
+    // `ffi_guard` catches) closes what the wrapped xOpen opened and leaves `f` as SQLite expects
+    // of a failed open.
+    let mut unfinished = UnfinishedOpen { f, sub_table, heap };
     if rc != ffi::SQLITE_OK || sub_table.is_null() {
-        abandon(heap);
         return if rc == ffi::SQLITE_OK {
             ffi::SQLITE_CANTOPEN
         } else {
@@ -650,6 +708,8 @@ pub(super) unsafe fn open(
     }
     // SAFETY: a non-NULL table installed by the wrapped VFS outlives the file.
     let sub_methods = unsafe { &*sub_table };
+    // SAFETY: `sub` was just opened by the wrapped VFS from `z_name`, with this table.
+    let is_unix = unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) }.is_some();
 
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
     let path = unsafe { cstr_path(z_name) };
@@ -671,7 +731,6 @@ pub(super) unsafe fn open(
             match unsafe { guard_state(main) } {
                 Some(state) => {
                     if state.pin_wal(&path).is_err() {
-                        abandon(heap);
                         return ffi::SQLITE_CANTOPEN;
                     }
                     (Kind::Wal, Some(state))
@@ -685,6 +744,7 @@ pub(super) unsafe fn open(
         (Kind::Main, Some(state)) => Arc::as_ptr(state),
         _ => ptr::null(),
     };
+    let heap = unfinished.finish();
     let table = Box::new(FileTable {
         methods: UnsafeCell::new(FileTable::methods_for(kind, heap.is_some(), sub_methods)),
         sub: SubMethods::of(sub_methods),
@@ -693,6 +753,8 @@ pub(super) unsafe fn open(
         sub_table,
         sub_size,
         sub_layout,
+        z_name,
+        unix_prefix: is_unix,
         kind,
         main_state,
         state,
@@ -711,6 +773,46 @@ pub(super) unsafe fn open(
         }
     }
     ffi::SQLITE_OK
+}
+
+/// A wrapped open the guard has not finished: dropped before [`UnfinishedOpen::finish`], it closes
+/// the wrapped file (if its xOpen opened it), frees a heap object and leaves a NULL `pMethods`
+/// in SQLite's file, so that SQLite calls nothing on it.
+struct UnfinishedOpen {
+    f: *mut ffi::sqlite3_file,
+    sub_table: *const ffi::sqlite3_io_methods,
+    heap: Option<HeapFile>,
+}
+
+impl UnfinishedOpen {
+    /// The open is complete: the heap object (if any) goes to the guard's table.
+    fn finish(&mut self) -> Option<HeapFile> {
+        self.sub_table = ptr::null();
+        self.f = ptr::null_mut();
+        self.heap.take()
+    }
+}
+
+impl Drop for UnfinishedOpen {
+    fn drop(&mut self) {
+        if self.f.is_null() {
+            return;
+        }
+        match self.heap.take() {
+            Some(h) => {
+                h.close();
+            }
+            // SAFETY: `f` is the wrapped VFS's object in SQLite's buffer, opened with this
+            // table, or left by a failed xOpen with a NULL one.
+            None => unsafe {
+                if let Some(x) = self.sub_table.as_ref().and_then(|m| m.xClose) {
+                    x(self.f);
+                }
+            },
+        }
+        // SAFETY: `f` is SQLite's writable file object.
+        unsafe { (*self.f).pMethods = ptr::null() };
+    }
 }
 
 /// The state of a main file object if it is one of ours.
@@ -800,6 +902,8 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         let heap = (!t.heap.is_null()).then_some(HeapFile {
             ptr: t.heap,
             layout: t.sub_layout,
+            path: None,
+            leak_at_close: false,
         });
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             // Before SQLite's descriptor is closed or parked for reuse.
@@ -809,13 +913,8 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
             (Kind::Main, Some(state)) if state.must_hold_main() => {
                 // Locks go (nobody may wait on a retired handle) but the descriptor stays.
                 sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
-                let held = match heap {
-                    Some(h) => Some(h),
-                    // SAFETY: `f` is the open unix file object (inline layout: the unix family)
-                    // of `sub_size` bytes; SQLite frees it after this call.
-                    None => unsafe { HeapFile::relocate(f, t.sub_layout, t.sub_size, t.sub_table) },
-                };
-                match held {
+                // SAFETY: `f` is the open file SQLite is closing, this table's.
+                match unsafe { t.hold(f, heap) } {
                     Some(held) => {
                         state.set_main_image(Some(Box::new(MainImage(held.ptr))));
                         log::error!(
@@ -859,6 +958,37 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         }
         rc
     })
+}
+
+impl FileTable {
+    /// The wrapped main file, moved out of SQLite's reach for the pending capture: relocated to
+    /// the heap if it is in SQLite's buffer, and its filename pointer, SQLite's memory that the
+    /// close frees, repointed at a copy when it is a `unixFile`; a foreign VFS's object keeps
+    /// SQLite's pointer and is never closed (`leak_at_close`). `None` without memory.
+    ///
+    /// # Safety
+    /// `f` is the open file SQLite is closing, whose table this is; `heap` its heap object.
+    unsafe fn hold(&self, f: *mut ffi::sqlite3_file, heap: Option<HeapFile>) -> Option<HeapFile> {
+        let mut held = match heap {
+            Some(h) => h,
+            None => {
+                // SAFETY: `f` is the open unix file object (inline layout: the unix family) of
+                // `sub_size` bytes; SQLite frees it after this call.
+                unsafe { HeapFile::relocate(f, self.sub_layout, self.sub_size, self.sub_table) }?
+            }
+        };
+        if self.unix_prefix {
+            // SAFETY: `z_name` is SQLite's filename, still valid inside its close.
+            let path = CString::from(unsafe { CStr::from_ptr(self.z_name) });
+            // SAFETY: checked at the open to have the `unixFile` layout (`unix_prefix`); the
+            // held object is ours alone now.
+            unsafe { (*(held.ptr as *mut UnixFilePrefix)).z_path = path.as_ptr() };
+            held.path = Some(path);
+        } else {
+            held.leak_at_close = true;
+        }
+        Some(held)
+    }
 }
 
 /// Closes the wrapped file object `sub` (on the heap when `heap` is given: freed too).

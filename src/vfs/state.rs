@@ -566,6 +566,10 @@ impl DbState {
     /// mismatch retires the generation (sticky), logs it at ERROR (and a torn main file), and
     /// returns the reason. A retired generation returns its reason at once. Up to three `stat`
     /// calls.
+    ///
+    /// Only from inside the connection's own calls (its VFS methods, its pragmas): a retirement
+    /// closes the WAL's write gate, a slot SQLite reads without synchronisation, which is sound
+    /// only because SQLite serialises the connection's calls (see [`WalGate`]).
     pub(crate) fn check_pins(&self) -> Option<RetireReason> {
         let mut inner = self.inner.lock();
         if inner.reason.is_some() {

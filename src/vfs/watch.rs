@@ -258,11 +258,11 @@ impl FastWatch {
     /// event that left the set before this `epoll_wait` has either moved `changes` already or
     /// sits in the gate word's pending bits.
     ///
-    /// Panic-free: atomics and one `epoll_wait` ([`epoll_first_ready`]: rustix's raw syscall,
-    /// whose only conversions are checked and return errors).
+    /// Panic-free: atomics and one `epoll_wait` ([`epoll_first_ready`]: the raw syscall and one
+    /// test of its result on x86_64, rustix's call elsewhere).
     #[inline(always)]
     pub(crate) fn current_fast(&self, verified: &AtomicU64) -> bool {
-        // NULL page (no watch): never vouches. In a forked child the page reads as zero, which
+        // No page (no watch): never vouches. In a forked child the page reads as zero, which
         // makes `try_lock_fast` fail.
         let Some(FastInner { shared, epoll }) = self.inner else {
             return false;

@@ -342,8 +342,38 @@ pub fn test_path(module: &str) -> &str {
 /// and asserts that it ran and passed.
 #[track_caller]
 pub fn run_alone(module: &str, name: &str) {
+    run_alone_in(module, name, &[]);
+}
+
+/// [`run_alone`] under valgrind's memcheck (`--error-exitcode`: any invalid access fails it) when
+/// valgrind runs here; plainly, with a note on stderr, when it does not.
+#[track_caller]
+pub fn run_alone_under_memcheck(module: &str, name: &str) {
+    let valgrind = Command::new("valgrind")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if valgrind {
+        run_alone_in(module, name, &["valgrind", "-q", "--error-exitcode=97"]);
+    } else {
+        eprintln!("{name}: valgrind is not installed; run without memcheck");
+        run_alone_in(module, name, &[]);
+    }
+}
+
+#[track_caller]
+fn run_alone_in(module: &str, name: &str, wrapper: &[&str]) {
     let test = format!("{}::{name}::alone", test_path(module));
-    let out = Command::new(std::env::current_exe().unwrap())
+    let exe = std::env::current_exe().unwrap();
+    let mut command = match wrapper.split_first() {
+        Some((program, args)) => {
+            let mut c = Command::new(program);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => Command::new(&exe),
+    };
+    let out = command
         .args([
             "--exact",
             &test,

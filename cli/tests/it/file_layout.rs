@@ -11,7 +11,7 @@ use common::*;
 use rusqlite::ffi;
 
 test_alone! {
-    fn a_replaced_main_file_held_past_its_close_is_captured_from_the_moved_file_object() {
+    memcheck fn a_replaced_main_file_held_past_its_close_is_captured_from_the_moved_file_object() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
         let conn = open_guarded(&path);
@@ -106,7 +106,7 @@ test_alone! {
 }
 
 test_alone! {
-    fn over_a_vfs_outside_the_unix_family_a_held_main_file_is_captured_later() {
+    memcheck fn over_a_vfs_outside_the_unix_family_a_held_main_file_is_captured_later() {
         register_a_default_vfs_outside_the_unix_family();
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
@@ -123,5 +123,44 @@ test_alone! {
         let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert!(integrity_ok(&recovered));
+    }
+}
+
+test_alone! {
+    memcheck fn a_main_file_renamed_away_and_held_past_its_close_is_captured_and_closed_cleanly() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        let sentinel = wal_only_sentinel(&conn);
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        // Renamed away, not unlinked: the old inode keeps a name, so the unix VFS's close
+        // checks it by its path (the filename SQLite freed with the connection, unless the
+        // guard gave the held file a copy of its own).
+        std::fs::rename(&path, dir.path().join("state.db.moved-away")).unwrap();
+        std::fs::copy(dir.path().join("state.db.moved-away"), &path).unwrap();
+
+        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
+        drop(conn);
+        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
+        hermes_guard::test_hooks::clear_capture_fault(dir.path());
+        assert_eq!(hermes_guard::retry_pending_captures(), 0, "captured, then closed");
+        let found = artifacts(dir.path());
+        assert_eq!(found.len(), 1);
+        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert!(integrity_ok(&recovered));
+        // The held descriptor is gone with the close: no descriptor of this process is left on
+        // the moved-away inode.
+        let moved = identity(&dir.path().join("state.db.moved-away"));
+        let held = std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::metadata(e.path())
+                    .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == moved.ino)
+            })
+            .count();
+        assert_eq!(held, 0, "the held main file was closed after its capture");
     }
 }

@@ -13,7 +13,31 @@
 /// --test-threads=1 --nocapture` with [`common::ALONE_ENV`] set, and passes when that process
 /// ran the body and it passed. `<module>::name::alone` is ignored in an ordinary run and does
 /// nothing outside such a process.
+///
+/// `test_alone! { memcheck fn name() { body } }` runs that process under valgrind's memcheck when
+/// valgrind is installed (an invalid read or write fails the test), plainly otherwise.
 macro_rules! test_alone {
+    ($(#[$attr:meta])* memcheck fn $name:ident() $body:block) => {
+        $(#[$attr])*
+        #[test]
+        fn $name() {
+            $crate::common::run_alone_under_memcheck(module_path!(), stringify!($name));
+        }
+
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[test]
+            #[ignore = "runs in a process of its own, started by the test of the same name"]
+            fn alone() {
+                if !$crate::common::is_alone() {
+                    return;
+                }
+                $body
+            }
+        }
+    };
     ($(#[$attr:meta])* fn $name:ident() $body:block) => {
         $(#[$attr])*
         #[test]
