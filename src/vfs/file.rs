@@ -915,7 +915,7 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                 sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
                 // SAFETY: `f` is the open file SQLite is closing, this table's.
                 match unsafe { t.hold(f, heap) } {
-                    Some(held) => {
+                    Ok(held) => {
                         state.set_main_image(Some(Box::new(MainImage(held.ptr))));
                         log::error!(
                             "hermes-guard: {} closed with its retired generation uncaptured; its \
@@ -928,11 +928,11 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                         PENDING_COUNT.store(pending.len(), Ordering::Release);
                         ffi::SQLITE_OK
                     }
-                    None => {
+                    Err(why) => {
                         log::error!(
                             "hermes-guard: {} closed with its retired generation uncaptured, and \
-                             no memory to hold its descriptor: the retired main image is lost \
-                             with this close (the retired WAL stays held)",
+                             its main file cannot be held past the close ({why}): the retired \
+                             generation can no longer be captured",
                             state.db_path().display()
                         );
                         state.main_closed();
@@ -964,17 +964,31 @@ impl FileTable {
     /// The wrapped main file, moved out of SQLite's reach for the pending capture: relocated to
     /// the heap if it is in SQLite's buffer, and its filename pointer, SQLite's memory that the
     /// close frees, repointed at a copy when it is a `unixFile`; a foreign VFS's object keeps
-    /// SQLite's pointer and is never closed (`leak_at_close`). `None` without memory.
+    /// SQLite's pointer and is never closed (`leak_at_close`). Why not, when it cannot be held:
+    /// an object in SQLite's buffer whose `unixFile` layout did not check out at the open is not
+    /// moved (it may point into itself), nor one without memory for the move.
     ///
     /// # Safety
     /// `f` is the open file SQLite is closing, whose table this is; `heap` its heap object.
-    unsafe fn hold(&self, f: *mut ffi::sqlite3_file, heap: Option<HeapFile>) -> Option<HeapFile> {
+    unsafe fn hold(
+        &self,
+        f: *mut ffi::sqlite3_file,
+        heap: Option<HeapFile>,
+    ) -> Result<HeapFile, &'static str> {
         let mut held = match heap {
             Some(h) => h,
+            None if !self.unix_prefix => {
+                return Err(
+                    "its file object does not have the layout of SQLite's unix VFS, so it \
+                            cannot be moved out of SQLite's memory",
+                )
+            }
             None => {
-                // SAFETY: `f` is the open unix file object (inline layout: the unix family) of
-                // `sub_size` bytes; SQLite frees it after this call.
-                unsafe { HeapFile::relocate(f, self.sub_layout, self.sub_size, self.sub_table) }?
+                // SAFETY: `f` is the open unix file object (inline layout: the unix family,
+                // its layout checked at the open) of `sub_size` bytes; SQLite frees it after
+                // this call.
+                unsafe { HeapFile::relocate(f, self.sub_layout, self.sub_size, self.sub_table) }
+                    .ok_or("no memory to move it")?
             }
         };
         if self.unix_prefix {
@@ -987,7 +1001,7 @@ impl FileTable {
         } else {
             held.leak_at_close = true;
         }
-        Some(held)
+        Ok(held)
     }
 }
 

@@ -127,20 +127,26 @@ pub fn child(workload: CostWorkload, vfs: Vfs, place: &Path, ops: u64) -> Result
     Ok(())
 }
 
-/// Syscalls of the allocator's heap growth, which address-space randomisation moves by a few
-/// per run: not judged (see `print_table`).
+/// Syscalls of the allocator's heap growth, judged on their own (see `print_table`).
 const ALLOCATOR_SYSCALLS: [&str; 5] = ["brk", "mmap", "munmap", "mremap", "madvise"];
 
+/// The most the allocator's syscalls per operation may differ between the VFSes: the few calls
+/// per run that a shifted heap top moves, not a call per operation.
+const ALLOCATOR_TOLERANCE: f64 = 0.1;
+
 impl Figures {
+    /// The allocator's syscalls per operation.
+    fn allocator_syscalls(&self) -> f64 {
+        self.by_name
+            .iter()
+            .filter(|(name, _)| ALLOCATOR_SYSCALLS.contains(&name.as_str()))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
     /// Syscalls per operation, the allocator's excepted.
     fn judged_syscalls(&self) -> f64 {
-        self.syscalls
-            - self
-                .by_name
-                .iter()
-                .filter(|(name, _)| ALLOCATOR_SYSCALLS.contains(&name.as_str()))
-                .map(|(_, n)| n)
-                .sum::<f64>()
+        self.syscalls - self.allocator_syscalls()
     }
 }
 
@@ -268,18 +274,21 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
         "target"
     );
     for (w, stock, guard) in rows {
-        // Judged without the allocator's heap growth (`brk`, `mmap`...): how many of those a
-        // run makes moves by a few with address-space randomisation, not with the VFS; they are
-        // listed by name below. (That the guard allocates nothing per operation shows in
-        // callgrind's counts: malloc's instructions are the same on both VFSes.)
+        // The allocator's heap growth (`brk`, `mmap`...) is judged on its own: where the heap
+        // top sits when the page cache grows past a threshold depends on what was allocated
+        // before, so the two VFSes' counts can differ by a few calls per run (a few hundredths
+        // per operation); a cost per operation would show as a whole call or more.
         let extra_sys = guard.judged_syscalls() - stock.judged_syscalls();
+        let extra_alloc = guard.allocator_syscalls() - stock.allocator_syscalls();
         let extra_pct = (guard.instructions / stock.instructions - 1.0) * 100.0;
         let (per_txn, max_pct) = w.target();
         // A checkpoint is a write of its own, checked like a transaction (W2's autocheckpoints:
         // a few hundredths per transaction); the count is the guard run's, the same as stock's.
         let max_sys = per_txn * (1.0 + guard.checkpoints);
         // Syscall counts per operation are exact: a thousandth is rounding, not cost.
-        let pass = extra_sys <= max_sys + 0.001 && extra_pct <= max_pct;
+        let pass = extra_sys <= max_sys + 0.001
+            && extra_alloc.abs() <= ALLOCATOR_TOLERANCE
+            && extra_pct <= max_pct;
         println!(
             "{:<4} {:<46} {:>9.2} {:>9.2} {:>+7.2} {:>14} {:>14} {:>+7.2}% {:>16}  {}",
             w.code(),
@@ -318,7 +327,8 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
          per operation (callgrind's Ir); each is (count at the long run - count at the short run) /\n\
          (difference of their lengths), so process start-up, setup and close cancel.\n\
          extra: guard - stock, syscalls without the allocator's (brk, mmap, munmap, mremap,\n\
-         madvise: their count moves with address-space randomisation; listed by name above);\n\
+         madvise), which are judged on their own: within 0.1 per operation of stock's (the heap\n\
+         top's position moves them by a few calls per run; listed by name above);\n\
          target: the most the guard may add: its one syscall per write transaction and per\n\
          checkpoint (W1, W2), none for reads (R1), and the instructions."
     );

@@ -153,14 +153,82 @@ test_alone! {
         // The held descriptor is gone with the close: no descriptor of this process is left on
         // the moved-away inode.
         let moved = identity(&dir.path().join("state.db.moved-away"));
-        let held = std::fs::read_dir("/proc/self/fd")
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                std::fs::metadata(e.path())
-                    .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == moved.ino)
-            })
-            .count();
-        assert_eq!(held, 0, "the held main file was closed after its capture");
+        assert_eq!(
+            descriptors_on(moved.ino),
+            0,
+            "the held main file was closed after its capture"
+        );
+    }
+}
+
+/// The unix VFS in disguise: a copy whose `xOpen` hands the real unix VFS to the unix open, so
+/// its file objects name another VFS than the one that opened them, as a host's own VFS would
+/// have objects the guard cannot check.
+static REAL_UNIX: std::sync::atomic::AtomicPtr<ffi::sqlite3_vfs> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+
+unsafe extern "C" fn open_through_the_real_unix(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: ffi::sqlite3_filename,
+    file: *mut ffi::sqlite3_file,
+    flags: std::ffi::c_int,
+    out_flags: *mut std::ffi::c_int,
+) -> std::ffi::c_int {
+    let unix = REAL_UNIX.load(std::sync::atomic::Ordering::Acquire);
+    // SAFETY: SQLite's arguments, passed on to SQLite's own unix VFS (registered for the
+    // process, stored before this VFS was registered).
+    unsafe { ((*unix).xOpen.expect("unix has xOpen"))(unix, name, file, flags, out_flags) }
+}
+
+fn register_a_default_vfs_the_guard_cannot_see_into() {
+    static NAME: &CStr = c"foreign-shaped";
+    // SAFETY: as in `register_a_default_vfs_outside_the_unix_family`; the copy opens through
+    // the real unix VFS.
+    unsafe {
+        let unix = ffi::sqlite3_vfs_find(c"unix".as_ptr());
+        assert!(!unix.is_null());
+        REAL_UNIX.store(unix, std::sync::atomic::Ordering::Release);
+        let copy = Box::leak(Box::new(*unix));
+        copy.zName = NAME.as_ptr();
+        copy.pNext = std::ptr::null_mut();
+        copy.xOpen = Some(open_through_the_real_unix);
+        assert_eq!(ffi::sqlite3_vfs_register(copy, 1), ffi::SQLITE_OK);
+    }
+}
+
+/// How many of this process's descriptors are open on the inode `ino`.
+fn descriptors_on(ino: u64) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::metadata(e.path())
+                .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == ino)
+        })
+        .count()
+}
+
+test_alone! {
+    memcheck fn a_held_main_file_of_a_vfs_the_guard_cannot_see_into_is_captured_and_left_open() {
+        register_a_default_vfs_the_guard_cannot_see_into();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        let sentinel = wal_only_sentinel(&conn);
+        let main_ino = identity(&path).ino;
+        lose_sidecars(&path, false);
+        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
+        drop(conn);
+        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
+        hermes_guard::test_hooks::clear_capture_fault(dir.path());
+        assert_eq!(hermes_guard::retry_pending_captures(), 0);
+        let found = artifacts(dir.path());
+        assert_eq!(found.len(), 1);
+        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        assert_eq!(count_like(&recovered, &sentinel), 1);
+        assert!(integrity_ok(&recovered));
+        drop(recovered);
+        // Its close could read the filename SQLite freed: the held file is left open.
+        assert_eq!(descriptors_on(main_ino), 1, "the held main file stays open");
     }
 }
