@@ -1423,9 +1423,9 @@ unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
 
 const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
-/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_write_lock` (at
-/// 0: the WAL write lock, which opens every write transaction) or `shm_checkpoint_lock` (at 1:
-/// every checkpoint), as tail calls; any other call at 0 or 1 (a release, above all) clears
+/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_watched_lock`
+/// (at 0: the WAL write lock, which opens every write transaction; at 1: the checkpoint lock,
+/// every checkpoint), as a tail call; any other call at 0 or 1 (a release, above all) clears
 /// what the check of that lock allowed first (clearing only ever costs a check more); the rest
 /// passes down. Out of line so that the pass-through of every other lock stays a few
 /// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
@@ -1451,9 +1451,9 @@ unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
                 // NULL (tail calls).
                 return unsafe {
                     if ofst == 0 {
-                        shm_write_lock::<HEAP>(f)
+                        shm_watched_lock::<HEAP, 0>(f)
                     } else {
-                        shm_checkpoint_lock::<HEAP>(f)
+                        shm_watched_lock::<HEAP, 1>(f)
                     }
                 };
             }
@@ -1473,59 +1473,42 @@ unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
     sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
 }
 
-/// The WAL write lock (`ofst` 0, one slot, exclusive) of a guarded main file: it opens every
-/// write transaction (and FULL/RESTART/TRUNCATE checkpoints). The check (its fast path inlined
-/// here: atomics and one `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`,
-/// inside `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction was
-/// checked ([`DbState::write_lock`]). The hot path of the guard: every write transaction runs
-/// it.
+/// A watched exclusive lock, one slot, of a guarded main file: `OFST` 0, the WAL write lock,
+/// which opens every write transaction (and FULL/RESTART/TRUNCATE checkpoints), or `OFST` 1, the
+/// checkpoint lock, which opens every checkpoint. The check (its fast path inlined here: atomics
+/// and one `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside
+/// `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction or the
+/// checkpoint was checked ([`DbState::write_lock`], [`DbState::checkpoint_lock`]). The hot path
+/// of the guard: every write transaction runs it (`OFST` is a constant: one function each, no
+/// test of it at run time).
 ///
 /// # Safety
 /// `f` is one of our live files and its table's `main_state` is not NULL.
 #[inline(never)]
-unsafe extern "C" fn shm_write_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file) -> c_int {
+unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
+    f: *mut ffi::sqlite3_file,
+) -> c_int {
     // SAFETY: as the caller promises.
     let t = unsafe { table(f) };
     // SAFETY: as the caller promises: not NULL, into the state the table holds.
     let state = unsafe { &*t.main_state };
+    let site = if OFST == 0 {
+        Site::WalWrite
+    } else {
+        Site::MainWrite
+    };
     if !state.vouched_fast() {
-        let rc = slow_gate(
-            state,
-            Gate::Check(Site::WalWrite),
-            ffi::SQLITE_IOERR_SHMLOCK,
-        );
+        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
     }
-    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, 0, 1, LOCK_EXCLUSIVE);
-    state.write_lock(rc == ffi::SQLITE_OK);
-    rc
-}
-
-/// The checkpoint lock (`ofst` 1, one slot, exclusive) of a guarded main file: as
-/// `shm_write_lock`, for the checkpoint's main-file writes ([`DbState::checkpoint_lock`]).
-///
-/// # Safety
-/// `f` is one of our live files and its table's `main_state` is not NULL.
-#[inline(never)]
-unsafe extern "C" fn shm_checkpoint_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: as the caller promises: not NULL, into the state the table holds.
-    let state = unsafe { &*t.main_state };
-    if !state.vouched_fast() {
-        let rc = slow_gate(
-            state,
-            Gate::Check(Site::MainWrite),
-            ffi::SQLITE_IOERR_SHMLOCK,
-        );
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
+    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, OFST, 1, LOCK_EXCLUSIVE);
+    if OFST == 0 {
+        state.write_lock(rc == ffi::SQLITE_OK);
+    } else {
+        state.checkpoint_lock(rc == ffi::SQLITE_OK);
     }
-    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, 1, 1, LOCK_EXCLUSIVE);
-    state.checkpoint_lock(rc == ffi::SQLITE_OK);
     rc
 }
 

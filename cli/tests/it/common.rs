@@ -175,6 +175,33 @@ pub fn assert_same_bytes(a: &[u8], b: &[u8], what: &str) {
     }
 }
 
+/// The write after a loss: refused, not a byte of it in the retired WAL (`wal_id`, whose bytes
+/// were `before`), the refusal captured. Closes the connection and returns the capture recovered
+/// under `workdir`.
+#[track_caller]
+pub fn refused_and_recovered(
+    conn: Connection,
+    wal_id: FileId,
+    before: &[u8],
+    workdir: &Path,
+) -> Connection {
+    let err = insert(&conn, "after the loss").unwrap_err();
+    assert!(
+        is_refusal(&err),
+        "expected SQLITE_READONLY_DBMOVED, got {err}"
+    );
+    assert_same_bytes(&descriptor_contents(wal_id), before, "retired WAL");
+    let artifact = conn
+        .guard_status()
+        .unwrap()
+        .capture
+        .expect("captured at the refusal");
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    let recovered = recover(&artifact, "state.db", workdir);
+    assert_eq!(count_like(&recovered, "after the loss"), 0);
+    recovered
+}
+
 pub fn is_refusal(err: &rusqlite::Error) -> bool {
     matches!(err.sqlite_error(), Some(e) if e.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED)
 }

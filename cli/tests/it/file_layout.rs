@@ -52,20 +52,37 @@ test_alone! {
     }
 }
 
-/// Registers a copy of the unix VFS under a name outside the unix family and makes it the
-/// default, as a host with a VFS of its own would have it.
-fn register_a_default_vfs_outside_the_unix_family() {
-    static NAME: &CStr = c"plain-copy";
+type OpenFn = unsafe extern "C" fn(
+    *mut ffi::sqlite3_vfs,
+    ffi::sqlite3_filename,
+    *mut ffi::sqlite3_file,
+    std::ffi::c_int,
+    *mut std::ffi::c_int,
+) -> std::ffi::c_int;
+
+/// Registers a copy of SQLite's unix VFS named `name` (with `open` as its `xOpen`, if given) and
+/// makes it the default, as a host with a VFS of its own would have it.
+fn register_a_default_copy_of_unix(name: &'static CStr, open: Option<OpenFn>) {
     // SAFETY: SQLite's own unix VFS lives for the process; the copy is leaked (SQLite keeps
-    // pointers to it) and differs only in its name and list link.
+    // pointers to it) and differs only in its name, its list link and (if given) its xOpen.
     unsafe {
         let unix = ffi::sqlite3_vfs_find(c"unix".as_ptr());
         assert!(!unix.is_null());
+        REAL_UNIX.store(unix, std::sync::atomic::Ordering::Release);
         let copy = Box::leak(Box::new(*unix));
-        copy.zName = NAME.as_ptr();
+        copy.zName = name.as_ptr();
         copy.pNext = std::ptr::null_mut();
+        if open.is_some() {
+            copy.xOpen = open;
+        }
         assert_eq!(ffi::sqlite3_vfs_register(copy, 1), ffi::SQLITE_OK);
     }
+}
+
+/// A copy of the unix VFS under a name outside the unix family: the heap layout, with objects
+/// the guard can check.
+fn register_a_default_vfs_outside_the_unix_family() {
+    register_a_default_copy_of_unix(c"plain-copy", None);
 }
 
 test_alone! {
@@ -93,12 +110,7 @@ test_alone! {
         let wal_id = identity(&sidecar(&path, "-wal"));
         lose_sidecars(&path, false);
         let before = descriptor_contents(wal_id);
-        let err = insert(&conn, "after the loss").unwrap_err();
-        assert!(is_refusal(&err), "{err}");
-        assert_same_bytes(&descriptor_contents(wal_id), &before, "retired WAL");
-        let artifact = conn.guard_status().unwrap().capture.unwrap();
-        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
-        let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+        let recovered = refused_and_recovered(conn, wal_id, &before, &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert_eq!(count_like(&recovered, "row %"), 200);
         assert!(integrity_ok(&recovered));
@@ -181,19 +193,7 @@ unsafe extern "C" fn open_through_the_real_unix(
 }
 
 fn register_a_default_vfs_the_guard_cannot_see_into() {
-    static NAME: &CStr = c"foreign-shaped";
-    // SAFETY: as in `register_a_default_vfs_outside_the_unix_family`; the copy opens through
-    // the real unix VFS.
-    unsafe {
-        let unix = ffi::sqlite3_vfs_find(c"unix".as_ptr());
-        assert!(!unix.is_null());
-        REAL_UNIX.store(unix, std::sync::atomic::Ordering::Release);
-        let copy = Box::leak(Box::new(*unix));
-        copy.zName = NAME.as_ptr();
-        copy.pNext = std::ptr::null_mut();
-        copy.xOpen = Some(open_through_the_real_unix);
-        assert_eq!(ffi::sqlite3_vfs_register(copy, 1), ffi::SQLITE_OK);
-    }
+    register_a_default_copy_of_unix(c"foreign-shaped", Some(open_through_the_real_unix));
 }
 
 /// How many of this process's descriptors are open on the inode `ino`.

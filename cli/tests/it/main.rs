@@ -18,31 +18,16 @@
 /// valgrind is installed (an invalid read or write fails the test), plainly otherwise.
 macro_rules! test_alone {
     ($(#[$attr:meta])* memcheck fn $name:ident() $body:block) => {
-        $(#[$attr])*
-        #[test]
-        fn $name() {
-            $crate::common::run_alone_under_memcheck(module_path!(), stringify!($name));
-        }
-
-        mod $name {
-            #[allow(unused_imports)]
-            use super::*;
-
-            #[test]
-            #[ignore = "runs in a process of its own, started by the test of the same name"]
-            fn alone() {
-                if !$crate::common::is_alone() {
-                    return;
-                }
-                $body
-            }
-        }
+        test_alone!(@runner run_alone_under_memcheck, $(#[$attr])* fn $name() $body);
     };
     ($(#[$attr:meta])* fn $name:ident() $body:block) => {
+        test_alone!(@runner run_alone, $(#[$attr])* fn $name() $body);
+    };
+    (@runner $runner:ident, $(#[$attr:meta])* fn $name:ident() $body:block) => {
         $(#[$attr])*
         #[test]
         fn $name() {
-            $crate::common::run_alone(module_path!(), stringify!($name));
+            $crate::common::$runner(module_path!(), stringify!($name));
         }
 
         mod $name {

@@ -61,12 +61,7 @@ fn a_connection_switched_to_exclusive_locking_mode_checks_its_wal_writes() {
     std::fs::remove_file(sidecar(&path, "-wal")).unwrap();
     let before = descriptor_contents(wal_id);
 
-    let err = insert(&conn, "after the loss").unwrap_err();
-    assert!(is_refusal(&err), "{err}");
-    assert_same_bytes(&descriptor_contents(wal_id), &before, "retired WAL");
-    let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
-    let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
+    let recovered = refused_and_recovered(conn, wal_id, &before, &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
     assert_eq!(count_like(&recovered, "shared %"), 10);
 }
