@@ -1013,30 +1013,32 @@ fn close_sub(t: &FileTable, sub: *mut ffi::sqlite3_file, heap: Option<HeapFile>)
     }
 }
 
-unsafe extern "C" fn x_read(
-    f: *mut ffi::sqlite3_file,
-    buf: *mut c_void,
-    amt: c_int,
-    ofst: ffi::sqlite3_int64,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xRead, buf, amt, ofst)
+/// Declares the pass-through methods: the wrapped file's method called with SQLite's arguments
+/// on the wrapped object, nothing else (so no `catch_unwind`: see `sub_call!`). Installed where
+/// SQLite's pointer is not the wrapped object (the heap layout); in SQLite's buffer these slots
+/// are the wrapped VFS's own functions. `x_write` is also a WAL's open gate on the heap.
+macro_rules! pass_through {
+    ($($name:ident => $slot:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(
+            unsafe extern "C" fn $name(f: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> $ret {
+                // SAFETY: SQLite calls our methods only on our live files.
+                let t = unsafe { table(f) };
+                sub_call!(t, t.sub_ptr(f), $slot $(, $arg)*)
+            }
+        )*
+    };
 }
 
-/// The pass-through `xWrite` of a file without guard state, or of a WAL whose gate is open, when
-/// the wrapped file object is on the heap (in SQLite's buffer, SQLite calls the wrapped
-/// `xWrite` itself).
-unsafe extern "C" fn x_write(
-    f: *mut ffi::sqlite3_file,
-    buf: *const c_void,
-    amt: c_int,
-    ofst: ffi::sqlite3_int64,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    sub_call!(t, t.sub_ptr(f), xWrite, buf, amt, ofst)
+pass_through! {
+    x_read => xRead(buf: *mut c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
+    x_write => xWrite(buf: *const c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
+    x_file_size => xFileSize(size: *mut ffi::sqlite3_int64) -> c_int;
+    x_check_reserved_lock => xCheckReservedLock(out: *mut c_int) -> c_int;
+    x_sector_size => xSectorSize() -> c_int;
+    x_device_characteristics => xDeviceCharacteristics() -> c_int;
+    x_shm_barrier => xShmBarrier() -> ();
+    x_fetch => xFetch(ofst: ffi::sqlite3_int64, amt: c_int, pp: *mut *mut c_void) -> c_int;
+    x_unfetch => xUnfetch(ofst: ffi::sqlite3_int64, p: *mut c_void) -> c_int;
 }
 
 /// The `xWrite` of a guarded main file, and of a WAL while its write gate is closed: the gate
@@ -1098,16 +1100,6 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
         state.end_of_main_write();
     }
     rc
-}
-
-unsafe extern "C" fn x_file_size(
-    f: *mut ffi::sqlite3_file,
-    size: *mut ffi::sqlite3_int64,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xFileSize, size)
 }
 
 /// No `catch_unwind` on the way through (see `x_write`).
@@ -1191,13 +1183,6 @@ unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int 
         }
     }
     rc
-}
-
-unsafe extern "C" fn x_check_reserved_lock(f: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xCheckReservedLock, out)
 }
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
@@ -1352,20 +1337,6 @@ unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
     Some(rc)
 }
 
-unsafe extern "C" fn x_sector_size(f: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xSectorSize)
-}
-
-unsafe extern "C" fn x_device_characteristics(f: *mut ffi::sqlite3_file) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xDeviceCharacteristics)
-}
-
 unsafe extern "C" fn x_shm_map(
     f: *mut ffi::sqlite3_file,
     region: c_int,
@@ -1512,13 +1483,6 @@ unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
     rc
 }
 
-unsafe extern "C" fn x_shm_barrier(f: *mut ffi::sqlite3_file) {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xShmBarrier)
-}
-
 unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
@@ -1553,27 +1517,4 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
         }
         rc
     })
-}
-
-unsafe extern "C" fn x_fetch(
-    f: *mut ffi::sqlite3_file,
-    ofst: ffi::sqlite3_int64,
-    amt: c_int,
-    pp: *mut *mut c_void,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xFetch, ofst, amt, pp)
-}
-
-unsafe extern "C" fn x_unfetch(
-    f: *mut ffi::sqlite3_file,
-    ofst: ffi::sqlite3_int64,
-    p: *mut c_void,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
-    sub_call!(t, sub, xUnfetch, ofst, p)
 }

@@ -6,9 +6,29 @@
 use crate::common;
 
 use std::ffi::CStr;
+use std::path::{Path, PathBuf};
 
 use common::*;
 use rusqlite::ffi;
+
+/// Drops `conn` while no capture can be written beside `dir`'s database (the guard holds its
+/// retired generation), then lets the capture through; returns the one capture.
+#[track_caller]
+fn held_at_close_then_captured(conn: rusqlite::Connection, dir: &Path) -> PathBuf {
+    hermes_guard::test_hooks::inject_capture_fault(dir, "no space left on device");
+    drop(conn);
+    assert!(artifacts(dir).is_empty());
+    assert_eq!(
+        hermes_guard::retry_pending_captures(),
+        1,
+        "the generation is held"
+    );
+    hermes_guard::test_hooks::clear_capture_fault(dir);
+    assert_eq!(hermes_guard::retry_pending_captures(), 0, "captured");
+    let found = artifacts(dir);
+    assert_eq!(found.len(), 1);
+    found.into_iter().next().expect("one capture")
+}
 
 test_alone! {
     memcheck fn a_replaced_main_file_held_past_its_close_is_captured_from_the_moved_file_object() {
@@ -31,20 +51,12 @@ test_alone! {
 
         // The close finds the main file replaced and cannot capture: SQLite frees the file
         // object's memory, the guard keeps the unix file (moved to the heap).
-        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
-        drop(conn);
-        assert!(artifacts(dir.path()).is_empty());
-        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
-
-        hermes_guard::test_hooks::clear_capture_fault(dir.path());
-        assert_eq!(hermes_guard::retry_pending_captures(), 0);
-        let found = artifacts(dir.path());
-        assert_eq!(found.len(), 1);
-        let manifest = manifest(&found[0]);
+        let capture = held_at_close_then_captured(conn, dir.path());
+        let manifest = manifest(&capture);
         assert_eq!(manifest["main"]["mode"], "copied");
-        let captured_main = std::fs::read(found[0].join("state.db")).unwrap();
+        let captured_main = std::fs::read(capture.join("state.db")).unwrap();
         assert_same_bytes(&captured_main, &old_main, "captured main image");
-        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        let recovered = recover(&capture, "state.db", &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert_eq!(count_like(&recovered, "written after the restore"), 0);
         assert!(integrity_ok(&recovered));
@@ -125,14 +137,8 @@ test_alone! {
         let conn = open_guarded(&path);
         let sentinel = wal_only_sentinel(&conn);
         lose_sidecars(&path, false);
-        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
-        drop(conn);
-        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
-        hermes_guard::test_hooks::clear_capture_fault(dir.path());
-        assert_eq!(hermes_guard::retry_pending_captures(), 0);
-        let found = artifacts(dir.path());
-        assert_eq!(found.len(), 1);
-        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        let capture = held_at_close_then_captured(conn, dir.path());
+        let recovered = recover(&capture, "state.db", &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert!(integrity_ok(&recovered));
     }
@@ -152,14 +158,8 @@ test_alone! {
         std::fs::rename(&path, dir.path().join("state.db.moved-away")).unwrap();
         std::fs::copy(dir.path().join("state.db.moved-away"), &path).unwrap();
 
-        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
-        drop(conn);
-        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
-        hermes_guard::test_hooks::clear_capture_fault(dir.path());
-        assert_eq!(hermes_guard::retry_pending_captures(), 0, "captured, then closed");
-        let found = artifacts(dir.path());
-        assert_eq!(found.len(), 1);
-        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        let capture = held_at_close_then_captured(conn, dir.path());
+        let recovered = recover(&capture, "state.db", &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert!(integrity_ok(&recovered));
         // The held descriptor is gone with the close: no descriptor of this process is left on
@@ -217,14 +217,8 @@ test_alone! {
         let sentinel = wal_only_sentinel(&conn);
         let main_ino = identity(&path).ino;
         lose_sidecars(&path, false);
-        hermes_guard::test_hooks::inject_capture_fault(dir.path(), "no space left on device");
-        drop(conn);
-        assert_eq!(hermes_guard::retry_pending_captures(), 1, "the generation is held");
-        hermes_guard::test_hooks::clear_capture_fault(dir.path());
-        assert_eq!(hermes_guard::retry_pending_captures(), 0);
-        let found = artifacts(dir.path());
-        assert_eq!(found.len(), 1);
-        let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
+        let capture = held_at_close_then_captured(conn, dir.path());
+        let recovered = recover(&capture, "state.db", &dir.path().join("recovered"));
         assert_eq!(count_like(&recovered, &sentinel), 1);
         assert!(integrity_ok(&recovered));
         drop(recovered);
