@@ -536,13 +536,11 @@ unsafe fn unix_prefix<'a>(
 /// reason the shield cannot be used otherwise.
 ///
 /// # Safety
-/// `sub_vfs` is the wrapped VFS, `sub` its file object just opened by it from `z_name` and
-/// `sub_table` the method table that xOpen installed.
+/// `sub_vfs` is the wrapped VFS; `prefix` is [`unix_prefix`] of the file object it just opened,
+/// whose descriptor is still open.
 unsafe fn main_descriptor(
     sub_vfs: *mut ffi::sqlite3_vfs,
-    sub: *mut ffi::sqlite3_file,
-    sub_table: *const ffi::sqlite3_io_methods,
-    z_name: ffi::sqlite3_filename,
+    prefix: Option<&UnixFilePrefix>,
     state: &DbState,
 ) -> Result<c_int, String> {
     if let Some(reason) = shield::platform_off_reason() {
@@ -556,8 +554,7 @@ unsafe fn main_descriptor(
             name.as_deref().unwrap_or("unnamed")
         ));
     }
-    // SAFETY: as the caller promises.
-    let Some(p) = (unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) }) else {
+    let Some(p) = prefix else {
         return Err(format!(
             "the unix VFS's file object does not have the layout of SQLite {} (its size, \
              pMethod, pVfs or zPath differ)",
@@ -709,7 +706,8 @@ pub(super) unsafe fn open(
     // SAFETY: a non-NULL table installed by the wrapped VFS outlives the file.
     let sub_methods = unsafe { &*sub_table };
     // SAFETY: `sub` was just opened by the wrapped VFS from `z_name`, with this table.
-    let is_unix = unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) }.is_some();
+    let prefix = unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) };
+    let is_unix = prefix.is_some();
 
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
     let path = unsafe { cstr_path(z_name) };
@@ -717,9 +715,8 @@ pub(super) unsafe fn open(
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             let state = DbState::new(path);
             state.set_main_image(Some(Box::new(MainImage(sub))));
-            // SAFETY: `sub` was just opened by the wrapped VFS from `z_name` and still has the
-            // table its xOpen installed (the guard's goes on below).
-            let main_fd = unsafe { main_descriptor(sub_vfs, sub, sub_table, z_name, &state) };
+            // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS.
+            let main_fd = unsafe { main_descriptor(sub_vfs, prefix, &state) };
             state.shield().arm(main_fd, state.db_path());
             (Kind::Main, Some(state))
         }

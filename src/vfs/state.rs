@@ -333,8 +333,7 @@ impl DbState {
         if self.main_above_shared.swap(above_shared, Ordering::AcqRel) != above_shared
             && self.wal_pinned()
         {
-            let inner = self.inner.lock();
-            inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
+            self.inner.lock().sync_wal_gate(above_shared);
         }
     }
 

@@ -353,7 +353,7 @@ impl Session for Inserts {
     /// in it each restart of the log, which follows each completed checkpoint. One connection
     /// writes, so every autocheckpoint completes.
     fn checkpoints(&self) -> Result<Option<u64>, BenchError> {
-        let wal = wal_path(&self.path);
+        let wal = sidecar(&self.path, "-wal");
         let mut header = [0u8; 16];
         let read = std::fs::File::open(&wal)
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut header));
@@ -370,13 +370,6 @@ impl Session for Inserts {
             Err(e) => Err(e).ctx("reading the WAL header of", &wal),
         }
     }
-}
-
-/// `<db>-wal`.
-fn wal_path(db: &Path) -> PathBuf {
-    let mut wal = db.as_os_str().to_owned();
-    wal.push("-wal");
-    PathBuf::from(wal)
 }
 
 /// Builds the database the read workloads share: `rows` rows, checkpointed, no WAL left.
