@@ -942,6 +942,11 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                 close_sub(&t, sub, heap)
             }
             (Kind::Wal, Some(state)) => {
+                // SQLite lets go of the WAL here whatever it asked before: with
+                // `SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE` it never sent `SQLITE_FCNTL_HAS_MOVED`. A WAL
+                // retired since the last check is found now, while its descriptor and the main
+                // file are still open, and captured (or held, see `wal_closed`).
+                state.check_at_close();
                 // Before the table goes (at the end of this call).
                 state.detach_wal_gate();
                 let rc = close_sub(&t, sub, heap);
@@ -1498,6 +1503,9 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
         }
         let mut left = None;
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+            // The WAL is about to be let go of (a close, or a switch out of WAL mode): a full
+            // check first, while the wal-index still shows how far the WAL was checkpointed.
+            state.check_at_close();
             state.shm_unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's
             // descriptor): the DMS lock goes with the node's last guarded connection.

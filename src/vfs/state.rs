@@ -646,6 +646,21 @@ impl DbState {
         self.capture_locked(&mut inner, trigger).map(Some)
     }
 
+    /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
+    /// shared memory), whatever SQLite asked before: a generation retired since the last check
+    /// is captured now, from the descriptors still open, or kept for the retry (see
+    /// [`DbState::wal_closed`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
+    /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
+    pub(crate) fn check_at_close(&self) {
+        if !self.wal_pinned() && !self.is_retired() {
+            return;
+        }
+        if self.check_pins().is_some() {
+            // A failure is logged and recorded in the status; the descriptors stay open.
+            let _ = self.ensure_captured(Trigger::Close);
+        }
+    }
+
     /// Whether the main file object must be kept open after SQLite closes it, because it is the
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
