@@ -188,12 +188,14 @@ impl FileTable {
         let version = sub.iVersion.clamp(1, 3);
         let main = kind == Kind::Main;
         let guarded = kind != Kind::Other;
+        // A slot the wrapped table leaves NULL stays NULL: SQLite tests some of them (a NULL
+        // `xShmMap` means "no WAL", a NULL `xFetch` "no memory-mapped I/O"), and a wrapper
+        // there would claim a capability the wrapped file does not have.
         macro_rules! slot {
             ($watched:expr, $ours:expr, $theirs:ident) => {
-                if $watched || heap {
-                    Some($ours)
-                } else {
-                    sub.$theirs
+                match sub.$theirs {
+                    Some(_) if $watched || heap => Some($ours),
+                    theirs => theirs,
                 }
             };
         }

@@ -226,3 +226,55 @@ test_alone! {
         assert_eq!(descriptors_on(main_ino), 1, "the held main file stays open");
     }
 }
+
+/// What `PRAGMA journal_mode=WAL` answers on `path` through `vfs`.
+fn journal_mode_wal(path: &Path, vfs: &str) -> String {
+    let conn =
+        rusqlite::Connection::open_with_flags_and_vfs(path, rusqlite::OpenFlags::default(), vfs)
+            .unwrap();
+    conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .unwrap()
+}
+
+test_alone! {
+    /// Measured: over `unix-none` (no shared memory: `xShmMap` is NULL) the guard installed its
+    /// own `xShmMap`; `journal_mode=WAL` answered "wal" where stock answers "delete", the first
+    /// write failed with SQLITE_IOERR_SHMMAP and `unix-none` could no longer open the file.
+    fn over_unix_none_a_database_stays_out_of_wal_mode_as_on_stock() {
+        // SAFETY: `unix-none` is one of SQLite's own VFSes, registered for the process's life;
+        // re-registering it with makeDflt=1 only relinks it at the head.
+        unsafe {
+            let none = ffi::sqlite3_vfs_find(c"unix-none".as_ptr());
+            assert!(!none.is_null());
+            assert_eq!(ffi::sqlite3_vfs_register(none, 1), ffi::SQLITE_OK);
+        }
+        hermes_guard::register().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let stock_path = dir.path().join("stock.db");
+        let path = dir.path().join("state.db");
+
+        assert_eq!(journal_mode_wal(&stock_path, "unix-none"), "delete");
+        assert_eq!(journal_mode_wal(&path, hermes_guard::VFS_NAME), "delete");
+
+        let conn = rusqlite::Connection::open_with_flags_and_vfs(
+            &path,
+            rusqlite::OpenFlags::default(),
+            hermes_guard::VFS_NAME,
+        )
+        .unwrap();
+        conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1), (2), (3);")
+            .unwrap();
+        drop(conn);
+
+        let plain = rusqlite::Connection::open_with_flags_and_vfs(
+            &path,
+            rusqlite::OpenFlags::default(),
+            "unix-none",
+        )
+        .unwrap();
+        let rows: i64 = plain
+            .query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 3);
+    }
+}
