@@ -560,7 +560,7 @@ unsafe fn main_descriptor(
         return Err(format!(
             "the unix VFS's file object does not have the layout of SQLite {} (its size, \
              pMethod, pVfs or zPath differ)",
-            ffi::SQLITE_VERSION.to_str().unwrap_or("?")
+            super::running_sqlite_version()
         ));
     };
     let Some(pinned) = state.main_id() else {
@@ -1353,6 +1353,15 @@ unsafe extern "C" fn x_shm_map(
         let t = unsafe { table(f) };
         let sub = t.sub_ptr(f);
         let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (t.kind, &t.state, rc) {
+            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
+            let addr = unsafe { *pp } as usize;
+            if region > 0 && addr != 0 {
+                state
+                    .shield()
+                    .mapped_region(region, size, addr, state.db_path());
+            }
+        }
         if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (t.kind, &t.state, rc, region) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as *const u8;
@@ -1365,7 +1374,10 @@ unsafe extern "C" fn x_shm_map(
                     // SAFETY: an armed shield means the wrapped file's unix layout was verified
                     // at the open; xShmMap just mapped region 0.
                     match unsafe { shm_descriptor(sub, state) } {
-                        Ok((fd, id)) => state.shield().join_shm(fd, id),
+                        Ok((fd, id)) => {
+                            let region0 = (addr as usize, size.max(0) as usize);
+                            state.shield().join_shm(fd, id, Some(region0))
+                        }
                         Err(reason) => state.shield().disable(reason, state.db_path()),
                     }
                 }

@@ -5,6 +5,8 @@
 //! All of the crate's `unsafe` lives under this module.
 
 mod file;
+mod fork;
+mod locked_fds;
 mod methods;
 mod shield;
 pub(crate) mod state;
@@ -46,6 +48,8 @@ pub fn register_as_default() -> Result<(), GuardError> {
 fn register_impl(make_default: bool) -> Result<(), GuardError> {
     let mut registered = REGISTERED.lock();
     if registered.is_none() {
+        // Before any file is opened through the guard: a forked child must be told apart.
+        fork::install();
         // SAFETY: a NULL name asks for the default VFS; SQLite initialises itself if needed.
         let sub = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
         if sub.is_null() {
@@ -97,6 +101,15 @@ fn ffi_guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
             on_panic
         }
     }
+}
+
+/// The version of the SQLite the guard runs in, as the library reports it at run time: in an
+/// extension host, the host's (the `SQLITE_VERSION` constant is the one this crate was compiled
+/// against, which is not what a message about the host's structures must name).
+fn running_sqlite_version() -> String {
+    // SAFETY: sqlite3_libversion returns a pointer to a static NUL-terminated string (NULL is
+    // handled by cstr_text).
+    unsafe { cstr_text(ffi::sqlite3_libversion()) }.unwrap_or_else(|| "?".into())
 }
 
 /// Copies `s` into memory from `sqlite3_malloc`, as SQLite expects of file-control answers.

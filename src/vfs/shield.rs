@@ -27,10 +27,13 @@
 
 use std::collections::HashMap;
 use std::ffi::c_int;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 
+use super::fork::Origin;
+use super::locked_fds;
 use crate::identity::FileId;
 
 /// `PENDING_BYTE` of the unix VFS (sqlite3.c): 0x40000000, the byte after the first GiB.
@@ -52,7 +55,10 @@ const LOCK_SHARED: u8 = 1;
 const LOCK_PENDING: u8 = 3;
 const LOCK_EXCLUSIVE: u8 = 4;
 
-#[cfg(target_os = "linux")]
+/// 64-bit Linux only: on a 32-bit target the `F_OFD_*` commands want a `struct flock64` through
+/// `fcntl64`, which the `libc` crate's `fcntl` with a `struct flock` does not give on every libc;
+/// the shield stays off there (as docs/architecture.md says) rather than lock the wrong range.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 mod sys {
     use std::ffi::c_int;
     use std::io;
@@ -82,7 +88,7 @@ mod sys {
     }
 }
 
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
 mod sys {
     use std::ffi::c_int;
     use std::io;
@@ -94,9 +100,34 @@ mod sys {
     }
 }
 
+/// An OFD read lock or unlock (see `sys::ofd_read_lock`), only in the process that armed the
+/// shield (`origin`, one `getpid` beside the `fcntl`): a child's lock change would be made on
+/// the description it shares with its parent. A descriptor is listed for the atfork handler
+/// before its lock is taken and unlisted once it is released ([`locked_fds`]).
+fn ofd_read_lock(origin: &Origin, fd: c_int, lock: bool, start: i64, len: i64) -> io::Result<()> {
+    if !origin.current() {
+        return Err(io::Error::other(
+            "this process is a fork of the one that armed the shield: the locks are the parent's",
+        ));
+    }
+    if lock && !locked_fds::register(fd) {
+        return Err(io::Error::other(
+            "too many descriptors under the shield in this process to track across fork",
+        ));
+    }
+    let result = sys::ofd_read_lock(fd, lock, start, len);
+    if !lock && result.is_ok() {
+        locked_fds::unregister(fd);
+    }
+    result
+}
+
 /// Whether this build can take OFD locks at all; the reason when not.
 pub(super) fn platform_off_reason() -> Option<&'static str> {
-    (!sys::SUPPORTED).then_some("open-file-description locks are not supported on this platform")
+    (!sys::SUPPORTED).then_some(
+        "the lock shield needs 64-bit Linux (open-file-description locks with a 64-bit struct \
+         flock)",
+    )
 }
 
 /// One shared-memory node of the unix VFS in this process, as the shield counts it: keyed by its
@@ -122,13 +153,13 @@ static NODES: Mutex<Option<HashMap<NodeKey, Node>>> = Mutex::new(None);
 
 /// Takes or releases a node's DMS lock so that it is held exactly while some guarded connection
 /// maps the node and none is stepping aside. Drops the entry once nobody maps it.
-fn sync_node(map: &mut HashMap<NodeKey, Node>, key: NodeKey) {
+fn sync_node(map: &mut HashMap<NodeKey, Node>, key: NodeKey, origin: &Origin) {
     let Some(node) = map.get_mut(&key) else {
         return;
     };
     let want = node.refs > 0 && node.suspended == 0;
     if want != node.locked {
-        match sys::ofd_read_lock(key.fd, want, UNIX_SHM_DMS, 1) {
+        match ofd_read_lock(origin, key.fd, want, UNIX_SHM_DMS, 1) {
             Ok(()) => node.locked = want,
             Err(e) if want => log::warn!(
                 "hermes-guard: lock shield: cannot take the read lock on the -shm ({}) dead-man \
@@ -144,8 +175,12 @@ fn sync_node(map: &mut HashMap<NodeKey, Node>, key: NodeKey) {
             }
         }
     }
-    if node.refs == 0 && !node.locked {
-        map.remove(&key);
+    if node.refs == 0 {
+        // Nobody guarded maps it: its mappings may go with the next unmap.
+        locked_fds::forget_regions(key.fd);
+        if !node.locked {
+            map.remove(&key);
+        }
     }
 }
 
@@ -158,6 +193,9 @@ struct Joined {
 
 /// The shield of one connection (one main file object).
 pub(crate) struct Shield {
+    /// The process that opened the connection: in a forked child the shield does nothing (its
+    /// locks are the parent's; see `locked_fds.rs`) and reports itself off.
+    origin: Origin,
     /// `None` while the shield may be used; the reason when it is off for this connection.
     off: Mutex<Option<String>>,
     /// The main file's descriptor (SQLite's `unixFile.h`, verified), or -1.
@@ -177,6 +215,7 @@ impl Shield {
     /// A shield that is off until [`Shield::arm`] says otherwise.
     pub(crate) fn new() -> Shield {
         Shield {
+            origin: Origin::here(),
             off: Mutex::new(Some(
                 "the main file's descriptor is not verified yet".into(),
             )),
@@ -192,6 +231,14 @@ impl Shield {
     /// Arms the shield on SQLite's verified main descriptor, or turns it off for this connection
     /// (logged at WARN with the reason; detection goes on as before).
     pub(crate) fn arm(&self, main: Result<c_int, String>, database: &std::path::Path) {
+        let failures = locked_fds::take_detach_failures();
+        if failures > 0 {
+            log::warn!(
+                "hermes-guard: lock shield: this process was forked while its parent held shield \
+                 locks on {failures} descriptor(s) that could not be opened again for the child: \
+                 those locks stay shared with the parent until both have closed the file"
+            );
+        }
         match main {
             Ok(fd) => {
                 self.main_fd.store(fd, Ordering::Release);
@@ -221,7 +268,15 @@ impl Shield {
     }
 
     pub(crate) fn enabled(&self) -> bool {
-        self.main_fd.load(Ordering::Acquire) >= 0
+        self.main_fd.load(Ordering::Acquire) >= 0 && !self.inherited()
+    }
+
+    /// This shield was armed by the parent of this process (a forked child holds a copy of the
+    /// connection): it does nothing here. One load (see [`Origin::current_cheap`]); the pid is
+    /// compared too before any lock is changed ([`ofd_read_lock`]).
+    #[inline]
+    fn inherited(&self) -> bool {
+        !self.origin.current_cheap()
     }
 
     /// Whether the shield has anything to do at a lock change: the connection maps the shared
@@ -252,9 +307,20 @@ impl Shield {
 
     /// The connection mapped its shared memory, whose node's descriptor (SQLite's `hShm`,
     /// verified against the pinned `-shm`) is `fd`.
-    pub(crate) fn join_shm(&self, fd: c_int, id: FileId) {
+    pub(crate) fn join_shm(&self, fd: c_int, id: FileId, region0: Option<(usize, usize)>) {
         if !self.enabled() {
             return;
+        }
+        // Listed before the node's lock can be taken (see `locked_fds.rs`).
+        if let Some((addr, len)) = region0 {
+            if !locked_fds::map_region(fd, addr, len, 0) {
+                self.off_for_good(
+                    "too many shared-memory regions under the shield in this process to track \
+                     across fork"
+                        .into(),
+                );
+                return;
+            }
         }
         {
             let mut node = self.node.lock();
@@ -267,17 +333,48 @@ impl Shield {
                     key,
                     suspending: false,
                 });
-                sync_node(map, key);
+                sync_node(map, key, &self.origin);
             }
         }
         self.joined.store(true, Ordering::Release);
         self.reconcile();
     }
 
+    /// The connection mapped region `region` (`size` bytes) of its shared memory at `addr`: listed
+    /// so that a forked child maps it from a description of its own (see `locked_fds.rs`). Where
+    /// the list is full, the shield is off for this connection.
+    pub(crate) fn mapped_region(
+        &self,
+        region: c_int,
+        size: c_int,
+        addr: usize,
+        database: &std::path::Path,
+    ) {
+        if self.inherited() {
+            return;
+        }
+        let fd = match self.node.lock().as_ref() {
+            Some(joined) => joined.key.fd,
+            None => return,
+        };
+        let offset = region.max(0) as usize * size.max(0) as usize;
+        if !locked_fds::map_region(fd, addr, size.max(0) as usize, offset) {
+            self.disable(
+                "too many shared-memory regions under the shield in this process to track \
+                 across fork"
+                    .into(),
+                database,
+            );
+        }
+    }
+
     /// The connection is about to unmap its shared memory (a close, or a switch out of WAL
     /// mode): the main lock goes, and the node's DMS lock with its last guarded connection.
     /// Returns the node left, for [`Shield::rejoin_shm`] should the unmap fail.
     pub(crate) fn leave_shm(&self) -> Option<(c_int, FileId)> {
+        if self.inherited() {
+            return None;
+        }
         self.joined.store(false, Ordering::Release);
         self.reconcile();
         let joined = self.node.lock().take()?;
@@ -291,7 +388,7 @@ impl Shield {
                     node.suspended = node.suspended.saturating_sub(1);
                 }
             }
-            sync_node(map, joined.key);
+            sync_node(map, joined.key, &self.origin);
         }
         Some(left)
     }
@@ -300,7 +397,7 @@ impl Shield {
     /// counts in it again and takes its locks back.
     pub(crate) fn rejoin_shm(&self, left: Option<(c_int, FileId)>) {
         if let Some((fd, id)) = left {
-            self.join_shm(fd, id);
+            self.join_shm(fd, id, None);
         }
     }
 
@@ -318,6 +415,9 @@ impl Shield {
 
     /// Brings the held locks in line with the connection's state.
     pub(crate) fn reconcile(&self) {
+        if self.inherited() {
+            return;
+        }
         let level = self.level.load(Ordering::Acquire);
         let attempting = self.attempting.load(Ordering::Acquire);
         let fd = self.main_fd.load(Ordering::Acquire);
@@ -329,7 +429,7 @@ impl Shield {
         if want_main != held {
             // A release uses the descriptor the lock was taken on: main_fd is only cleared by
             // `disable`, after which nothing is wanted and the descriptor is still SQLite's.
-            match sys::ofd_read_lock(fd, want_main, SHARED_FIRST, SHARED_SIZE) {
+            match ofd_read_lock(&self.origin, fd, want_main, SHARED_FIRST, SHARED_SIZE) {
                 Ok(()) => self.main_held.store(want_main, Ordering::Release),
                 Err(e) if want_main && e.raw_os_error() == Some(22) => {
                     // EINVAL: a kernel without F_OFD_SETLK (before Linux 3.15).
@@ -356,7 +456,7 @@ impl Shield {
                     }
                 }
                 joined.suspending = want_suspend;
-                sync_node(map, joined.key);
+                sync_node(map, joined.key, &self.origin);
             }
         }
     }
@@ -369,6 +469,17 @@ impl Shield {
 
     /// `(main lock held, DMS lock held, reason the shield is off)`, for the status.
     pub(crate) fn status(&self) -> (bool, bool, Option<String>) {
+        if self.inherited() {
+            return (
+                false,
+                false,
+                Some(
+                    "this connection was inherited across fork: the shield's locks are the \
+                     parent's, and this process holds none"
+                        .into(),
+                ),
+            );
+        }
         let shm = self.node.lock().as_ref().is_some_and(|j| {
             NODES
                 .lock()

@@ -27,11 +27,13 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustix::event::epoll;
+
+use super::fork::{self, Origin};
 use rustix::event::Timespec;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 
@@ -49,6 +51,9 @@ pub(crate) struct DirWatch {
     epoll: BorrowedFd<'static>,
     /// That watcher's wipe-on-fork page (never unmapped, for the same reason).
     shared: *const Shared,
+    /// The kernel was seen to honour the page's wipe ([`ForkMarker::honoured`]): only then may
+    /// the lock-free fast path, which relies on it alone, vouch.
+    wipe_honoured: bool,
     /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
     /// VFS a path with its symbolic links resolved, so these are the directories a `stat` of it
     /// walks through.
@@ -75,6 +80,8 @@ struct Watcher {
     /// Unique within a process and its descendants (a child's watchers are made after every one
     /// it inherited, from the copied counter).
     epoch: u64,
+    /// The process that made it (see `fork.rs`).
+    origin: Origin,
     /// Tells a forked child that this watcher is its parent's.
     fork_marker: ForkMarker,
     inotify: OwnedFd,
@@ -109,7 +116,9 @@ const MOUNTS_CHANGED: u64 = 2;
 #[inline]
 fn forget_inherited(state: &mut State) {
     if let State::Ready(watcher) = state {
-        if !watcher.fork_marker.same_process() {
+        // The page first (one load; wiped by the kernel or by the atfork handler), then the
+        // fork epoch and the pid (a raw `clone` child whose kernel did not wipe the page).
+        if !watcher.fork_marker.same_process() || !watcher.origin.current() {
             log::debug!("hermes-guard: forked child; the parent's directory watches are not used");
             if let State::Ready(inherited) = std::mem::replace(state, State::Uninit) {
                 std::mem::forget(inherited);
@@ -168,6 +177,7 @@ impl DirWatch {
             // the field); only used while the page says this is that process.
             epoll: unsafe { BorrowedFd::borrow_raw(watcher.epoll.as_raw_fd()) },
             shared: watcher.fork_marker.page,
+            wipe_honoured: watcher.fork_marker.honoured,
             entries,
         })
     }
@@ -181,8 +191,13 @@ impl DirWatch {
         shared.changes.load(Ordering::Acquire)
     }
 
-    /// The lock-free half of this watch, for the transaction start's fast path.
+    /// The lock-free half of this watch, for the transaction start's fast path; none (never
+    /// vouches: every transaction start asks [`DirWatch::current`], which checks the pid) where
+    /// the wipe-on-fork page could not be proven to work.
     pub(crate) fn fast(&self) -> FastWatch {
+        if !self.wipe_honoured {
+            return FastWatch::NONE;
+        }
         FastWatch {
             // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
             inner: unsafe { self.shared.as_ref() }.map(|shared| FastInner {
@@ -441,8 +456,12 @@ impl Watcher {
         )
         .map_err(|e| unavailable("epoll of mountinfo", e))
         .ok()?;
+        // The watcher is complete (its page is never unmapped from here on): the atfork
+        // handler wipes this page in a child.
+        CURRENT_PAGE.store(fork_marker.page, Ordering::Release);
         Some(Watcher {
             epoch: EPOCH.fetch_add(1, Ordering::Relaxed) + 1,
+            origin: Origin::here(),
             inotify,
             epoll,
             mountinfo,
@@ -742,9 +761,32 @@ impl Drop for DrainGuard<'_> {
     }
 }
 
-/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child.
+/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child (wiped by
+/// the kernel, and by the atfork handler, [`wipe_in_child`], whether or not the kernel did).
 struct ForkMarker {
     page: *mut Shared,
+    /// The kernel was seen to apply `madvise` advice ([`fork::wipe_is_honoured`]), so the page
+    /// is wiped in a child made by a raw `clone` too.
+    honoured: bool,
+}
+
+/// The page of this process's current watcher, for [`wipe_in_child`].
+static CURRENT_PAGE: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+
+/// In a forked child (the atfork handler, see `fork.rs`): wipes the current watcher's page as
+/// `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or drains here.
+/// Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
+pub(super) fn wipe_in_child() {
+    let page = CURRENT_PAGE.load(Ordering::Acquire);
+    if page.is_null() {
+        return;
+    }
+    // SAFETY: a watcher's page is never unmapped (watchers are leaked, not dropped: see
+    // `DirWatch::epoll`), and every field of `Shared` touched here is an atomic.
+    unsafe {
+        (*page).alive.store(0, Ordering::Release);
+        (*page).gate.store(0, Ordering::Release);
+    }
 }
 
 // SAFETY: the page is process-private memory accessed only through atomics.
@@ -771,6 +813,14 @@ impl ForkMarker {
             let _ = unsafe { rustix::mm::munmap(page, Self::PAGE) };
             return None;
         }
+        let honoured = fork::wipe_is_honoured(page, Self::PAGE);
+        if !honoured {
+            log::warn!(
+                "hermes-guard: madvise(MADV_WIPEONFORK) is accepted here but not applied (an \
+                 emulator such as qemu-user?): the lock-free check at transaction start is off, \
+                 and each write transaction asks the directory watcher under its lock instead"
+            );
+        }
         let page = page as *mut Shared;
         // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
         // and large enough for one; a forked child's copy reads all zero again.
@@ -778,7 +828,7 @@ impl ForkMarker {
             (*page).gate.store(GATE_FREE, Ordering::Release);
             (*page).alive.store(1, Ordering::Release);
         }
-        Some(ForkMarker { page })
+        Some(ForkMarker { page, honoured })
     }
 
     #[inline]

@@ -17,7 +17,7 @@ use common::*;
 use rusqlite::{Connection, OpenFlags};
 
 /// Forks; the child runs `work` and exits with the code it returns (99 on a panic).
-fn fork_child(work: impl FnOnce() -> i32) -> libc::pid_t {
+pub(crate) fn fork_child(work: impl FnOnce() -> i32) -> libc::pid_t {
     // SAFETY: no other thread of this process is inside hermes-guard or SQLite (each test here
     // runs alone in a process of its own); the child only runs `work` and then `_exit`s.
     let pid = unsafe { libc::fork() };
@@ -32,7 +32,7 @@ fn fork_child(work: impl FnOnce() -> i32) -> libc::pid_t {
 }
 
 /// The child's exit code.
-fn wait(pid: libc::pid_t) -> i32 {
+pub(crate) fn wait(pid: libc::pid_t) -> i32 {
     let mut status = 0;
     // SAFETY: `pid` is a child of this process; `status` is a valid out-pointer.
     let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
@@ -43,7 +43,7 @@ fn wait(pid: libc::pid_t) -> i32 {
 
 /// Opens a guarded connection and does nothing with it: SQLite opens the main file (the guard
 /// pins it and watches its directory) but reads nothing.
-fn open_only(path: &Path) -> Connection {
+pub(crate) fn open_only(path: &Path) -> Connection {
     Connection::open_with_flags_and_vfs(path, OpenFlags::default(), hermes_guard::VFS_NAME).unwrap()
 }
 
@@ -59,7 +59,7 @@ fn inotify_instances() -> usize {
 }
 
 #[track_caller]
-fn assert_refused(conn: &Connection, writes: usize) {
+pub(crate) fn assert_refused(conn: &Connection, writes: usize) {
     for i in 0..writes {
         match insert(conn, &format!("after the loss {i}")) {
             Err(e) if is_refusal(&e) => {}

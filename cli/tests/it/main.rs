@@ -58,6 +58,7 @@ mod directory_moved;
 mod exclusive_and_rollback;
 mod file_layout;
 mod fork;
+mod fork_lifecycle;
 mod halt_capture;
 mod lock_shield;
 mod long_names;
