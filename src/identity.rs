@@ -5,7 +5,7 @@ use std::fmt;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -103,6 +103,22 @@ impl PinnedWal {
 pub fn identity_of_mapping(addr: usize) -> Option<FileId> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     maps.lines().find_map(|line| parse_maps_line(line, addr))
+}
+
+/// The pathname the kernel gives for the shared mapping that contains `addr` (its
+/// `/proc/self/map_files` link, bytes as they are), if it can be read: in an
+/// `SQLITE_SHM_DIRECTORY` build the `-shm` is not `<db>-shm` but a file in that directory. Ends in
+/// ` (deleted)` for an unlinked file, which no `stat` then finds.
+pub fn path_of_mapping(addr: usize) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let (lo, hi) = maps.lines().find_map(|line| {
+        let range = line.split_whitespace().next()?;
+        let (lo, hi) = range.split_once('-')?;
+        let lo = usize::from_str_radix(lo, 16).ok()?;
+        let hi = usize::from_str_radix(hi, 16).ok()?;
+        (lo <= addr && addr < hi).then_some((lo, hi))
+    })?;
+    std::fs::read_link(format!("/proc/self/map_files/{lo:x}-{hi:x}")).ok()
 }
 
 fn parse_maps_line(line: &str, addr: usize) -> Option<FileId> {

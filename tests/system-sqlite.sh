@@ -35,3 +35,7 @@ export HERMES_GUARD_EXPECT_SQLITE="$system"
 "${build[@]}" -- --exact plain_rusqlite::runs_on_the_expected_sqlite --nocapture 2>/dev/null \
     | grep "^SQLite " | sed 's/^/== the tests run on /'
 "${build[@]}"
+
+# The same binary on SQLite builds the distribution does not ship (SQLITE_SHM_DIRECTORY,
+# SQLITE_THREADSAFE=0), compiled here.
+bash tests/unusual-sqlite-builds.sh "$binary"

@@ -36,7 +36,7 @@ use super::shield;
 use super::state::{DbState, Gate, Site, WalGate, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
-use crate::identity::{identity_of_fd, identity_of_mapping, FileId};
+use crate::identity::{identity_of_fd, identity_of_mapping, path_of_mapping, FileId};
 use crate::status::Backfill;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -633,8 +633,40 @@ fn shield_slow(f: impl FnOnce()) {
 static PENDING: Mutex<Vec<(Arc<DbState>, HeapFile)>> = Mutex::new(Vec::new());
 static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
 
+/// Held main files whose generation is captured but whose close waits for the next call from
+/// inside SQLite: in an `SQLITE_THREADSAFE=0` build the unix VFS's close edits its inode list with
+/// no mutex, so it may only run on a thread SQLite is running on (see [`retry_pending_captures`]).
+static CLOSE_LATER: Mutex<Vec<HeapFile>> = Mutex::new(Vec::new());
+static CLOSE_LATER_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// Where a retry of the pending captures is made from.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// Inside one of SQLite's calls into the VFS (an open or a close): SQLite's own thread.
+    Sqlite,
+    /// The application (`hermes_guard::retry_pending_captures`), on any thread.
+    Application,
+}
+
+/// Whether the SQLite the guard runs in has no mutexes at all (`SQLITE_THREADSAFE=0`).
+fn single_threaded_sqlite() -> bool {
+    // SAFETY: sqlite3_threadsafe only returns a compile-time constant.
+    unsafe { ffi::sqlite3_threadsafe() == 0 }
+}
+
 /// Retries the capture of every held retired generation; returns how many are still uncaptured.
-pub(crate) fn retry_pending_captures() -> usize {
+/// A held file whose capture is written is closed at once, except from the application's thread
+/// in an `SQLITE_THREADSAFE=0` build, where its close waits for SQLite's next open or close (the
+/// capture itself only reads through the held file object, which SQLite no longer uses).
+pub(crate) fn retry_pending_captures(caller: Caller) -> usize {
+    let close_now = caller == Caller::Sqlite || !single_threaded_sqlite();
+    if close_now && CLOSE_LATER_COUNT.load(Ordering::Acquire) > 0 {
+        let parked = std::mem::take(&mut *CLOSE_LATER.lock());
+        CLOSE_LATER_COUNT.store(0, Ordering::Release);
+        for held in parked {
+            held.close();
+        }
+    }
     if PENDING_COUNT.load(Ordering::Acquire) == 0 {
         return 0;
     }
@@ -644,7 +676,13 @@ pub(crate) fn retry_pending_captures() -> usize {
         match state.ensure_captured(Trigger::Close) {
             Ok(_) => {
                 state.main_closed();
-                held.close();
+                if close_now {
+                    held.close();
+                } else {
+                    let mut later = CLOSE_LATER.lock();
+                    later.push(held);
+                    CLOSE_LATER_COUNT.store(later.len(), Ordering::Release);
+                }
             }
             Err(_) => kept.push((state, held)),
         }
@@ -668,7 +706,7 @@ pub(super) unsafe fn open(
 ) -> c_int {
     // SAFETY: `f` is writable; a NULL pMethods tells SQLite not to call xClose on failure.
     unsafe { (*f).pMethods = ptr::null() };
-    retry_pending_captures();
+    retry_pending_captures(Caller::Sqlite);
     // SAFETY: the wrapped VFS is registered for the life of the process.
     let svfs = unsafe { &*sub_vfs };
     let Some(x_open) = svfs.xOpen else {
@@ -958,7 +996,7 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
             _ => close_sub(&t, sub, heap),
         };
         if t.kind == Kind::Main {
-            retry_pending_captures();
+            retry_pending_captures(Caller::Sqlite);
         }
         rc
     })
@@ -1367,7 +1405,10 @@ unsafe extern "C" fn x_shm_map(
             let addr = unsafe { *pp } as *const u8;
             if !addr.is_null() {
                 state.pin_shm(
-                    || identity_of_mapping(addr as usize),
+                    || {
+                        let id = identity_of_mapping(addr as usize)?;
+                        Some((id, path_of_mapping(addr as usize)))
+                    },
                     Box::new(WalIndexView(addr)),
                 );
                 if state.shield().enabled() {

@@ -154,4 +154,7 @@ unsafe fn cstr_path(p: *const c_char) -> Option<PathBuf> {
     Some(PathBuf::from(OsStr::from_bytes(bytes)))
 }
 
-pub(crate) use file::retry_pending_captures;
+/// Retries the pending captures from the application's thread (see `file::retry_pending_captures`).
+pub(crate) fn retry_pending_captures() -> usize {
+    file::retry_pending_captures(file::Caller::Application)
+}

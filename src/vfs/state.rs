@@ -86,6 +86,10 @@ pub(crate) struct DbState {
     /// while they match, no name in the directory has changed, no directory above it moved and
     /// the mount table is the same, so a transaction start needs no `stat`.
     watch: Option<DirWatch>,
+    /// The watch of the directory that holds the `-shm`, when that is not the database's (an
+    /// `SQLITE_SHM_DIRECTORY` build, see [`DbState::pin_shm`]): its changes count too.
+    /// `Some(None)`: the `-shm` is elsewhere and unwatched, so no watch vouches for this path.
+    shm_watch: Mutex<Option<Option<DirWatch>>>,
     verified_generation: AtomicU64,
     /// The watcher-wide change count read at the start of the last full check that passed:
     /// while it stands, the fast path vouches with one `epoll_wait`. [`NEVER_VOUCHED`] before
@@ -106,6 +110,8 @@ struct Inner {
     main_id: Option<FileId>,
     wal: Option<PinnedWal>,
     shm_id: Option<FileId>,
+    /// The `-shm`'s pathname when it is not `<db>-shm` ([`DbState::pin_shm`]).
+    shm_check_path: Option<PathBuf>,
     reason: Option<RetireReason>,
     capture: Option<PathBuf>,
     capture_error: Option<String>,
@@ -256,6 +262,7 @@ impl DbState {
             last_wal_offset: AtomicI64::new(i64::MAX),
             refusals: AtomicU64::new(0),
             watch,
+            shm_watch: Mutex::new(None),
             verified_generation: AtomicU64::new(u64::MAX),
             verified_changes: AtomicU64::new(NEVER_VOUCHED),
             fast_watch,
@@ -354,18 +361,53 @@ impl DbState {
     }
 
     /// Called when the shared-memory region 0 is mapped: pins the inode behind the mapping
-    /// (`mapped` runs only while nothing is pinned), or what the pathname names if that fails,
-    /// and keeps `index` to read the checkpoint progress from at a loss.
+    /// (`mapped` runs only while nothing is pinned: its identity, and the pathname the kernel
+    /// gives for it), or what the pathname names if that fails, and keeps `index` to read the
+    /// checkpoint progress from at a loss.
+    ///
+    /// The pin is checked later by a pathname: `<db>-shm` when that is the mapped file (the
+    /// common case) or when the mapped file has no other live name (a `-shm` unlinked before
+    /// this connection attached to it: retired at the first check, as it must be); else the
+    /// mapped file's own name (an `SQLITE_SHM_DIRECTORY` build keeps the `-shm` in that
+    /// directory, under a name of its own).
     pub(crate) fn pin_shm(
         &self,
-        mapped: impl FnOnce() -> Option<FileId>,
+        mapped: impl FnOnce() -> Option<(FileId, Option<PathBuf>)>,
         index: Box<dyn WalIndex>,
     ) {
         let mut inner = self.inner.lock();
         if inner.shm_id.is_none() {
-            inner.shm_id = mapped().or_else(|| identity_of_path(&self.shm_path).ok().flatten());
+            let at_sidecar = || identity_of_path(&self.shm_path).ok().flatten();
+            let (id, check_path) = match mapped() {
+                Some((id, Some(name))) if at_sidecar() != Some(id) => {
+                    let live = identity_of_path(&name).ok().flatten() == Some(id);
+                    (Some(id), live.then_some(name))
+                }
+                Some((id, _)) => (Some(id), None),
+                None => (at_sidecar(), None),
+            };
+            if let Some(name) = &check_path {
+                let dir = name.parent().filter(|d| Some(*d) != self.db_path.parent());
+                // A change there must stop the fast path vouching as one beside the database
+                // does (the watcher's change count is shared by every watched directory); no
+                // watch there, no vouching at all (see `check`).
+                *self.shm_watch.lock() = dir.map(DirWatch::new);
+                log::info!(
+                    "hermes-guard: the shared memory of {} is {} (not {}): checked there",
+                    self.db_path.display(),
+                    name.display(),
+                    self.shm_path.display()
+                );
+            }
+            inner.shm_id = id;
+            inner.shm_check_path = check_path;
         }
         inner.wal_index = Some(index);
+    }
+
+    /// The pathname the pinned `-shm` is checked by (see [`DbState::pin_shm`]).
+    fn shm_check_path<'a>(&'a self, inner: &'a Inner) -> &'a Path {
+        inner.shm_check_path.as_deref().unwrap_or(&self.shm_path)
     }
 
     /// The shared memory is about to be unmapped: its address must not be read from now on.
@@ -379,6 +421,8 @@ impl DbState {
         let mut inner = self.inner.lock();
         if inner.reason.is_none() {
             inner.shm_id = None;
+            inner.shm_check_path = None;
+            *self.shm_watch.lock() = None;
         }
     }
 
@@ -482,6 +526,12 @@ impl DbState {
         // it, so recording it below vouches for nothing that happened after this read.
         let changes = self.watch.as_ref().map(DirWatch::changes);
         let generation = self.watch.as_ref().and_then(DirWatch::current);
+        let generation = match (&*self.shm_watch.lock(), generation) {
+            (None, g) => g,
+            // Both figures only grow: their sum moves when either does.
+            (Some(Some(shm)), Some(g)) => shm.current().map(|s| g.wrapping_add(s)),
+            _ => None,
+        };
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {
@@ -583,7 +633,7 @@ impl DbState {
             RetireReason::MainReplaced
         } else if moved(inner.wal.as_ref().map(PinnedWal::id), &self.wal_path) {
             RetireReason::WalLost
-        } else if moved(inner.shm_id, &self.shm_path) {
+        } else if moved(inner.shm_id, self.shm_check_path(&inner)) {
             RetireReason::ShmLost
         } else {
             return None;
@@ -801,8 +851,9 @@ impl DbState {
         if self.is_retired() {
             return false;
         }
-        let pinned = self.inner.lock().shm_id;
-        pinned.is_none() || identity_of_path(&self.shm_path).ok().flatten() == pinned
+        let inner = self.inner.lock();
+        let pinned = inner.shm_id;
+        pinned.is_none() || identity_of_path(self.shm_check_path(&inner)).ok().flatten() == pinned
     }
 }
 

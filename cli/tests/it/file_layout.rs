@@ -197,7 +197,7 @@ fn register_a_default_vfs_the_guard_cannot_see_into() {
 }
 
 /// How many of this process's descriptors are open on the inode `ino`.
-fn descriptors_on(ino: u64) -> usize {
+pub(crate) fn descriptors_on(ino: u64) -> usize {
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .flatten()

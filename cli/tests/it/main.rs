@@ -75,6 +75,8 @@ mod recover_store_heal;
 mod register_default;
 mod registry_lifecycle;
 mod registry_stress;
+mod shm_directory;
+mod single_threaded_sqlite;
 mod store_api;
 mod store_loss;
 mod store_processes;

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# unusual-sqlite-builds.sh <integration-test binary linked to the system libsqlite3>
+#
+# The guard on SQLite builds a distribution does not ship, each compiled here from the bundled
+# amalgamation (the libsqlite3-sys of Cargo.lock) as a libsqlite3.so.0 that the test binary of
+# tests/system-sqlite.sh loads instead of the system one (LD_LIBRARY_PATH):
+#   - SQLITE_SHM_DIRECTORY: the shared memory lives in that directory, not at <db>-shm
+#     (cli/tests/it/shm_directory.rs);
+#   - SQLITE_THREADSAFE=0: no mutex at all (cli/tests/it/single_threaded_sqlite.rs).
+# (The defines are passed to gcc as they are: a C file among them is compiled in too.)
+# Their tests are `#[ignore]`d in an ordinary run and run here with --ignored; the run fails
+# unless each ran and passed. Builds are kept under target/ while the amalgamation is the same.
+#
+# Environment: CARGO_TARGET_DIR (default target).
+set -euo pipefail
+
+binary="$1"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+command -v gcc >/dev/null || { echo "gcc not found" >&2; exit 1; }
+
+manifest="$(cargo metadata --format-version 1 --locked 2>/dev/null | python3 -c '
+import json, sys
+print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "libsqlite3-sys"))')"
+amalgamation="$(dirname "$manifest")/sqlite3/sqlite3.c"
+[ -f "$amalgamation" ] || { echo "no amalgamation at $amalgamation" >&2; exit 1; }
+
+# build <name> <defines...>: $target_dir/unusual-sqlite/<name>/libsqlite3.so.0
+build() {
+    local name="$1"; shift
+    local out="$target_dir/unusual-sqlite/$name"
+    local stamp="$amalgamation $*"
+    if [ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]; then
+        echo "== compiling SQLite with $* ($name)"
+        mkdir -p "$out"
+        gcc -O1 -g0 -fPIC -shared -Wl,-soname,libsqlite3.so.0 "$@" \
+            -o "$out/libsqlite3.so.0" "$amalgamation" -lpthread -ldl -lm
+        printf '%s' "$stamp" > "$out/stamp"
+    fi
+}
+
+# run_ignored <name> <filter> <expected count> [env...]: the ignored tests under <filter>, on
+# that build; fails unless exactly <expected count> ran and passed.
+run_ignored() {
+    local name="$1" filter="$2" expected="$3"; shift 3
+    local log="$target_dir/unusual-sqlite/$name/test.log"
+    echo "== $filter on the $name build"
+    env "$@" LD_LIBRARY_PATH="$target_dir/unusual-sqlite/$name" \
+        "$binary" --ignored --test-threads=1 "$filter" 2>&1 | tee "$log"
+    grep -q "test result: ok. $expected passed; 0 failed" "$log" \
+        || { echo "expected $expected passing tests under $filter on the $name build" >&2; exit 1; }
+}
+
+shm_dir="$target_dir/unusual-sqlite/shm"
+build shm-directory -DSQLITE_THREADSAFE=1 "-DSQLITE_SHM_DIRECTORY=\"$shm_dir\""
+rm -rf "$shm_dir" && mkdir -p "$shm_dir"
+run_ignored shm-directory shm_directory:: 2 HERMES_GUARD_SHM_DIRECTORY="$shm_dir"
+
+# A THREADSAFE=0 library has no sqlite3_mutex_alloc/_free (macros for NULL and nothing there),
+# which rusqlite's bindings link: the same no-ops as functions, in a unit of their own.
+noop_mutex="$target_dir/unusual-sqlite/noop-mutex.c"
+mkdir -p "$(dirname "$noop_mutex")"
+cat > "$noop_mutex" <<'C'
+typedef struct sqlite3_mutex sqlite3_mutex;
+sqlite3_mutex *sqlite3_mutex_alloc(int id) { (void)id; return 0; }
+void sqlite3_mutex_free(sqlite3_mutex *p) { (void)p; }
+C
+build threadsafe-0 -DSQLITE_THREADSAFE=0 "$noop_mutex"
+run_ignored threadsafe-0 single_threaded_sqlite:: 1
