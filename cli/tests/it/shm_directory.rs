@@ -3,7 +3,7 @@
 //! same file. Measured on cc1ba9f: every connection retired as `ShmLost` at its first full check (a
 //! false refusal and a needless capture).
 //!
-//! These run only against such a build: tests/shm-directory.sh compiles SQLite with
+//! These run only against such a build: tests/unusual-sqlite-builds.sh compiles SQLite with
 //! `-DSQLITE_SHM_DIRECTORY` and runs them (`--ignored`) with `HERMES_GUARD_SHM_DIRECTORY` naming
 //! the directory.
 
@@ -17,7 +17,7 @@ use common::*;
 fn shm_directory() -> PathBuf {
     PathBuf::from(
         std::env::var_os("HERMES_GUARD_SHM_DIRECTORY")
-            .expect("run by tests/shm-directory.sh, which names the SQLITE_SHM_DIRECTORY"),
+            .expect("run by tests/unusual-sqlite-builds.sh, which names the SQLITE_SHM_DIRECTORY"),
     )
 }
 
@@ -32,7 +32,7 @@ fn shm_files() -> Vec<PathBuf> {
 }
 
 #[test]
-#[ignore = "needs an SQLITE_SHM_DIRECTORY build: tests/shm-directory.sh"]
+#[ignore = "needs an SQLITE_SHM_DIRECTORY build: tests/unusual-sqlite-builds.sh"]
 fn a_connection_of_an_shm_directory_build_writes_on_without_a_false_alarm() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
@@ -55,7 +55,7 @@ fn a_connection_of_an_shm_directory_build_writes_on_without_a_false_alarm() {
 }
 
 #[test]
-#[ignore = "needs an SQLITE_SHM_DIRECTORY build: tests/shm-directory.sh"]
+#[ignore = "needs an SQLITE_SHM_DIRECTORY build: tests/unusual-sqlite-builds.sh"]
 fn an_shm_directory_builds_shared_memory_unlinked_under_the_connection_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");

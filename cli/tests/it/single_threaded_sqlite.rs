@@ -4,7 +4,7 @@
 //! is written there, and the close waits for SQLite's next open or close.
 //!
 //! rusqlite refuses such a build, so this drives SQLite through its C API. It runs only against
-//! such a build: tests/shm-directory.sh compiles one and runs it (`--ignored`).
+//! such a build: tests/unusual-sqlite-builds.sh compiles one and runs it (`--ignored`).
 
 use crate::common;
 use crate::file_layout::descriptors_on;
@@ -53,14 +53,11 @@ impl Db {
 }
 
 #[test]
-#[ignore = "needs an SQLITE_THREADSAFE=0 build: tests/shm-directory.sh"]
+#[ignore = "needs an SQLITE_THREADSAFE=0 build: tests/unusual-sqlite-builds.sh"]
 fn a_retry_from_an_application_thread_leaves_the_held_files_close_to_sqlite() {
     // SAFETY: returns a compile-time constant.
-    assert_eq!(
-        unsafe { ffi::sqlite3_threadsafe() },
-        0,
-        "not a THREADSAFE=0 build"
-    );
+    let threadsafe = unsafe { ffi::sqlite3_threadsafe() };
+    assert_eq!(threadsafe, 0, "not a THREADSAFE=0 build");
     hermes_guard::register().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
