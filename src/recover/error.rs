@@ -143,8 +143,8 @@ pub enum RecoverError {
     /// tore it, and its `integrity_check` is clean. Nothing was changed.
     #[error(
         "{database} is not torn: the capture {capture} does not record a torn main file \
-         (main_torn: false) and its integrity_check is ok, so a rebuild would replace a healthy \
-         file; merge the captured rows with `recover --apply` instead. Nothing was changed"
+         (main_torn: false) and the database's integrity_check is ok, so a rebuild would replace \
+         a healthy file; merge the captured rows with `recover --apply` instead. Nothing was changed"
     )]
     NotTorn {
         /// The database.

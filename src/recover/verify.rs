@@ -155,27 +155,36 @@ pub fn wal_problems(check: &WalCheck, entry: &WalEntry) -> Vec<String> {
         != (entry.frames, entry.commits, entry.last_commit_frame)
     {
         problems.push(format!(
-            "{file} holds {} valid frame(s) and {} commit(s) readable by SQLite, the manifest \
-             says {} frame(s) and {} commit(s) ({ends})",
-            check.frames, check.commits, entry.frames, entry.commits
-        ));
-    }
-    if check.commits_after > 0 {
-        problems.push(format!(
-            "{file}: {} commit frame(s) of this generation lie after the valid prefix ({ends}); \
-             SQLite cannot read them{}",
-            check.commits_after,
-            if check.prefix_end == PrefixEnd::Checksum {
-                format!(
-                    " — frame {} was changed after it was written ({} of the {} frame(s) after \
-                     it are intact)",
-                    check.frames + 1,
-                    check.frames_after_intact,
-                    check.frames_after.saturating_sub(1)
-                )
+            "{file} holds {} valid frame(s) and {} commit(s) SQLite can read; the manifest says \
+             {} frame(s) and {} commit(s){}",
+            check.frames,
+            check.commits,
+            entry.frames,
+            entry.commits,
+            if check.commits_after == 0 {
+                format!(" ({ends})")
             } else {
                 String::new()
             }
+        ));
+    }
+    if check.commits_after > 0 {
+        let k = check.frames + 1;
+        let damage = match (check.prefix_end, check.frames_after_intact) {
+            (PrefixEnd::Checksum, 0) => {
+                format!(" — frame {k} and the frames after it were changed or overwritten")
+            }
+            (PrefixEnd::Checksum, n) => format!(
+                " — frame {k} was changed after it was written ({n} of the {} frame(s) after it \
+                 are intact)",
+                check.frames_after - 1
+            ),
+            _ => String::new(),
+        };
+        problems.push(format!(
+            "{file}: {} commit(s) of this generation lie after the valid prefix ({ends}); SQLite \
+             cannot read them{damage}",
+            check.commits_after
         ));
     }
     problems

@@ -60,7 +60,11 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
     let clean = integrity == ["ok"];
     let ok = check.verified() && clean;
     let message = if !check.verified() {
-        format!("{}: {}", dir.display(), check.problems.join("; "))
+        format!(
+            "{}: the bytes disagree with the manifest or lose commits: {}",
+            dir.display(),
+            check.problems.join("; ")
+        )
     } else if !clean {
         format!(
             "{}: the files match the manifest, but the captured database fails \
@@ -87,10 +91,17 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
         doc["integrity"] = integrity.into();
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        println!(
-            "{} {message}",
-            if ok { "verified:" } else { "NOT verified:" }
-        );
+        if check.verified() {
+            println!(
+                "{} {message}",
+                if ok { "verified:" } else { "NOT verified:" }
+            );
+        } else {
+            println!(
+                "NOT verified: {}: the bytes disagree with the manifest or lose commits",
+                dir.display()
+            );
+        }
         print_details(&check);
     }
     ExitCode::from(if ok { DONE } else { FAILED })
