@@ -18,6 +18,7 @@ use crate::Manifest;
 
 /// One captured file as found.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct FileFound {
     /// Its name inside the capture.
     pub file: String,
@@ -29,6 +30,7 @@ pub struct FileFound {
 
 /// What [`verify_capture`] found.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct CaptureCheck {
     /// The capture directory.
     #[serde(serialize_with = "ser_path")]

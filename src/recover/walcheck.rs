@@ -30,6 +30,7 @@ use crate::walfile::{
 /// Why the valid prefix of a WAL ends where it does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum PrefixEnd {
     /// The file ends at a frame boundary right after the last valid frame.
     EndOfFile,
@@ -66,6 +67,7 @@ impl PrefixEnd {
 
 /// What the bytes of a WAL file hold.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct WalCheck {
     /// Bytes read (the whole file).
     pub bytes: u64,
