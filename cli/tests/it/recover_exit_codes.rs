@@ -219,3 +219,23 @@ fn captures_exits_1_on_an_unreadable_manifest_and_0_once_it_is_gone() {
     let (code, out, _) = cli(&[os("captures"), path.as_os_str()]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn the_library_refuses_to_rebuild_a_healthy_database() {
+    use hermes_guard::recover::{self, Capture, MergeOptions, RecoverError};
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = lost_four(dir.path());
+    let before = file_bytes(&path);
+    let capture = Capture::open(&artifact).unwrap();
+    assert!(!capture.manifest().main_torn);
+    let err = recover::check_torn(&capture, &path).unwrap_err();
+    assert!(matches!(err, RecoverError::NotTorn { .. }), "{err}");
+    let err = recover::rebuild_torn(&capture, &path, &MergeOptions::default()).unwrap_err();
+    assert!(matches!(err, RecoverError::NotTorn { .. }), "{err}");
+    assert!(err.is_bad_input());
+    assert_eq!(file_bytes(&path), before);
+    assert_eq!(
+        count_like(&Connection::open(&path).unwrap(), "retired %"),
+        0
+    );
+}

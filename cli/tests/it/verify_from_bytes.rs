@@ -169,3 +169,39 @@ fn a_tampered_capture_with_a_matching_sha256_fails_verify_and_recover_reports_wh
     assert_eq!(code, 0, "{out}");
     assert_eq!(count_like(&live, "retired %"), 12);
 }
+
+#[test]
+fn the_library_verifies_from_the_bytes_too() {
+    use hermes_guard::recover::{self, PrefixEnd};
+    let dir = tempfile::tempdir().unwrap();
+    let (_path, artifact) = lost_rows(dir.path(), 8);
+    let intact = recover::verify_capture(&artifact).unwrap();
+    assert!(intact.verified(), "{:?}", intact.problems);
+    assert_eq!(intact.unreadable_commits, 0);
+    assert_eq!(intact.wal_check.prefix_end, PrefixEnd::EndOfFile);
+    assert_eq!(intact.wal_check.commits, intact.manifest.wal.commits);
+
+    let frames = intact.manifest.wal.frames as usize;
+    let tampered = tampered_copy(&artifact, dir.path(), "tampered", frames - 2);
+    let check = recover::verify_capture(&tampered).unwrap();
+    assert!(!check.verified());
+    assert_eq!(check.wal_check.frames, frames as u64 - 3);
+    assert_eq!(check.wal_check.prefix_end, PrefixEnd::Checksum);
+    assert!(check.unreadable_commits >= 1, "{:?}", check.wal_check);
+    assert_eq!(
+        check.wal_check.commits + check.unreadable_commits,
+        intact.manifest.wal.commits
+    );
+    assert_eq!(
+        check.wal.sha256, check.manifest.wal.sha256,
+        "the sha256 was made to match"
+    );
+    assert!(
+        check
+            .problems
+            .iter()
+            .any(|p| p.contains("cannot read them")),
+        "{:?}",
+        check.problems
+    );
+}
