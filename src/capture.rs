@@ -446,6 +446,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
             database.display(),
             existing.display()
         );
+        crate::sqlite_log::captured(database, &existing);
         return Ok(Captured { dir: existing, wal });
     }
     let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
@@ -475,6 +476,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
                 final_dir.display(),
                 input.trigger
             );
+            crate::sqlite_log::captured(database, &final_dir);
             Ok(Captured {
                 dir: final_dir,
                 wal,

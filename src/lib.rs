@@ -38,7 +38,8 @@
 // Without the shim (not Linux) the capture machinery only the shim drives is unused.
 #![cfg_attr(not(target_os = "linux"), allow(dead_code))]
 
-// All `unsafe` lives under `src/vfs/` (the lints deny an `unsafe` block without a SAFETY line).
+// All `unsafe` lives under `src/vfs/`, but for the one `sqlite3_log` call in `src/sqlite_log.rs`
+// (the lints deny an `unsafe` block without a SAFETY line).
 mod capture;
 mod error;
 mod identity;
@@ -46,6 +47,7 @@ mod paths;
 pub mod recover;
 #[cfg(feature = "store")]
 pub mod registry;
+mod sqlite_log;
 mod status;
 #[cfg(feature = "store")]
 pub mod store;

@@ -338,7 +338,7 @@ fn be_u16_at(bytes: &[u8], off: usize) -> u16 {
 ///
 /// `data.len()` is a multiple of 8 for every real use; a trailing partial
 /// 8-byte group (only possible for corrupt sizes) is ignored.
-fn wal_checksum(big_endian: bool, data: &[u8], s: [u32; 2]) -> [u32; 2] {
+pub(crate) fn wal_checksum(big_endian: bool, data: &[u8], s: [u32; 2]) -> [u32; 2] {
     let (words, _) = data.as_chunks::<8>();
     if big_endian {
         checksum_words(words, s, u32::from_be_bytes)

@@ -14,7 +14,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "hermes-guard",
     version,
-    about = "A SQLite VFS that makes a lost WAL generation loud and lossless"
+    about = "A SQLite VFS that makes a lost WAL generation loud and lossless",
+    after_help = "Exit codes: 0 done; 1 failed (nothing written); 2 bad input (nothing written); \
+                  3 recover: something left over. Each command's --help says more; the runbook \
+                  is docs/recovery.md."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -28,10 +31,13 @@ enum Command {
     /// Compare hermes-guard with the stock unix VFS, interleaved, and print ratios.
     Bench(bench::BenchArgs),
     /// List the captures beside a database (or in a directory): when, why, verified, rows missing.
+    #[command(after_help = recover_cmd::CAPTURES_EXIT_CODES)]
     Captures(recover_cmd::CapturesArgs),
-    /// Exit 0 only for a complete capture whose files match its manifest and open clean.
+    /// Check a capture from its bytes: both files against the manifest, the WAL frame by frame.
+    #[command(after_help = recover_cmd::VERIFY_EXIT_CODES)]
     Verify(recover_cmd::VerifyArgs),
     /// Plan (and with --apply, merge) a capture's missing rows into the live database.
+    #[command(after_help = recover_cmd::RECOVER_EXIT_CODES)]
     Recover(recover_cmd::RecoverArgs),
     /// (internal) A writer process driven over stdin/stdout, for tests and the demo.
     #[command(hide = true)]

@@ -139,6 +139,20 @@ pub enum RecoverError {
         database: PathBuf,
     },
 
+    /// `--rebuild` on a database that is not torn: the capture's manifest does not say the loss
+    /// tore it, and its `integrity_check` is clean. Nothing was changed.
+    #[error(
+        "{database} is not torn: the capture {capture} does not record a torn main file \
+         (main_torn: false) and the database's integrity_check is ok, so a rebuild would replace \
+         a healthy file; merge the captured rows with `recover --apply` instead. Nothing was changed"
+    )]
+    NotTorn {
+        /// The database.
+        database: PathBuf,
+        /// The capture.
+        capture: PathBuf,
+    },
+
     /// The rebuilt database failed its own check and was not swapped in.
     #[error("the database rebuilt for {database} failed its check ({why}); the live file was not touched")]
     RebuildCheck {

@@ -15,7 +15,10 @@
 //! - [`plan`] says, per table, what the captured generation committed that the live database
 //!   lacks; [`apply`] inserts it in one `BEGIN IMMEDIATE` transaction through the guard, with
 //!   `PRAGMA foreign_key_check` clean before commit. Running it again adds nothing.
-//! - [`rebuild_torn`] rebuilds a live database the loss left torn (`main_torn`).
+//! - [`rebuild_torn`] rebuilds a live database the loss left torn (`main_torn`), and refuses one
+//!   that is not.
+//! - [`verify_capture`] verifies a capture from its bytes: the WAL read frame by frame
+//!   ([`WalCheck`]) and compared with the manifest.
 //!
 //! The merge rules are in `docs/merge-rules.md`.
 
@@ -25,6 +28,8 @@ mod merge;
 mod open;
 mod rebuild;
 mod schema;
+mod verify;
+mod walcheck;
 
 use std::path::{Path, PathBuf};
 
@@ -37,7 +42,9 @@ pub use merge::{
     Unreadable,
 };
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
-pub use rebuild::{rebuild_torn, RebuildReport};
+pub use rebuild::{check_torn, rebuild_torn, RebuildReport};
+pub use verify::{unreadable_commits, verify_capture, wal_problems, CaptureCheck, FileFound};
+pub use walcheck::{PrefixEnd, WalCheck};
 
 #[cfg(feature = "store")]
 pub(crate) use heal::heal_store;

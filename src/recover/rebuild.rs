@@ -4,6 +4,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, MAIN_DB};
 use serde::Serialize;
 
@@ -33,7 +34,9 @@ fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 
 /// Rebuilds `database` from the capture's consistent generation plus every row the live
 /// generation added since (read table by table, as far as the torn file can be read), checks the
-/// result (`integrity_check`, `foreign_key_check`), and swaps it in — only while no other
+/// result (`integrity_check`, `foreign_key_check`), and swaps it in — only for a database that
+/// is torn ([`check_torn`]'s rule, checked under the lock: otherwise [`RecoverError::NotTorn`]
+/// and nothing changes), and only while no other
 /// connection holds the database: the live file is locked exclusively first
 /// (`locking_mode=EXCLUSIVE` + `BEGIN EXCLUSIVE`, which any other open connection, reading or
 /// writing, blocks), and held until the new file is in place. Otherwise
@@ -57,6 +60,10 @@ pub fn rebuild_torn(
         "unix",
     )
     .map_err(sq("open the live database"))?;
+    // A refused rebuild changes nothing, not even by the checkpoint a last close would run.
+    holder
+        .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .map_err(sq("turn off the checkpoint at close"))?;
     crate::set_busy_timeout(&holder, std::time::Duration::ZERO).map_err(sq("busy_timeout"))?;
     let _: String = holder
         .query_row("PRAGMA locking_mode=EXCLUSIVE", [], |r| r.get(0))
@@ -71,6 +78,7 @@ pub fn rebuild_torn(
     }
     let live_integrity = integrity_check(&holder)
         .unwrap_or_else(|e| vec![format!("the live database cannot be checked: {e}")]);
+    refuse_unless_torn(capture, database, &live_integrity)?;
 
     let parent = database
         .parent()
@@ -140,6 +148,42 @@ pub fn rebuild_torn(
         kept,
         live_integrity,
         from_live,
+    })
+}
+
+/// Whether `database` is torn as far as can be told without locking it: the capture's manifest
+/// says the loss tore it (`main_torn`), or its `integrity_check` fails. Returns what
+/// `integrity_check` said; [`RecoverError::NotTorn`] for a healthy file. Reads only (a read-only
+/// connection on the unix VFS, no checkpoint at close).
+pub fn check_torn(capture: &Capture, database: &Path) -> Result<Vec<String>, RecoverError> {
+    check_target(capture.dir(), database)?;
+    let sq = |what: &'static str| move |e| RecoverError::sqlite(database, what, e);
+    let conn = Connection::open_with_flags_and_vfs(
+        database,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        "unix",
+    )
+    .map_err(sq("open the live database to read"))?;
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .map_err(sq("turn off the checkpoint at close"))?;
+    let integrity = integrity_check(&conn)
+        .unwrap_or_else(|e| vec![format!("the live database cannot be checked: {e}")]);
+    refuse_unless_torn(capture, database, &integrity)?;
+    Ok(integrity)
+}
+
+/// [`RecoverError::NotTorn`] unless the manifest says `main_torn` or `integrity` is not `ok`.
+fn refuse_unless_torn(
+    capture: &Capture,
+    database: &Path,
+    integrity: &[String],
+) -> Result<(), RecoverError> {
+    if capture.manifest().main_torn || integrity != ["ok"] {
+        return Ok(());
+    }
+    Err(RecoverError::NotTorn {
+        database: database.to_path_buf(),
+        capture: capture.dir().to_path_buf(),
     })
 }
 

@@ -651,6 +651,7 @@ impl DbState {
             self.db_path.display(),
             reason.describe()
         );
+        crate::sqlite_log::retired(&self.db_path, reason);
         if reason != RetireReason::MainReplaced {
             inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
             if let Some(b) = inner.backfill_at_loss.filter(Backfill::tears_main) {

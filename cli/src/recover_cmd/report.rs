@@ -1,0 +1,176 @@
+//! `recover`'s report on a terminal, and its progress bar.
+
+use std::io::IsTerminal;
+
+use hermes_guard::recover::{Capture, MergeReport};
+
+use super::{label, WalFindings};
+
+/// A progress bar on stderr when it is a terminal (and not `--json`); hidden otherwise.
+pub(crate) fn progress_bar(json: bool) -> indicatif::ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(0), indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg:>20} [{bar:40}] {pos}/{len} rows")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// The commits the capture holds and the ones it cannot give, in one line.
+fn commits_line(capture: &Capture, wal: &WalFindings) -> String {
+    let in_manifest = capture.manifest().wal.commits;
+    if wal.unreadable_commits == 0 && wal.problems.is_empty() {
+        return format!(
+            "{} commit(s) in the WAL, every one readable",
+            wal.check.commits
+        );
+    }
+    format!(
+        "{} of {} commit(s) readable: {} cannot be read",
+        wal.check.commits,
+        in_manifest.max(wal.check.commits + wal.unreadable_commits),
+        wal.unreadable_commits
+    )
+}
+
+/// The warning for a capture whose WAL the merge cannot fully use; nothing when it can.
+pub(crate) fn print_wal_warning(capture: &Capture, wal: &WalFindings) {
+    if wal.unreadable_commits == 0 && wal.problems.is_empty() {
+        return;
+    }
+    println!(
+        "WARNING  the capture's WAL is damaged: {}; the rows of the commits after its valid \
+         prefix are not in this merge",
+        commits_line(capture, wal)
+    );
+    for p in &wal.problems {
+        println!("         {p}");
+    }
+    println!(
+        "         (`hermes-guard verify {}` shows the WAL frame by frame; docs/recovery.md, \
+         \"A damaged capture\")",
+        capture.dir().display()
+    );
+}
+
+pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeReport) {
+    let m = capture.manifest();
+    println!("capture  {}", capture.dir().display());
+    println!(
+        "         {} ({}, trigger {}), {}; files match the manifest; integrity_check {}",
+        m.captured_at,
+        label(&m.reason),
+        label(&m.trigger),
+        commits_line(capture, wal),
+        if capture.is_clean() {
+            "ok".to_owned()
+        } else {
+            format!("FAILS ({})", capture.integrity().join("; "))
+        }
+    );
+    println!("into     {}", report.database.display());
+    if m.main_torn {
+        println!(
+            "warning  the loss left the live file torn (main_torn): consider \
+             `recover --rebuild --apply` with every writer stopped (docs/recovery.md)"
+        );
+    }
+    print_wal_warning(capture, wal);
+    println!();
+    println!(
+        "{:<28}{:>12}{:>14}{:>11}{:>11}{}",
+        "table",
+        "in capture",
+        "already live",
+        "to insert",
+        "conflicts",
+        if report.applied { "   inserted" } else { "" }
+    );
+    for t in &report.tables {
+        println!(
+            "{:<28}{:>12}{:>14}{:>11}{:>11}{}",
+            t.table,
+            t.in_capture,
+            t.already_live,
+            t.to_insert,
+            t.conflicts,
+            if report.applied {
+                format!("{:>11}", t.inserted)
+            } else {
+                String::new()
+            }
+        );
+        for k in &t.conflict_keys {
+            println!("    conflict: key {k} differs (live kept unless --take-capture)");
+        }
+        if t.replaced > 0 {
+            println!(
+                "    {} conflicting row(s) overwritten with the captured ones",
+                t.replaced
+            );
+        }
+        if t.new_rowids > 0 {
+            println!(
+                "    {} row(s) inserted under new rowids (theirs were reused)",
+                t.new_rowids
+            );
+        }
+        if t.rejected > 0 {
+            println!(
+                "    {} row(s) refused by the live schema's constraints",
+                t.rejected
+            );
+        }
+        for u in &t.unreadable {
+            println!(
+                "    UNREADABLE in the capture: rows after rowid {} and before {}{}: {}",
+                u.after_rowid.map_or("(start)".into(), |r| r.to_string()),
+                u.before_rowid.map_or("(end)".into(), |r| r.to_string()),
+                u.at_most
+                    .map_or(String::new(), |n| format!(" (at most {n})")),
+                u.error
+            );
+        }
+    }
+    for n in &report.not_merged {
+        println!("not merged: {}: {}", n.table, n.reason);
+    }
+    for f in &report.fts_rebuilt {
+        println!("rebuilt the full-text index {f}");
+    }
+    println!();
+    if report.applied {
+        println!(
+            "merged {} row(s) into {} in one transaction; foreign_key_check clean",
+            report.inserted(),
+            report.database.display()
+        );
+    } else if report.missing() > 0 {
+        println!(
+            "{} row(s) missing from the live database; nothing was written. Run again with \
+             --apply to merge them.",
+            report.missing()
+        );
+    } else {
+        println!("every readable captured row is already in the live database; nothing to do");
+    }
+    let left_over = report.left_over() + wal.unreadable_commits;
+    if left_over > 0 {
+        println!(
+            "{left_over} item(s) left over{}: see above",
+            if wal.unreadable_commits > 0 {
+                format!(
+                    " ({} of them commits the capture cannot read)",
+                    wal.unreadable_commits
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
