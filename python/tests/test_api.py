@@ -229,9 +229,20 @@ APSW_SCENARIO = """
         mixed = None
     except hermes_guard.LoadError as e:
         mixed = str(e)
+    # By hand, past the package's check: the extension itself refuses a second SQLite library,
+    # and apsw's connection goes on working on its own.
+    import sqlite3
+    by_hand = sqlite3.connect(":memory:")
+    by_hand.enable_load_extension(True)
+    try:
+        by_hand.execute("SELECT load_extension(?)", (hermes_guard.extension_path(),)).fetchall()
+        second_library = None
+    except sqlite3.OperationalError as e:
+        second_library = str(e)
+    still = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
     print(json.dumps({"sqlite": apsw.sqlite_lib_version(), "refused": refused,
                       "trigger": capture.trigger, "commits": capture.wal.commits,
-                      "mixed": mixed}))
+                      "mixed": mixed, "second_library": second_library, "still": still}))
 """
 
 
@@ -245,6 +256,8 @@ def test_apsw_connections_are_guarded_through_load(tmp_path):
     assert probe["trigger"] == "halt" and probe["commits"] >= 1
     # The extension went into apsw's own SQLite; the stdlib's is another library.
     assert "already loaded into apsw's SQLite" in probe["mixed"]
+    assert "already loaded into another copy of the SQLite library" in probe["second_library"]
+    assert probe["still"] == 1
 
 
 def test_the_sqlite3_shell_loads_the_packaged_extension(tmp_path):
