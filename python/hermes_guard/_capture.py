@@ -11,7 +11,7 @@ import sqlite3
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union
 
 from ._loader import HermesGuardError
 from ._status import Backfill, FileId, RetireReason, _file_id, _path
@@ -34,7 +34,7 @@ class WalEntry:
     file: str
     bytes: int
     sha256: str
-    header: dict
+    header: Dict[str, Any]
     frames: int
     commits: int
     last_commit_frame: Optional[int]
@@ -49,7 +49,7 @@ class MainEntry:
     file: str
     bytes: int
     sha256: str
-    header: dict
+    header: Dict[str, Any]
     mode: str
 
 
@@ -77,7 +77,7 @@ class Capture:
             text = (self.path / MANIFEST).read_text(encoding="utf-8")
             m = json.loads(text)
             wal, main = m["wal"], m["main"]
-            self.manifest: dict = m
+            self.manifest: Dict[str, Any] = m
             """The manifest as JSON, every key included."""
             self.version: int = int(m["version"])
             self.database: str = _path(m["database"], m.get("database_hex")) or ""
@@ -111,7 +111,8 @@ class Capture:
             )
             shm = m.get("shm")
             self.shm: Optional[FileId] = _file_id(shm["identity"]) if shm else None
-            self.path_generation_at_capture: dict = dict(m.get("path_generation_at_capture") or {})
+            generation = m.get("path_generation_at_capture") or {}
+            self.path_generation_at_capture: Dict[str, Any] = dict(generation)
             backfill = m.get("backfill_at_loss")
             self.backfill_at_loss: Optional[Backfill] = Backfill(**backfill) if backfill else None
             self.main_torn: bool = bool(m.get("main_torn", False))
@@ -177,7 +178,7 @@ def captures(database: PathLike) -> List[Capture]:
     same file name. (`hermes-guard captures` does the same and also says what is missing.)"""
     db = Path(database)
     name = db.name
-    found = []
+    found: List[Capture] = []
     if not db.parent.is_dir():
         return found
     for entry in db.parent.iterdir():
@@ -222,7 +223,7 @@ class RecoverResult:
     (`apply`) or to merge (a plan), 3 conflicts or rows left over (docs/recovery.md)."""
 
     exit_code: int
-    report: dict
+    report: Dict[str, Any]
     """The JSON report: `missing`, `inserted`, `left_over`, `tables`, ..."""
 
     @property

@@ -120,9 +120,9 @@ def _load_stdlib(conn: sqlite3.Connection, entry_point: str) -> None:
 
 
 def _load_apsw(conn: Any, entry_point: str) -> None:
-    import apsw  # only reached with an apsw.Connection in hand
+    import apsw  # type: ignore[import-not-found,unused-ignore]  # only with an apsw.Connection
 
-    def method(name: str):  # apsw 3.43 renamed enableloadextension & co.
+    def method(name: str) -> Any:  # apsw 3.43 renamed enableloadextension & co.
         found = getattr(conn, name, None)
         return found if found is not None else getattr(conn, name.replace("_", ""))
 
@@ -204,4 +204,5 @@ def connect(path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> sqlite3.Conn
             _check_host("sqlite3")
             _load_private(ENTRY_POINT)
     kwargs["uri"] = True
-    return sqlite3.connect(guarded_uri(path), **kwargs)
+    conn: sqlite3.Connection = sqlite3.connect(guarded_uri(path), **kwargs)
+    return conn

@@ -6,9 +6,9 @@ import enum
 import json
 import os
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ._loader import HermesGuardError
 
@@ -113,7 +113,7 @@ class GuardStatus:
     """The lock shield holds its read lock on the `-shm` dead-man-switch byte."""
     shield_off_reason: Optional[str]
     """Why the lock shield is off for this connection, if it is."""
-    raw: dict
+    raw: Dict[str, Any] = field(compare=False, repr=False)
     """The JSON document itself, with any key this version does not know."""
 
     @classmethod

@@ -241,3 +241,53 @@ def test_retired_rows_recoverable_after_the_writer_process_exits(tmp_path, renam
         assert integrity_ok(live)
     finally:
         live.close()
+
+
+# ── A capture that cannot be written ────────────────────────────────────────────────────────────
+#
+# The seed's "close refuses to settle without a capture", with a real failure: the child lowers
+# its file-size limit to 1 KiB (as a full disk would), so the capture cannot be written.
+
+CAPTURE_FAILS = """
+    import json, resource, signal, sqlite3, sys
+    from pathlib import Path
+    import hermes_guard
+    from helpers import lose_sidecars, open_db, wal_only_sentinel
+
+    path = Path(sys.argv[1]) / "state.db"
+    hermes_guard.enable()
+    conn = open_db(path)
+    sentinel = wal_only_sentinel(conn)
+    lose_sidecars(path)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        hermes_guard.close(conn)
+        refused = None
+    except hermes_guard.CaptureFailedError as e:
+        refused = str(e)
+    still_open = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+    after_failure = hermes_guard.status(conn)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    hermes_guard.close(conn)
+    print(json.dumps({"sentinel": sentinel, "refused": refused, "still_open": still_open,
+                      "capture_error": after_failure.capture_error,
+                      "captured_then": after_failure.capture is not None}))
+"""
+
+
+def test_close_refuses_to_settle_without_a_capture(tmp_path):
+    from helpers import last_json, run_python
+
+    probe = last_json(run_python(CAPTURE_FAILS, str(tmp_path)))
+    assert probe["refused"] is not None and "File too large" in probe["refused"], probe
+    assert probe["still_open"] == 21, "the connection stays open after the refused close"
+    assert "File too large" in probe["capture_error"] and not probe["captured_then"]
+    [capture] = hermes_guard.captures(tmp_path / "state.db")
+    assert capture.trigger == "close" and capture.files_match()
+    recovered = capture.open_copy(tmp_path / "recovered")
+    try:
+        assert count_like(recovered, probe["sentinel"]) == 1
+    finally:
+        recovered.close()
