@@ -169,7 +169,7 @@ class Capture:
 def _quote(path: str) -> str:
     import urllib.parse
 
-    return urllib.parse.quote(path)
+    return urllib.parse.quote(os.fsencode(path))
 
 
 def captures(database: PathLike) -> List[Capture]:

@@ -96,8 +96,8 @@ def _no_loading_error() -> ExtensionLoadingUnavailable:
         f"this Python's sqlite3 module cannot load SQLite extensions, so hermes-guard cannot be "
         f"loaded into it: {_interpreter()} (Python {sys.version.split()[0]}, SQLite "
         f"{sqlite3.sqlite_version}) was built without --enable-loadable-sqlite-extensions, "
-        f"which leaves out sqlite3.Connection.enable_load_extension (pyenv's and python.org's "
-        f"builds do by default). Use instead: the distribution's own Python (/usr/bin/python3 "
+        f"which leaves out sqlite3.Connection.enable_load_extension (CPython's configure does "
+        f"by default: pyenv's builds, for one). Use instead: the distribution's own Python (/usr/bin/python3 "
         f"on Debian or Ubuntu); a Python built with --enable-loadable-sqlite-extensions (pyenv: "
         f'PYTHON_CONFIGURE_OPTS="--enable-loadable-sqlite-extensions" pyenv install <version>); '
         f"or apsw (pip install apsw), whose connections hermes_guard.load() accepts."
@@ -192,8 +192,9 @@ def _load_private(entry_point: str) -> None:
 
 
 def guarded_uri(path: Union[str, "os.PathLike[str]"]) -> str:
-    """`file:<path>?vfs=hermes-guard`, with the path percent-encoded (open it with `uri=True`)."""
-    return "file:" + urllib.parse.quote(os.fspath(path)) + "?vfs=" + VFS_NAME
+    """`file:<path>?vfs=hermes-guard`, with the path's bytes percent-encoded (any name, UTF-8 or
+    not); open it with `uri=True`."""
+    return "file:" + urllib.parse.quote(os.fsencode(path)) + "?vfs=" + VFS_NAME
 
 
 def connect(path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> sqlite3.Connection:

@@ -274,3 +274,24 @@ def test_the_sqlite3_shell_loads_the_packaged_extension(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["wal", "0"]
+
+
+def test_a_database_name_that_is_not_utf8_round_trips_through_status_and_manifest(tmp_path):
+    path = tmp_path / os.fsdecode(b"st\xffate.db")  # a surrogate-escaped str, as os gives it
+    conn = hermes_guard.connect(path, isolation_level=None)
+    try:
+        assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        conn.execute("CREATE TABLE messages(id INTEGER PRIMARY KEY, session TEXT, content TEXT)")
+        insert(conn, "only in the WAL")
+        assert hermes_guard.status(conn).database == str(path)
+        lose_sidecars(path)
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            insert(conn, "after the loss")
+        assert hermes_guard.is_retired(refused.value)
+        guard = hermes_guard.status(conn)
+        assert guard.capture is not None and guard.capture.is_dir()
+        capture = hermes_guard.Capture(guard.capture)
+        assert capture.database == str(path) and os.fsencode(capture.database) == os.fsencode(path)
+        assert capture.files_match()
+    finally:
+        conn.close()
