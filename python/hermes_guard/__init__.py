@@ -64,6 +64,12 @@ from ._status import (
 
 __version__ = "0.1.0"
 
+# Tracebacks name the errors where users import them from.
+for _error in (HermesGuardError, ExtensionLoadingUnavailable, LoadError, NotGuardedError,
+               CaptureFailedError, CaptureFormatError):
+    _error.__module__ = __name__
+del _error
+
 __all__ = [
     "Backfill",
     "Capture",

@@ -196,7 +196,13 @@ def test_a_python_that_cannot_load_extensions_gets_one_clear_error():
     assert "cannot load SQLite extensions" in message
     assert "--enable-loadable-sqlite-extensions" in message
     assert "/usr/bin/python3" in message and "apsw" in message
-    assert python.split("/bin/")[0] in message or "python" in message
+    assert python in message, "the message names the interpreter"
+    assert done.stderr == "", done.stderr  # one error, handled: nothing else printed
+    # Unhandled, it is one exception, its message the last line: no crash, no second error.
+    unhandled = run_python("import hermes_guard; hermes_guard.enable()", python=python, check=False)
+    assert unhandled.returncode == 1, unhandled
+    last = unhandled.stderr.strip().splitlines()[-1]
+    assert last == f"hermes_guard.ExtensionLoadingUnavailable: {message}", last
 
 
 # ── apsw ────────────────────────────────────────────────────────────────────────────────────────
