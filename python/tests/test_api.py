@@ -301,3 +301,23 @@ def test_a_database_name_that_is_not_utf8_round_trips_through_status_and_manifes
         assert capture.files_match()
     finally:
         conn.close()
+
+
+README_CHECK = """
+    import os, sqlite3, sys
+    exec(sys.argv[1])  # the README's quick start, verbatim
+    import hermes_guard
+    conn = sqlite3.connect(os.path.join(sys.argv[2], "state.db"))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t(x)")
+    print(hermes_guard.status(conn).wal is not None)  # NotGuardedError if it were not guarded
+"""
+
+
+def test_the_readme_quick_start_guards_a_database(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## From Python: the package", 1)[1]
+    quick_start = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(quick_start.strip().splitlines()) == 2, quick_start
+    done = run_python(README_CHECK, quick_start, str(tmp_path))
+    assert done.stdout.strip() == "True"
