@@ -10,7 +10,9 @@
 #      that the npm package sqlite3@5.0.2 ships (LD_LIBRARY_PATH);
 # every run also proves the clear load-time error of a host below the minimum (SQLite 3.32.3, from
 # sqlite3@5.0.1, in the distribution's Python). Then the distribution's sqlite3 shell loads the
-# extension and guards a database. Last, tests/system-sqlite.sh runs the library's integration tests
+# extension and guards a database. Then python/run-tests.sh builds the Python package
+# (`pip install ./python`, `pip wheel ./python`) in fresh virtual environments and runs its pytest
+# suite (python/tests). Last, tests/system-sqlite.sh runs the library's integration tests
 # again without `bundled`, on the system libsqlite3 (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
@@ -172,6 +174,12 @@ EOF
 else
     required_skip "the sqlite3 shell ($shell)" "not installed"
 fi
+
+# The Python package (python/): `pip install ./python` into a fresh venv of the distribution's
+# Python, its wheel into a second one, and its pytest suite (python/run-tests.sh; with CI=true a
+# missing prerequisite fails there too).
+echo "== the Python package (python/run-tests.sh)"
+HERMES_GUARD_DISTRO_PYTHON="$distro_python" bash python/run-tests.sh
 
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh

@@ -28,6 +28,7 @@ use std::ffi::{c_char, c_int, CString};
 use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::{ffi, Connection};
@@ -128,6 +129,7 @@ unsafe fn init(
             missing.join(", ")
         ));
     }
+    claim_host(p_api)?;
     // SAFETY: as above; every slot rusqlite copies is within `table`.
     unsafe { ffi::rusqlite_extension_init2(table) }
         .map_err(|e| format!("hermes-guard: cannot use the host's SQLite API: {e}"))?;
@@ -167,6 +169,27 @@ unsafe fn init(
         ));
     }
     Ok(())
+}
+
+/// The API table of the SQLite library the extension serves (0 until the first load). rusqlite
+/// keeps the host's routines in process globals, so the extension can serve one SQLite library
+/// per process: loading it into a second copy (a Python process with the stdlib's libsqlite3 and
+/// an apsw wheel's own SQLite) would point the first host's calls at the second's routines.
+static HOST_API: AtomicUsize = AtomicUsize::new(0);
+
+/// Records `p_api` as the host's table, or refuses a table of another SQLite library. A library
+/// hands every load the same table (`sqlite3Apis`, a static), so reloading into it is fine.
+fn claim_host(p_api: *mut ffi::sqlite3_api_routines) -> Result<(), String> {
+    match HOST_API.compare_exchange(0, p_api as usize, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Ok(()),
+        Err(served) if served == p_api as usize => Ok(()),
+        Err(_) => Err(
+            "hermes-guard: already loaded into another copy of the SQLite library in \
+             this process; the extension serves one SQLite library per process (e.g. \
+             Python's sqlite3 or apsw, not both)"
+                .into(),
+        ),
+    }
 }
 
 /// Whether the environment asks for the guard to be the default VFS.
@@ -347,6 +370,17 @@ fn install_logger() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_sqlite_library_per_process() {
+        let first = 0x1000 as *mut ffi::sqlite3_api_routines;
+        let second = 0x2000 as *mut ffi::sqlite3_api_routines;
+        assert_eq!(claim_host(first), Ok(()));
+        assert_eq!(claim_host(first), Ok(()), "a reload into the same library");
+        let err = claim_host(second).unwrap_err();
+        assert!(err.contains("another copy of the SQLite library"), "{err}");
+        assert_eq!(claim_host(first), Ok(()), "the first host is still served");
+    }
 
     #[test]
     fn default_is_off_unless_asked_for() {

@@ -1,0 +1,278 @@
+"""A capture directory and its `manifest.json` (docs/capture-format.md), and the operator's
+commands on it (`verify`, `recover`), run by the `hermes-guard` CLI carried in this package."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+from ._loader import HermesGuardError
+from ._status import Backfill, FileId, RetireReason, _file_id, _path
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+MANIFEST = "manifest.json"
+_CLI_FILE = "hermes-guard"
+
+
+class CaptureFormatError(HermesGuardError):
+    """A directory that is not a complete capture, or whose manifest cannot be read."""
+
+
+@dataclass(frozen=True)
+class WalEntry:
+    """The manifest's `wal`: the retired WAL, read from the descriptor the guard pinned."""
+
+    identity: FileId
+    file: str
+    bytes: int
+    sha256: str
+    header: Dict[str, Any]
+    frames: int
+    commits: int
+    last_commit_frame: Optional[int]
+
+
+@dataclass(frozen=True)
+class MainEntry:
+    """The manifest's `main`: the main image as the retiring connection saw it."""
+
+    identity: FileId
+    size: int
+    file: str
+    bytes: int
+    sha256: str
+    header: Dict[str, Any]
+    mode: str
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Capture:
+    """A complete capture: `<name>.retired-wal-<UTC>-<pid>[-n]/` with the retired WAL, the main
+    image and `manifest.json`. `Capture(path)` reads the manifest; a `.partial` directory (an
+    interrupted capture) or an unreadable manifest raises :class:`CaptureFormatError`."""
+
+    def __init__(self, path: PathLike):
+        self.path = Path(path)
+        if self.path.name.endswith(".partial"):
+            raise CaptureFormatError(
+                f"{self.path} is an interrupted capture (.partial): incomplete, never used; it "
+                f"can be deleted"
+            )
+        try:
+            text = (self.path / MANIFEST).read_text(encoding="utf-8")
+            m = json.loads(text)
+            wal, main = m["wal"], m["main"]
+            self.manifest: Dict[str, Any] = m
+            """The manifest as JSON, every key included."""
+            self.version: int = int(m["version"])
+            self.database: str = _path(m["database"], m.get("database_hex")) or ""
+            """The database's full pathname as SQLite opened it (exact bytes when not UTF-8)."""
+            self.trigger: str = m["trigger"]
+            """`"halt"` (first refused write) or `"close"`."""
+            self.reason: Optional[RetireReason] = (
+                RetireReason(m["reason"]) if m.get("reason") else None
+            )
+            self.pid: int = int(m["pid"])
+            self.captured_at: str = m["captured_at"]
+            self.sqlite: str = m.get("sqlite", "")
+            self.wal = WalEntry(
+                identity=_file_id(wal["identity"]) or (0, 0),
+                file=wal["file"],
+                bytes=int(wal["bytes"]),
+                sha256=wal["sha256"],
+                header=dict(wal.get("header") or {}),
+                frames=int(wal.get("frames", 0)),
+                commits=int(wal.get("commits", 0)),
+                last_commit_frame=wal.get("last_commit_frame"),
+            )
+            self.main = MainEntry(
+                identity=_file_id(main["identity"]) or (0, 0),
+                size=int(main.get("size", main["bytes"])),
+                file=main["file"],
+                bytes=int(main["bytes"]),
+                sha256=main["sha256"],
+                header=dict(main.get("header") or {}),
+                mode=main.get("mode", "copied"),
+            )
+            shm = m.get("shm")
+            self.shm: Optional[FileId] = _file_id(shm["identity"]) if shm else None
+            generation = m.get("path_generation_at_capture") or {}
+            self.path_generation_at_capture: Dict[str, Any] = dict(generation)
+            backfill = m.get("backfill_at_loss")
+            self.backfill_at_loss: Optional[Backfill] = Backfill(**backfill) if backfill else None
+            self.main_torn: bool = bool(m.get("main_torn", False))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CaptureFormatError(f"{self.path}: not a readable capture: {e}") from e
+
+    def __repr__(self) -> str:
+        return f"Capture({str(self.path)!r}, trigger={self.trigger!r}, commits={self.wal.commits})"
+
+    @property
+    def wal_file(self) -> Path:
+        """The retired WAL in the capture."""
+        return self.path / self.wal.file
+
+    @property
+    def main_file(self) -> Path:
+        """The main image in the capture."""
+        return self.path / self.main.file
+
+    def files_match(self) -> bool:
+        """Whether both files have the size and sha256 the manifest records (no SQLite
+        involved; :meth:`verify` also opens the captured generation)."""
+        return all(
+            f.is_file() and f.stat().st_size == size and _sha256(f) == digest
+            for f, size, digest in (
+                (self.wal_file, self.wal.bytes, self.wal.sha256),
+                (self.main_file, self.main.bytes, self.main.sha256),
+            )
+        )
+
+    def open_copy(self, directory: PathLike) -> sqlite3.Connection:
+        """Copies the captured main image and WAL into `directory` (created; must not exist)
+        and opens the copy through the stock `unix` VFS: the retired generation, every
+        transaction its WAL committed, with nothing from the original path. The capture itself
+        is never opened or changed."""
+        target = Path(directory)
+        target.mkdir(parents=True)
+        shutil.copyfile(self.main_file, target / self.main.file)
+        shutil.copyfile(self.wal_file, target / (self.main.file + "-wal"))
+        uri = "file:" + _quote(str(target / self.main.file)) + "?vfs=unix"
+        return sqlite3.connect(uri, uri=True)
+
+    def verify(self) -> "VerifyResult":
+        """`hermes-guard verify`: the files match the manifest and the captured generation
+        passes `integrity_check`."""
+        return verify(self.path)
+
+    def recover(self, into: PathLike, apply: bool = False, take_capture: bool = False) -> "RecoverResult":
+        """`hermes-guard recover`: the plan (or with `apply=True`, the merge) of this capture's
+        missing rows into the live database `into`. See docs/recovery.md."""
+        return recover(self.path, into, apply=apply, take_capture=take_capture)
+
+
+def _quote(path: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(os.fsencode(path))
+
+
+def captures(database: PathLike) -> List[Capture]:
+    """The complete captures of `database`, in its directory, oldest first: every
+    `*.retired-wal-*` directory there (not `.partial`) whose manifest names a database of the
+    same file name. (`hermes-guard captures` does the same and also says what is missing.)"""
+    db = Path(database)
+    name = db.name
+    found: List[Capture] = []
+    if not db.parent.is_dir():
+        return found
+    for entry in db.parent.iterdir():
+        if ".retired-wal-" not in entry.name or entry.name.endswith(".partial") or not entry.is_dir():
+            continue
+        try:
+            capture = Capture(entry)
+        except CaptureFormatError:
+            continue
+        if os.path.basename(capture.database) == name:
+            found.append(capture)
+    return sorted(found, key=lambda c: (c.captured_at, c.path.name))
+
+
+def cli_path() -> str:
+    """The `hermes-guard` CLI carried in this package."""
+    path = Path(__file__).resolve().parent / _CLI_FILE
+    if not os.access(path, os.X_OK):
+        found = shutil.which(_CLI_FILE)
+        raise HermesGuardError(
+            f"the package has no executable {path}: it was not built"
+            + (f" ({found} on PATH may be a wrapper of this package)" if found else "")
+            + " (install it with `pip install ./python` from the hermes-guard repository)"
+        )
+    return str(path)
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What `hermes-guard verify --json` said."""
+
+    ok: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass(frozen=True)
+class RecoverResult:
+    """What `hermes-guard recover --json` said. `exit_code`: 0 nothing to do, 1 rows merged
+    (`apply`) or to merge (a plan), 3 conflicts or rows left over (docs/recovery.md)."""
+
+    exit_code: int
+    report: Dict[str, Any]
+    """The JSON report: `missing`, `inserted`, `left_over`, `tables`, ..."""
+
+    @property
+    def missing(self) -> int:
+        return int(self.report.get("missing", 0))
+
+    @property
+    def inserted(self) -> int:
+        return int(self.report.get("inserted", 0))
+
+    @property
+    def applied(self) -> bool:
+        return bool(self.report.get("applied", False))
+
+
+def _run_cli(args: List[str]) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run([cli_path(), *args], capture_output=True, text=True, check=False)
+
+
+def _json_of(done: "subprocess.CompletedProcess[str]", what: str) -> Any:
+    try:
+        return json.loads(done.stdout)
+    except ValueError:
+        raise HermesGuardError(
+            f"hermes-guard {what} exited with {done.returncode} without a JSON answer: "
+            f"{done.stderr.strip() or done.stdout.strip()}"
+        ) from None
+
+
+def verify(capture: PathLike) -> VerifyResult:
+    """Runs `hermes-guard verify --json <capture>`: ok only for a complete capture whose two
+    files match `manifest.json` (size, sha256) and whose captured generation passes
+    `PRAGMA integrity_check`. Nothing is written."""
+    done = _run_cli(["verify", "--json", os.fspath(capture)])
+    doc = _json_of(done, "verify")
+    return VerifyResult(ok=bool(doc["ok"]), message=str(doc["message"]))
+
+
+def recover(capture: PathLike, into: PathLike, apply: bool = False, take_capture: bool = False) -> RecoverResult:
+    """Runs `hermes-guard recover --json <capture> --into <db>`: without `apply` the plan (no
+    write), with it the merge of the capture's missing rows, in one transaction through the
+    guard. Raises :class:`HermesGuardError` on bad input (exit 2: nothing was written)."""
+    args = ["recover", "--json", os.fspath(capture), "--into", os.fspath(into)]
+    if apply:
+        args.append("--apply")
+    if take_capture:
+        args.append("--take-capture")
+    done = _run_cli(args)
+    doc = _json_of(done, "recover")
+    if not doc.get("ok", False):
+        raise HermesGuardError(f"hermes-guard recover: {doc.get('error')}; nothing was written")
+    return RecoverResult(exit_code=done.returncode, report=doc)

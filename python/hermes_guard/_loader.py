@@ -1,0 +1,209 @@
+"""Loading the extension (`libhermes_guard.so`, carried in this package) into a host SQLite."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any, Optional, Union
+
+if not sys.platform.startswith("linux"):
+    raise ImportError(
+        f"hermes-guard runs on Linux only (the guard relies on inotify, /proc and open-file-"
+        f"description locks); this Python runs on {sys.platform}"
+    )
+
+#: The VFS the extension registers.
+VFS_NAME = "hermes-guard"
+
+ENTRY_POINT = "sqlite3_hermesguard_init"
+DEFAULT_ENTRY_POINT = "sqlite3_hermesguard_default_init"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_EXTENSION_FILE = "libhermes_guard.so"
+
+
+class HermesGuardError(Exception):
+    """The base of every error this package raises itself."""
+
+
+class ExtensionLoadingUnavailable(HermesGuardError):
+    """This Python's `sqlite3` module cannot load SQLite extensions, so the guard cannot be
+    loaded into it."""
+
+
+class LoadError(HermesGuardError):
+    """The host SQLite refused the extension (too old, built without a routine the guard needs,
+    or already serving the guard from another SQLite library in this process)."""
+
+
+def extension_path() -> str:
+    """The absolute path of the packaged loadable extension, for hosts this package does not
+    drive itself (`.load` in the sqlite3 shell, another binding's `load_extension`)."""
+    path = _PACKAGE_DIR / _EXTENSION_FILE
+    if not path.is_file():
+        raise HermesGuardError(
+            f"the package has no {_EXTENSION_FILE} beside {__file__}: it was not built "
+            f"(install it with `pip install ./python` from the hermes-guard repository)"
+        )
+    return str(path)
+
+
+# Which SQLite library the extension went into, once it has. Its Rust side keeps one table of the
+# host's SQLite routines per process: a second, different library (the stdlib's libsqlite3 and an
+# apsw wheel's own copy) would replace the first's table under it.
+_lock = threading.Lock()
+_host: Optional[str] = None
+_default = False
+
+
+def _host_of(conn: Any) -> str:
+    if isinstance(conn, sqlite3.Connection):
+        return "sqlite3"
+    module = type(conn).__module__.split(".")[0]
+    if module == "apsw":
+        return "apsw"
+    raise TypeError(
+        f"hermes_guard.load() takes a sqlite3.Connection or an apsw.Connection, not "
+        f"{type(conn).__module__}.{type(conn).__qualname__}"
+    )
+
+
+def _check_host(host: str) -> None:
+    if _host is not None and _host != host:
+        raise LoadError(
+            f"hermes-guard is already loaded into {_host}'s SQLite in this process; it cannot "
+            f"also be loaded into {host}'s, which is another copy of the SQLite library. Use one "
+            f"of them for the guarded databases of this process."
+        )
+
+
+def _loaded_into(host: str) -> None:
+    global _host
+    _host = host
+
+
+def _interpreter() -> str:
+    real = os.path.realpath(sys.executable)
+    return sys.executable if real == sys.executable else f"{sys.executable} ({real})"
+
+
+def _no_loading_error() -> ExtensionLoadingUnavailable:
+    return ExtensionLoadingUnavailable(
+        f"this Python's sqlite3 module cannot load SQLite extensions, so hermes-guard cannot be "
+        f"loaded into it: {_interpreter()} (Python {sys.version.split()[0]}, SQLite "
+        f"{sqlite3.sqlite_version}) was built without --enable-loadable-sqlite-extensions, "
+        f"which leaves out sqlite3.Connection.enable_load_extension (CPython's configure does "
+        f"by default: pyenv's builds, for one). Use instead: the distribution's own Python (/usr/bin/python3 "
+        f"on Debian or Ubuntu); a Python built with --enable-loadable-sqlite-extensions (pyenv: "
+        f'PYTHON_CONFIGURE_OPTS="--enable-loadable-sqlite-extensions" pyenv install <version>); '
+        f"or apsw (pip install apsw), whose connections hermes_guard.load() accepts."
+    )
+
+
+def _load_stdlib(conn: sqlite3.Connection, entry_point: str) -> None:
+    enable = getattr(conn, "enable_load_extension", None)
+    if enable is None:
+        raise _no_loading_error()
+    enable(True)
+    try:
+        # The SQL function takes an entry point on every Python (load_extension() only from
+        # 3.12 on); it is usable while loading is enabled, for this call only.
+        conn.execute("SELECT load_extension(?, ?)", (extension_path(), entry_point)).fetchall()
+    except sqlite3.Error as e:
+        raise LoadError(f"{e} (loading {extension_path()})") from e
+    finally:
+        enable(False)
+
+
+def _load_apsw(conn: Any, entry_point: str) -> None:
+    import apsw  # type: ignore[import-not-found,unused-ignore]  # only with an apsw.Connection
+
+    def method(name: str) -> Any:  # apsw 3.43 renamed enableloadextension & co.
+        found = getattr(conn, name, None)
+        return found if found is not None else getattr(conn, name.replace("_", ""))
+
+    method("enable_load_extension")(True)
+    try:
+        method("load_extension")(extension_path(), entry_point)
+    except apsw.Error as e:
+        raise LoadError(f"{e} (loading {extension_path()})") from e
+    finally:
+        method("enable_load_extension")(False)
+
+
+def load(conn: Any) -> None:
+    """Loads hermes-guard through `conn` (a `sqlite3.Connection` or an `apsw.Connection`).
+
+    This registers the `hermes-guard` VFS for the whole process (it stays after `conn` closes)
+    and adds the SQL functions `hermes_guard_status()`, `hermes_guard_capture()` and
+    `hermes_guard_retry_pending()` to `conn` and to every connection opened afterwards.
+
+    It does not guard `conn`'s own databases, which were opened before the VFS existed: a
+    database is guarded when it is opened through the VFS, with :func:`connect`, with a
+    `file:<path>?vfs=hermes-guard` URI, or after :func:`enable` for every open.
+
+    Loading is switched on for the call and off again after it. Raises
+    :class:`ExtensionLoadingUnavailable` on a Python whose `sqlite3` cannot load extensions and
+    :class:`LoadError` when the host SQLite refuses the extension.
+    """
+    host = _host_of(conn)
+    with _lock:
+        _check_host(host)
+        if host == "sqlite3":
+            _load_stdlib(conn, ENTRY_POINT)
+        else:
+            _load_apsw(conn, ENTRY_POINT)
+        _loaded_into(host)
+
+
+def enable() -> None:
+    """Makes hermes-guard the default VFS of this process's standard-library `sqlite3`: every
+    `sqlite3.connect()` after this call — the application's, its libraries', its ORM's — opens
+    through the guard without naming it. Idempotent; call it once at start-up.
+
+    The extension is loaded through a private in-memory connection, closed at once: the VFS stays
+    registered for the life of the process (the extension returns `SQLITE_OK_LOAD_PERMANENTLY`).
+    Connections opened before the call are not guarded. Raises
+    :class:`ExtensionLoadingUnavailable` when this Python's `sqlite3` cannot load extensions.
+    """
+    global _default
+    with _lock:
+        if _default:
+            return
+        if not hasattr(sqlite3.Connection, "enable_load_extension"):
+            raise _no_loading_error()
+        _check_host("sqlite3")
+        _load_private(DEFAULT_ENTRY_POINT)
+        _default = True
+
+
+def _load_private(entry_point: str) -> None:
+    """Loads into the stdlib's SQLite through a private in-memory connection, closed at once."""
+    loader = sqlite3.connect(":memory:")
+    try:
+        _load_stdlib(loader, entry_point)
+    finally:
+        loader.close()
+    _loaded_into("sqlite3")
+
+
+def guarded_uri(path: Union[str, "os.PathLike[str]"]) -> str:
+    """`file:<path>?vfs=hermes-guard`, with the path's bytes percent-encoded (any name, UTF-8 or
+    not); open it with `uri=True`."""
+    return "file:" + urllib.parse.quote(os.fsencode(path)) + "?vfs=" + VFS_NAME
+
+
+def connect(path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> sqlite3.Connection:
+    """`sqlite3.connect(path, **kwargs)` through the guard, loading it first if needed (without
+    making it the default VFS). Any keyword of `sqlite3.connect` may be given; `uri` is set."""
+    with _lock:
+        if _host != "sqlite3":
+            _check_host("sqlite3")
+            _load_private(ENTRY_POINT)
+    kwargs["uri"] = True
+    conn: sqlite3.Connection = sqlite3.connect(guarded_uri(path), **kwargs)
+    return conn

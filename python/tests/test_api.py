@@ -1,0 +1,323 @@
+"""The package's API on its own: enable() and load(), the typed status, the error classifier, the
+CLI it carries, apsw, and the clear refusal of a Python whose sqlite3 cannot load extensions.
+Whatever must start from a process without the guard runs in a child process."""
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hermes_guard
+from helpers import (
+    insert, last_json, lose_sidecars, open_db, run_python, skip_unless_ci, wal_only_sentinel,
+)
+
+
+def test_enable_guards_every_plain_connect_and_outlives_its_loader(tmp_path):
+    # conftest's enable() loaded through a private connection that it closed at once.
+    hermes_guard.enable()  # again: idempotent
+    conn = sqlite3.connect(tmp_path / "state.db", isolation_level=None)  # no URI, no VFS named
+    try:
+        assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        conn.execute("CREATE TABLE t(x)")
+        conn.execute("INSERT INTO t VALUES (1)")
+        guard = hermes_guard.status(conn)
+        assert isinstance(guard, hermes_guard.GuardStatus)
+        assert guard.database == str(tmp_path / "state.db")
+        assert not guard.retired and guard.reason is None and guard.refusals == 0
+        assert guard.main == tuple(os.stat(tmp_path / "state.db")[i] for i in (2, 1))
+        assert guard.wal == tuple(os.stat(tmp_path / "state.db-wal")[i] for i in (2, 1))
+        assert guard.shield_active and guard.shield_off_reason is None
+        assert guard.capture is None and guard.backfill_at_loss is None
+    finally:
+        hermes_guard.close(conn)
+
+
+def test_status_of_a_database_not_opened_through_the_guard_says_how(tmp_path):
+    conn = open_db(tmp_path / "stock.db", stock=True)
+    try:
+        with pytest.raises(hermes_guard.NotGuardedError, match="not opened through the hermes-guard VFS"):
+            hermes_guard.status(conn)
+    finally:
+        conn.close()
+    memory = sqlite3.connect(":memory:")
+    with pytest.raises(hermes_guard.NotGuardedError, match="in memory"):
+        hermes_guard.status(memory)
+    memory.close()
+
+
+def test_status_of_an_attached_schema(tmp_path):
+    conn = open_db(tmp_path / "main.db")
+    try:
+        conn.execute("ATTACH ? AS aux", (str(tmp_path / "aux.db"),))
+        assert hermes_guard.status(conn, "aux").database == str(tmp_path / "aux.db")
+        assert hermes_guard.status(conn).database == str(tmp_path / "main.db")
+    finally:
+        conn.close()
+
+
+def test_errors_that_are_not_refusals_are_other(tmp_path):
+    conn = open_db(tmp_path / "state.db")
+    try:
+        conn.execute("CREATE TABLE u(x UNIQUE)")
+        conn.execute("INSERT INTO u VALUES (1)")
+        with pytest.raises(sqlite3.IntegrityError) as dup:
+            conn.execute("INSERT INTO u VALUES (1)")
+        assert not hermes_guard.is_retired(dup.value)
+        assert hermes_guard.classify(conn, dup.value) is hermes_guard.ErrorClass.OTHER
+        assert not hermes_guard.is_retired(ValueError("not SQLite"))
+        assert hermes_guard.classify(conn, ValueError("x")) is hermes_guard.ErrorClass.OTHER
+    finally:
+        conn.close()
+
+
+def test_a_replaced_main_file_is_classified_main_replaced(tmp_path):
+    path = tmp_path / "state.db"
+    conn = open_db(path)
+    try:
+        insert(conn, "before the restore")
+        restored = tmp_path / "restored.db"
+        other = open_db(restored, stock=True)
+        other.execute("PRAGMA journal_mode=DELETE")
+        other.close()
+        os.replace(restored, path)  # a snapshot restore over the live file
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            insert(conn, "after the restore")
+        assert hermes_guard.is_retired(refused.value)
+        assert hermes_guard.classify(conn, refused.value) is hermes_guard.MainReplaced
+        assert hermes_guard.status(conn).reason is hermes_guard.RetireReason.MAIN_REPLACED
+    finally:
+        conn.close()
+
+
+def test_retry_pending_captures_has_nothing_pending():
+    assert hermes_guard.retry_pending_captures() == 0
+
+
+LOAD_WITHOUT_DEFAULT = """
+    import json, sqlite3, sys
+    import hermes_guard
+    loader = sqlite3.connect(":memory:")
+    hermes_guard.load(loader)
+    try:  # load() switched extension loading back off on the connection it was given
+        loader.execute("SELECT load_extension(?)", (hermes_guard.extension_path(),)).fetchall()
+        load_after = None
+    except sqlite3.OperationalError as e:
+        load_after = str(e)
+    loader.close()
+    plain = sqlite3.connect(sys.argv[1] + "/plain.db")
+    try:
+        hermes_guard.status(plain)
+        plain_guarded = True
+    except hermes_guard.NotGuardedError:
+        plain_guarded = False
+    named = hermes_guard.connect(sys.argv[1] + "/named.db")
+    uri = sqlite3.connect(hermes_guard.guarded_uri(sys.argv[1] + "/uri.db"), uri=True)
+    print(json.dumps({
+        "load_after": load_after,
+        "plain_guarded": plain_guarded,
+        "named": hermes_guard.status(named).database,
+        "uri": hermes_guard.status(uri).database,
+        "function": json.loads(named.execute("SELECT hermes_guard_status()").fetchone()[0])["database"],
+    }))
+"""
+
+
+def test_load_registers_the_vfs_without_making_it_the_default(tmp_path):
+    probe = last_json(run_python(LOAD_WITHOUT_DEFAULT, str(tmp_path)))
+    assert "not authorized" in probe["load_after"]
+    assert probe["plain_guarded"] is False
+    assert probe["named"] == str(tmp_path / "named.db")
+    assert probe["uri"] == str(tmp_path / "uri.db")
+    assert probe["function"] == str(tmp_path / "named.db")
+
+
+def test_the_console_script_runs_the_packaged_cli(tmp_path):
+    script = Path(sys.executable).parent / "hermes-guard"
+    assert script.is_file(), f"pip installed no console script at {script}"
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True)
+    assert version.returncode == 0 and version.stdout.startswith("hermes-guard "), version
+    assert os.path.dirname(hermes_guard.cli_path()) == os.path.dirname(hermes_guard.__file__)
+    # And on a real capture: `captures` lists it as verified.
+    path = tmp_path / "state.db"
+    conn = open_db(path)
+    wal_only_sentinel(conn)
+    lose_sidecars(path)
+    conn.close()
+    listed = subprocess.run([str(script), "captures", str(path)], capture_output=True, text=True)
+    assert listed.returncode == 0 and "verified" in listed.stdout, listed
+    [capture] = hermes_guard.captures(path)
+    assert str(capture.path) in listed.stdout
+
+
+def test_a_directory_that_is_not_a_capture_is_a_clear_error(tmp_path):
+    with pytest.raises(hermes_guard.CaptureFormatError, match="not a readable capture"):
+        hermes_guard.Capture(tmp_path)
+    partial = tmp_path / "state.db.retired-wal-20261201-000000-1.partial"
+    partial.mkdir()
+    with pytest.raises(hermes_guard.CaptureFormatError, match="interrupted capture"):
+        hermes_guard.Capture(partial)
+    assert not hermes_guard.verify(tmp_path).ok
+    with pytest.raises(hermes_guard.HermesGuardError, match="nothing was written"):
+        hermes_guard.recover(tmp_path, tmp_path / "state.db")
+
+
+# ── A Python whose sqlite3 cannot load extensions ───────────────────────────────────────────────
+
+NO_LOADING = """
+    import sqlite3
+    import hermes_guard
+    assert not hasattr(sqlite3.Connection, "enable_load_extension"), "this Python can load extensions"
+    for call in (hermes_guard.enable, lambda: hermes_guard.load(sqlite3.connect(":memory:")),
+                 lambda: hermes_guard.connect("/tmp/never-created.db")):
+        try:
+            call()
+        except hermes_guard.ExtensionLoadingUnavailable as e:
+            message = str(e)
+        else:
+            raise SystemExit("no error")
+    print(message)
+"""
+
+
+def test_a_python_that_cannot_load_extensions_gets_one_clear_error():
+    """HERMES_GUARD_NO_LOADEXT_PYTHON: a Python whose sqlite3 has no enable_load_extension
+    (pyenv's default build), with this package installed from the same wheel
+    (python/run-tests.sh makes one)."""
+    python = os.environ.get("HERMES_GUARD_NO_LOADEXT_PYTHON")
+    if not python:
+        skip_unless_ci("HERMES_GUARD_NO_LOADEXT_PYTHON is not set (python/run-tests.sh sets it)")
+    done = run_python(NO_LOADING, python=python)
+    message = done.stdout.strip()
+    assert "cannot load SQLite extensions" in message
+    assert "--enable-loadable-sqlite-extensions" in message
+    assert "/usr/bin/python3" in message and "apsw" in message
+    assert python in message, "the message names the interpreter"
+    assert done.stderr == "", done.stderr  # one error, handled: nothing else printed
+    # Unhandled, it is one exception, its message the last line: no crash, no second error.
+    unhandled = run_python("import hermes_guard; hermes_guard.enable()", python=python, check=False)
+    assert unhandled.returncode == 1, unhandled
+    last = unhandled.stderr.strip().splitlines()[-1]
+    assert last == f"hermes_guard.ExtensionLoadingUnavailable: {message}", last
+
+
+# ── apsw ────────────────────────────────────────────────────────────────────────────────────────
+
+APSW_SCENARIO = """
+    import json, sys
+    import apsw
+    import hermes_guard
+    from helpers import lose_sidecars
+    from pathlib import Path
+    path = Path(sys.argv[1]) / "state.db"
+    loader = apsw.Connection(":memory:")
+    hermes_guard.load(loader)
+    loader.close()
+    conn = apsw.Connection(str(path), vfs=hermes_guard.VFS_NAME)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE messages(id INTEGER PRIMARY KEY, session TEXT, content TEXT)")
+    conn.execute("INSERT INTO messages(session, content) VALUES ('a', 'only in the WAL')")
+    lose_sidecars(path)
+    try:
+        conn.execute("INSERT INTO messages(session, content) VALUES ('a', 'after the loss')")
+        refused = None
+    except apsw.Error as e:
+        refused = {"type": type(e).__name__, "retired": hermes_guard.is_retired(e),
+                   "kind": hermes_guard.classify(conn, e).value}
+    guard = hermes_guard.status(conn)
+    capture = hermes_guard.Capture(guard.capture)
+    try:
+        hermes_guard.enable()
+        mixed = None
+    except hermes_guard.LoadError as e:
+        mixed = str(e)
+    # By hand, past the package's check: the extension itself refuses a second SQLite library,
+    # and apsw's connection goes on working on its own.
+    import sqlite3
+    by_hand = sqlite3.connect(":memory:")
+    by_hand.enable_load_extension(True)
+    try:
+        by_hand.execute("SELECT load_extension(?)", (hermes_guard.extension_path(),)).fetchall()
+        second_library = None
+    except sqlite3.OperationalError as e:
+        second_library = str(e)
+    still = conn.execute("SELECT count(*) FROM messages").fetchone()[0]
+    print(json.dumps({"sqlite": apsw.sqlite_lib_version(), "refused": refused,
+                      "trigger": capture.trigger, "commits": capture.wal.commits,
+                      "mixed": mixed, "second_library": second_library, "still": still}))
+"""
+
+
+def test_apsw_connections_are_guarded_through_load(tmp_path):
+    try:
+        import apsw  # noqa: F401
+    except ImportError:
+        skip_unless_ci("apsw is not installed in this environment")
+    probe = last_json(run_python(APSW_SCENARIO, str(tmp_path)))
+    assert probe["refused"] == {"type": "ReadOnlyError", "retired": True, "kind": "wal-lost"}, probe
+    assert probe["trigger"] == "halt" and probe["commits"] >= 1
+    # The extension went into apsw's own SQLite; the stdlib's is another library.
+    assert "already loaded into apsw's SQLite" in probe["mixed"]
+    assert "already loaded into another copy of the SQLite library" in probe["second_library"]
+    assert probe["still"] == 1
+
+
+def test_the_sqlite3_shell_loads_the_packaged_extension(tmp_path):
+    shell = shutil.which("sqlite3")
+    if shell is None:
+        skip_unless_ci("no sqlite3 shell on PATH")
+    done = subprocess.run(
+        [shell, ":memory:"],
+        input=f".load {hermes_guard.extension_path()}\n"
+        f".open file:{tmp_path}/state.db?vfs=hermes-guard\n"
+        "PRAGMA journal_mode=WAL;\nCREATE TABLE t(x);\n"
+        "SELECT json_extract(hermes_guard_status(), '$.retired');\n",
+        capture_output=True, text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["wal", "0"]
+
+
+def test_a_database_name_that_is_not_utf8_round_trips_through_status_and_manifest(tmp_path):
+    path = tmp_path / os.fsdecode(b"st\xffate.db")  # a surrogate-escaped str, as os gives it
+    conn = hermes_guard.connect(path, isolation_level=None)
+    try:
+        assert conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] == "wal"
+        conn.execute("CREATE TABLE messages(id INTEGER PRIMARY KEY, session TEXT, content TEXT)")
+        insert(conn, "only in the WAL")
+        assert hermes_guard.status(conn).database == str(path)
+        lose_sidecars(path)
+        with pytest.raises(sqlite3.OperationalError) as refused:
+            insert(conn, "after the loss")
+        assert hermes_guard.is_retired(refused.value)
+        guard = hermes_guard.status(conn)
+        assert guard.capture is not None and guard.capture.is_dir()
+        capture = hermes_guard.Capture(guard.capture)
+        assert capture.database == str(path) and os.fsencode(capture.database) == os.fsencode(path)
+        assert capture.files_match()
+    finally:
+        conn.close()
+
+
+README_CHECK = """
+    import os, sqlite3, sys
+    exec(sys.argv[1])  # the README's quick start, verbatim
+    import hermes_guard
+    conn = sqlite3.connect(os.path.join(sys.argv[2], "state.db"))
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t(x)")
+    print(hermes_guard.status(conn).wal is not None)  # NotGuardedError if it were not guarded
+"""
+
+
+def test_the_readme_quick_start_guards_a_database(tmp_path):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## From Python: the package", 1)[1]
+    quick_start = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert len(quick_start.strip().splitlines()) == 2, quick_start
+    done = run_python(README_CHECK, quick_start, str(tmp_path))
+    assert done.stdout.strip() == "True"
