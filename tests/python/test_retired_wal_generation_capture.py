@@ -78,6 +78,31 @@ def test_close_captures_when_the_loss_is_first_seen_at_close(tmp_path):
         recovered.close()
 
 
+def test_close_without_the_close_checkpoint_captures_a_wal_unlinked_after_the_last_write(tmp_path):
+    """With SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE (what hermes-agent sets) SQLite's close never asks
+    SQLITE_FCNTL_HAS_MOVED: the host's close() must still find the loss where the connection lets
+    go of its WAL, and capture it."""
+    if harness.BINDING != "apsw":
+        pytest.skip("Python 3.11's sqlite3 cannot set SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE (3.12+)")
+    import apsw
+
+    path = tmp_path / "state.db"
+    conn = open_guarded(path)
+    conn.config(apsw.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, 1)
+    sentinel = wal_only_sentinel(conn)
+    sidecar(path, "-wal").unlink()
+
+    conn.close()
+
+    [artifact] = artifacts(tmp_path)
+    assert manifest(artifact)["trigger"] == "close"
+    recovered = recover(artifact, "state.db", tmp_path / "recovered")
+    try:
+        assert count_like(recovered, sentinel) == 1
+    finally:
+        recovered.close()
+
+
 def test_capture_selects_the_recorded_inode_not_the_pathname(tmp_path):
     """A second deleted WAL under the same pathname belongs to another owner: it must be neither
     captured as ours nor touched."""
