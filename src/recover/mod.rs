@@ -6,25 +6,33 @@
 //! let plan = recover::plan(&capture, "state.db".as_ref(), &MergeOptions::default())?;
 //! println!("{} rows missing from the live database", plan.missing());
 //! let done = recover::apply(&capture, "state.db".as_ref(), &MergeOptions::default(), &mut |_| {})?;
-//! assert_eq!(done.inserted(), plan.missing());
+//! println!("{} rows inserted, updated or deleted", done.changed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! - [`Capture::open`] checks a capture against its manifest (sizes, sha256) and works on a
 //!   private copy; the capture directory is never changed.
-//! - [`plan`] says, per table, what the captured generation committed that the live database
-//!   lacks; [`apply`] inserts it in one `BEGIN IMMEDIATE` transaction through the guard, with
-//!   `PRAGMA foreign_key_check` clean before commit. Running it again adds nothing.
+//! - [`plan`] says, per table, what the captured generation changed (its WAL against the main
+//!   image it was written on) that the live database lacks, and which rule applies
+//!   ([`MergeRule`]); [`apply`] writes it in one `BEGIN IMMEDIATE` transaction through the
+//!   guard, with `PRAGMA foreign_key_check` clean before commit, and records the capture in the
+//!   live database (`hermes_guard_merges`). Running it again adds nothing.
 //! - [`rebuild_torn`] rebuilds a live database the loss left torn (`main_torn`).
 //!
 //! The merge rules are in `docs/merge-rules.md`.
 
 mod error;
 mod heal;
+mod ledger;
 mod merge;
+mod objects;
 mod open;
 mod rebuild;
+mod report;
+mod rows;
 mod schema;
+mod table;
+mod value;
 
 use std::path::{Path, PathBuf};
 
@@ -32,12 +40,12 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
 pub use heal::{Healed, HEALED_MARK_PREFIX};
-pub use merge::{
-    ConflictPolicy, MergeOptions, MergeReport, NotMerged, Progress, RowIdentity, TableReport,
-    Unreadable,
-};
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
 pub use rebuild::{rebuild_torn, RebuildReport};
+pub use report::{
+    ConflictPolicy, MergeOptions, MergeReport, MergeRule, NotMerged, Progress, RowIdentity,
+    TableReport, Unreadable,
+};
 
 #[cfg(feature = "store")]
 pub(crate) use heal::heal_store;
@@ -58,7 +66,7 @@ pub fn plan(
     result
 }
 
-/// Inserts what [`plan`] finds missing, in one `BEGIN IMMEDIATE` transaction on the live
+/// Writes what [`plan`] finds missing, in one `BEGIN IMMEDIATE` transaction on the live
 /// database opened through the guard. The plan is made again inside the transaction, so what is
 /// inserted is exactly what is missing at that moment (another process may have merged
 /// meanwhile): running it twice, or in two processes at once, inserts each row once.
@@ -105,10 +113,10 @@ pub fn apply_on(
         let _ = conn.execute_batch("ROLLBACK");
     }
     let report = result?;
-    if report.inserted() > 0 || report.tables.iter().any(|t| t.replaced > 0) {
+    if report.changed() > 0 {
         log::warn!(
             "hermes-guard: merged {} row(s) from the capture {} into {} ({})",
-            report.inserted(),
+            report.changed(),
             capture.dir().display(),
             database.display(),
             summary(&report)
@@ -127,6 +135,7 @@ fn run_merge(
 ) -> Result<MergeReport, RecoverError> {
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
+    let (rule, rule_reason) = rule_for(capture, database);
     let merge = Merge {
         source,
         source_path: capture.dir(),
@@ -134,6 +143,10 @@ fn run_merge(
         target_path: database,
         options,
         apply,
+        rule,
+        rule_reason,
+        ledger: Some(ledger::Generation::of(capture)),
+        merged_before: None,
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
@@ -142,13 +155,72 @@ fn run_merge(
     Ok(report)
 }
 
-/// `table +n` for each table that got rows.
+/// Which rows of `capture` are merged into `database`, and why (docs/merge-rules.md).
+///
+/// The delta of the captured generation (its WAL against its own main image) is what it
+/// changed; it applies when the live file descends from that image: the capture is of a lost
+/// `-wal`/`-shm`, and the live file is the very file the capture was taken of (same device and
+/// inode). Otherwise the whole captured generation is compared with the live rows.
+pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String) {
+    let m = capture.manifest();
+    if m.is_main_replaced() {
+        return (
+            MergeRule::Whole,
+            "the main file was replaced under the captured generation (a restore): the live file \
+             does not descend from the captured image, so what that generation changed since \
+             the live file's past is not known"
+                .into(),
+        );
+    }
+    let live = crate::identity::identity_of_path(database).ok().flatten();
+    if live.is_none() || live != m.main.identity {
+        return (
+            MergeRule::Whole,
+            "the live file is not the file the capture was taken of (another inode): it may not \
+             descend from the captured image"
+                .into(),
+        );
+    }
+    match m.path_generation_at_capture.wal {
+        None => (
+            MergeRule::Delta,
+            "the -wal was gone from the path when the capture was taken: the live database \
+             descends from the captured image and never read the captured WAL"
+                .into(),
+        ),
+        Some(at_path) if at_path == m.wal.identity => (
+            MergeRule::DeltaSharedWal,
+            "the captured WAL was still at the path when the capture was taken (its -shm was \
+             lost): the newer generation read its commits"
+                .into(),
+        ),
+        Some(_) => (
+            MergeRule::DeltaSharedWal,
+            "another -wal was at the path when the capture was taken: the newer generation may \
+             have read a copy of some captured commits"
+                .into(),
+        ),
+    }
+}
+
+/// `table +n ~n -n` for each table that changed.
 pub fn summary(report: &MergeReport) -> String {
     let parts: Vec<String> = report
         .tables
         .iter()
-        .filter(|t| t.inserted > 0 || t.to_insert > 0)
-        .map(|t| format!("{} +{}", t.table, t.inserted.max(t.to_insert)))
+        .filter(|t| {
+            t.inserted + t.to_insert + t.updated + t.to_update + t.removed + t.to_delete > 0
+        })
+        .map(|t| {
+            let mut s = format!("{} +{}", t.table, t.inserted.max(t.to_insert));
+            if t.updated.max(t.to_update) > 0 {
+                s += &format!(" ~{}", t.updated.max(t.to_update));
+            }
+            if t.removed.max(t.to_delete) > 0 {
+                s += &format!(" -{}", t.removed.max(t.to_delete));
+            }
+            s
+        })
         .collect();
     if parts.is_empty() {
         "nothing".into()
@@ -183,6 +255,9 @@ pub(crate) fn check_target(capture_dir: &Path, database: &Path) -> Result<(), Re
             database: database.to_path_buf(),
             capture: capture_dir.to_path_buf(),
         });
+    }
+    if meta.len() == 0 {
+        return Ok(()); // an empty file is an empty database to SQLite
     }
     let mut header = [0u8; 16];
     let read = std::fs::File::open(database)
