@@ -67,6 +67,7 @@ mod non_utf8_paths;
 mod plain_rusqlite;
 mod process_exit_recovery;
 mod recover_cli;
+mod recover_delta;
 mod recover_library;
 mod recover_scenarios;
 mod recover_store_heal;
