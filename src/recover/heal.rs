@@ -151,6 +151,7 @@ fn heal_one(
             rule_reason,
             ledger: Some(super::ledger::Generation::of(&capture)),
             merged_before: None,
+            bulk: false,
         };
         let report = merge.run(&mut |_| {})?;
         if report.inserted() > 0 {

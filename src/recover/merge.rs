@@ -13,6 +13,11 @@ use super::schema::{quote, Schema, Table};
 use super::table::{Remaps, TableMerge};
 use super::RecoverError;
 
+/// The schema names of the capture and its image attached to the live connection for the
+/// bulk path (see `table::bulk`).
+pub(crate) const BULK_CAPTURE: &str = "hermes_guard_capture";
+pub(crate) const BULK_IMAGE: &str = "hermes_guard_image";
+
 pub(crate) struct Merge<'a> {
     /// The capture's generation as `main` (and, for a delta rule, its main image as `pre`).
     pub source: &'a Connection,
@@ -28,6 +33,9 @@ pub(crate) struct Merge<'a> {
     pub ledger: Option<Generation>,
     /// When the ledger says this generation's rows went in before (filled by `run`).
     pub merged_before: Option<String>,
+    /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
+    /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
+    pub bulk: bool,
 }
 
 impl Merge<'_> {

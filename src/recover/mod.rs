@@ -50,6 +50,7 @@ pub use report::{
 #[cfg(feature = "store")]
 pub(crate) use heal::heal_store;
 pub(crate) use merge::{foreign_key_violations, Merge};
+use merge::{BULK_CAPTURE, BULK_IMAGE};
 
 /// What the captured generation committed that the live database `database` lacks, per table.
 /// Reads only (in one read transaction through the guard); writes nothing.
@@ -61,7 +62,7 @@ pub fn plan(
     let conn = open_target(capture.dir(), database, options)?;
     conn.execute_batch("BEGIN")
         .map_err(|e| RecoverError::sqlite(database, "begin a read transaction", e))?;
-    let result = run_merge(capture, &conn, database, options, false, &mut |_| {});
+    let result = run_merge(capture, &conn, database, options, false, false, &mut |_| {});
     let _ = conn.execute_batch("ROLLBACK");
     result
 }
@@ -78,7 +79,47 @@ pub fn apply(
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
     let conn = open_target(capture.dir(), database, options)?;
-    apply_on(capture, &conn, database, options, progress)
+    // The capture attached read-only through the unix VFS: tables whose added rows land on
+    // rowids the live table never used take them with one INSERT … SELECT.
+    let attached = attach_capture(&conn, capture);
+    let result = apply_inner(capture, &conn, database, options, attached, progress);
+    if attached {
+        let _ = conn.execute_batch(&format!(
+            "DETACH DATABASE {BULK_CAPTURE}; DETACH DATABASE {BULK_IMAGE}"
+        ));
+    }
+    result
+}
+
+/// Attaches the capture's private copy and its image to `conn` (opened with URI filenames),
+/// read-only, through the unix VFS. `false` (logged) when they cannot be.
+fn attach_capture(conn: &Connection, capture: &Capture) -> bool {
+    let uri = |p: &Path| {
+        let mut s = String::from("file:");
+        for b in p.as_os_str().as_encoded_bytes() {
+            match b {
+                b'%' | b'?' | b'#' => s.push_str(&format!("%{b:02X}")),
+                _ => s.push(char::from(*b)),
+            }
+        }
+        s + "?mode=ro&vfs=unix"
+    };
+    let ascii = |p: &Path| p.as_os_str().as_encoded_bytes().is_ascii();
+    let (copy, image) = (capture.private_copy(), capture.image_copy());
+    if !ascii(copy) || !ascii(&image) {
+        return false;
+    }
+    let attach = |path: &Path, name: &str| {
+        conn.execute(&format!("ATTACH DATABASE ?1 AS {name}"), [uri(path)])
+    };
+    match attach(copy, BULK_CAPTURE).and_then(|_| attach(&image, BULK_IMAGE)) {
+        Ok(_) => true,
+        Err(e) => {
+            log::debug!("hermes-guard: merging row by row: the capture cannot be attached: {e}");
+            let _ = conn.execute_batch(&format!("DETACH DATABASE {BULK_CAPTURE}"));
+            false
+        }
+    }
 }
 
 /// [`apply`] on a connection the caller opened (through the guard) on `database`.
@@ -89,12 +130,23 @@ pub fn apply_on(
     options: &MergeOptions,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
+    apply_inner(capture, conn, database, options, false, progress)
+}
+
+fn apply_inner(
+    capture: &Capture,
+    conn: &Connection,
+    database: &Path,
+    options: &MergeOptions,
+    bulk: bool,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<MergeReport, RecoverError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| RecoverError::sqlite(database, "take the write lock (BEGIN IMMEDIATE)", e))?;
     let result = (|| {
         let before = foreign_key_violations(conn)
             .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
-        let report = run_merge(capture, conn, database, options, true, progress)?;
+        let report = run_merge(capture, conn, database, options, true, bulk, progress)?;
         let after = foreign_key_violations(conn)
             .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
         let mut new: Vec<String> = after.difference(&before).cloned().collect();
@@ -131,6 +183,7 @@ fn run_merge(
     database: &Path,
     options: &MergeOptions,
     apply: bool,
+    bulk: bool,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
     let source = capture.connection();
@@ -147,6 +200,7 @@ fn run_merge(
         rule_reason,
         ledger: Some(ledger::Generation::of(capture)),
         merged_before: None,
+        bulk,
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
@@ -284,7 +338,9 @@ pub(crate) fn open_target(
     })?;
     let conn = Connection::open_with_flags_and_vfs(
         database,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
         crate::VFS_NAME,
     )
     .map_err(|e| RecoverError::sqlite(database, "open through hermes-guard", e))?;

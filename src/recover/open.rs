@@ -145,6 +145,11 @@ impl Capture {
     pub fn private_copy(&self) -> &Path {
         &self.copy
     }
+
+    /// The private copy of the captured main image alone (attached as `pre`).
+    pub(crate) fn image_copy(&self) -> PathBuf {
+        self.copy.with_file_name(IMAGE_NAME)
+    }
 }
 
 /// Whether `dir`'s name says it is an interrupted capture.

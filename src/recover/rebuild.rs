@@ -178,6 +178,7 @@ fn build(
             .into(),
         ledger: None,
         merged_before: None,
+        bulk: false,
     };
     let mut report = merge.run(&mut |_| {})?;
     let after = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;

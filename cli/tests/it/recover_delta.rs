@@ -312,3 +312,46 @@ fn another_database_is_refused_with_the_reason_and_left_untouched() {
     assert!(err.contains("application_id"), "{out}{err}");
     assert_eq!(fs::read(&other).unwrap(), bytes, "nothing was written");
 }
+
+#[test]
+fn a_row_the_live_schema_refuses_is_counted_and_the_others_still_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tags.db");
+    let conn = open_guarded(&path);
+    conn.execute_batch(
+        "PRAGMA wal_autocheckpoint=0;
+         CREATE TABLE tags (id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);
+         INSERT INTO tags (name) VALUES ('a');",
+    )
+    .unwrap();
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    conn.execute_batch("INSERT INTO tags (name) VALUES ('b'), ('c');")
+        .unwrap();
+    lose_sidecars(&path, false);
+    assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
+    let artifact = conn.guard_status().unwrap().capture.unwrap();
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    // The newer generation took the name 'b' without adding a row.
+    open_stock(&path)
+        .execute_batch("UPDATE tags SET name = 'b' WHERE id = 1")
+        .unwrap();
+
+    let capture = Capture::open(&artifact).unwrap();
+    let done = recover::apply(&capture, &path, &MergeOptions::default(), &mut |_| {}).unwrap();
+    let tags = done.tables.iter().find(|t| t.table == "tags").unwrap();
+    assert_eq!(
+        (tags.added, tags.inserted, tags.rejected),
+        (2, 1, 1),
+        "{tags:?}"
+    );
+    assert_eq!(done.left_over(), 1);
+    assert_eq!(
+        count(
+            &path,
+            "SELECT COUNT(*) FROM tags WHERE name = 'c' AND id = 3"
+        ),
+        1
+    );
+    assert_eq!(count(&path, "SELECT COUNT(*) FROM tags"), 2);
+}

@@ -149,23 +149,14 @@ impl TableMerge<'_> {
         if self.live_absent {
             return Ok(None);
         }
-        let cols = self
-            .cols
-            .iter()
-            .map(|c| quote(c))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let (cond, params) = self.identify(values, rowid, 1);
+        let (_, params) = self.identify(values, rowid, 1);
         if params.is_empty() {
             return Ok(None);
         }
-        let sql = format!(
-            "SELECT {cols} FROM main.{} WHERE {cond}",
-            quote(&self.live.name)
-        );
+        let sql = &self.live_sql;
         let n = self.cols.len();
         m.target
-            .prepare_cached(&sql)
+            .prepare_cached(sql)
             .and_then(|mut s| {
                 s.query_row(params_from_iter(params), |r| {
                     (0..n).map(|i| r.get_ref(i).map(Val::from)).collect()
@@ -281,20 +272,7 @@ impl TableMerge<'_> {
         values: &[Val],
         rowid: Option<i64>,
     ) -> rusqlite::Result<()> {
-        let mut cols: Vec<String> = self.cols.iter().map(|c| quote(c)).collect();
-        if let Some(r) = self.rowid_col {
-            cols.push(r.to_owned());
-        }
-        let marks = (1..=cols.len())
-            .map(|i| format!("?{i}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let sql = format!(
-            "INSERT INTO main.{} ({}) VALUES ({marks})",
-            quote(&self.live.name),
-            cols.join(", ")
-        );
-        let mut stmt = m.target.prepare_cached(&sql)?;
+        let mut stmt = m.target.prepare_cached(&self.insert_sql)?;
         let extra = self.rowid_col.map(|_| rowid.map_or(Val::Null, Val::Int));
         stmt.execute(params_from_iter(values.iter().chain(extra.as_ref())))?;
         Ok(())

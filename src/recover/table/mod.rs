@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use rusqlite::{Connection, OptionalExtension};
 
 mod act;
+mod bulk;
 
 use super::merge::Merge;
 use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport};
@@ -63,6 +64,11 @@ impl Remaps {
         .optional()
     }
 
+    /// Whether rows of `table` were moved or refused.
+    fn has(&self, table: &str) -> bool {
+        self.tables.contains(table)
+    }
+
     /// Drops the temporary table.
     pub fn finish(&self, conn: &Connection) {
         if !self.tables.is_empty() {
@@ -105,6 +111,13 @@ pub(crate) struct TableMerge<'t> {
     referrers: Vec<Referrer>,
     /// An added row under its own rowid with the same content is taken as already live.
     compare_added: bool,
+    /// `INSERT` of the merged columns (and the rowid, for a rowid table whose rowid is not a
+    /// column).
+    insert_sql: String,
+    /// `SELECT` of the merged columns of the live row of an identity (`?1`, ...).
+    live_sql: String,
+    /// Rows of the table in the capture's image.
+    image_rows: u64,
     pub report: TableReport,
 }
 
@@ -176,7 +189,11 @@ impl<'t> TableMerge<'t> {
         let image = image.filter(|i| {
             i.declared_key() == captured.declared_key() && i.without_rowid == captured.without_rowid
         });
+        let (insert_sql, live_sql) = statements(live, &cols, rowid_col, identity, &key_at);
         TableMerge {
+            image_rows: 0,
+            insert_sql,
+            live_sql,
             live,
             captured,
             compare_added: rule != MergeRule::Delta,
@@ -220,12 +237,17 @@ impl<'t> TableMerge<'t> {
         progress: &mut dyn FnMut(&Progress<'_>),
     ) -> Result<(), RecoverError> {
         let from = format!("main.{}", quote(&self.captured.name));
-        let total = m
-            .source
-            .query_row(&format!("SELECT COUNT(*) FROM {from}"), [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .ok();
+        if let Some(image) = self.image {
+            self.image_rows = m
+                .source
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM pre.{}", quote(&image.name)),
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_or(0, |n| n.max(0) as u64);
+        }
+        let total = self.image_rows;
         let rowid = self.captured.rowid_name().map(|r| format!("a.{r}"));
         let a_cols = self.select_cols("a", None);
         let mut done = 0u64;
@@ -236,7 +258,7 @@ impl<'t> TableMerge<'t> {
                 progress(&Progress {
                     table: &table,
                     done: *done,
-                    total: total.unwrap_or(0) as u64,
+                    total: total.max(*done),
                 });
             }
         };
@@ -244,13 +266,14 @@ impl<'t> TableMerge<'t> {
             Some(image) => (
                 format!(
                     "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
-                    image_from(image),
+                    image_from("pre", image),
                     self.matches(image)
                 ),
-                Some(image_from(image)),
+                Some(image_from("pre", image)),
             ),
             None => ("1".to_owned(), None),
         };
+        let bulk = m.bulk && self.bulk_ready(m, remaps) && self.bulk_added(m)?;
         let added = Scan {
             conn: m.source,
             select: a_cols.clone(),
@@ -260,10 +283,14 @@ impl<'t> TableMerge<'t> {
             ncols: self.cols.len(),
             nbefore: 0,
         };
-        let mut unreadable = added.for_each(&mut |row| {
-            tick(&mut done);
-            self.added(m, remaps, row)
-        })?;
+        let mut unreadable = if bulk {
+            Vec::new()
+        } else {
+            added.for_each(&mut |row| {
+                tick(&mut done);
+                self.added(m, remaps, row)
+            })?
+        };
         if let (Some(image), Some(image_from)) = (self.image, image_from) {
             let changed = Scan {
                 conn: m.source,
@@ -279,12 +306,8 @@ impl<'t> TableMerge<'t> {
                 self.changed(m, remaps, row)
             })?);
         }
-        let counted = self.report.added + self.report.changed;
-        self.report.in_capture = match total {
-            Some(t) if unreadable.is_empty() => t as u64,
-            _ => counted,
-        };
-        self.report.already_live += self.report.in_capture.saturating_sub(counted);
+        // With an image, completed by the deletions below.
+        self.report.in_capture = self.report.added;
         for u in &unreadable {
             log::warn!(
                 "hermes-guard: {}: table {}: rows after rowid {:?} and before {:?} could not be \
@@ -297,10 +320,11 @@ impl<'t> TableMerge<'t> {
             );
         }
         self.report.unreadable.extend(unreadable);
+        let n = self.image_rows + self.report.added;
         progress(&Progress {
             table: &self.live.name,
-            done: self.report.in_capture,
-            total: self.report.in_capture,
+            done: n,
+            total: n,
         });
         Ok(())
     }
@@ -313,7 +337,7 @@ impl<'t> TableMerge<'t> {
         let deleted = Scan {
             conn: m.source,
             select: self.select_cols("b", Some(image)),
-            from: image_from(image),
+            from: image_from("pre", image),
             filter: format!(
                 "NOT EXISTS (SELECT 1 FROM main.{} AS a WHERE {})",
                 quote(&self.captured.name),
@@ -325,6 +349,12 @@ impl<'t> TableMerge<'t> {
         };
         let unreadable = deleted.for_each(&mut |row| self.deleted(m, row))?;
         self.report.unreadable.extend(unreadable);
+        // The image's rows, less those the generation deleted, plus those it added; those it
+        // left as they were need nothing.
+        let r = &mut self.report;
+        let kept = self.image_rows.saturating_sub(r.deleted);
+        r.in_capture = kept + r.added;
+        r.already_live += kept.saturating_sub(r.changed);
         Ok(())
     }
 
@@ -433,9 +463,45 @@ impl<'t> TableMerge<'t> {
     }
 }
 
+/// The `INSERT` and the live-row `SELECT` of a table's merge.
+fn statements(
+    live: &Table,
+    cols: &[String],
+    rowid_col: Option<&str>,
+    identity: RowIdentity,
+    key_at: &[usize],
+) -> (String, String) {
+    let table = quote(&live.name);
+    let quoted: Vec<String> = cols.iter().map(|c| quote(c)).collect();
+    let mut insert_cols = quoted.clone();
+    insert_cols.extend(rowid_col.map(str::to_owned));
+    let marks = (1..=insert_cols.len())
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let insert = format!(
+        "INSERT INTO main.{table} ({}) VALUES ({marks})",
+        insert_cols.join(", ")
+    );
+    let cond = match identity {
+        RowIdentity::Rowid => format!("{} = ?1", live.rowid_name().unwrap_or("rowid")),
+        RowIdentity::PrimaryKey => key_at
+            .iter()
+            .enumerate()
+            .map(|(n, i)| format!("{} IS ?{}", quoted[*i], n + 1))
+            .collect::<Vec<_>>()
+            .join(" AND "),
+    };
+    let select = format!(
+        "SELECT {} FROM main.{table} WHERE {cond}",
+        quoted.join(", ")
+    );
+    (insert, select)
+}
+
 /// `pre."t" AS b`.
-fn image_from(image: &Table) -> String {
-    format!("pre.{} AS b", quote(&image.name))
+fn image_from(schema: &str, image: &Table) -> String {
+    format!("{schema}.{} AS b", quote(&image.name))
 }
 
 /// `(column, parent)` of each single-column foreign key of `live` that refers to the rowid of a
