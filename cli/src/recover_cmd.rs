@@ -314,6 +314,13 @@ fn print_report(capture: &Capture, report: &MergeReport) {
         }
     );
     println!("into     {}", report.database.display());
+    println!("rule     {}: {}", label(&report.rule), report.rule_reason);
+    if let Some(at) = &report.merged_before {
+        println!("merged   before, at {at}: its added rows are not inserted again");
+    }
+    for c in &report.created {
+        println!("create   {c} (only in the capture)");
+    }
     if m.main_torn {
         println!(
             "warning  the loss left the live file torn (main_torn): consider \
@@ -346,6 +353,12 @@ fn print_report(capture: &Capture, report: &MergeReport) {
         );
         for k in &t.conflict_keys {
             println!("    conflict: key {k} differs (live kept unless --take-capture)");
+        }
+        if t.to_update + t.to_delete > 0 {
+            println!(
+                "    {} row(s) to update and {} to delete as the captured generation did",
+                t.to_update, t.to_delete
+            );
         }
         if t.replaced > 0 {
             println!(
@@ -386,7 +399,7 @@ fn print_report(capture: &Capture, report: &MergeReport) {
     if report.applied {
         println!(
             "merged {} row(s) into {} in one transaction; foreign_key_check clean",
-            report.inserted(),
+            report.changed(),
             report.database.display()
         );
     } else if report.missing() > 0 {
