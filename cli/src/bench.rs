@@ -246,8 +246,8 @@ impl Id {
             Id::Mp => "MP",
             Id::CapTime => "CAP-TIME",
             Id::CapMem => "CAP-MEM",
-            Id::RecTime => "REC-TIME",
-            Id::RecMem => "REC-MEM",
+            Id::RecTime => "MERGE-TIME",
+            Id::RecMem => "MERGE-MEM",
         }
     }
 
@@ -534,6 +534,13 @@ impl Bench {
     /// The recovery rows: the floor in this process, the recovery in a child, alternating.
     fn recovery(&mut self, exe: &Path, dir: &Path, sizes: &Sizes) -> Result<()> {
         let built = recovery::build(dir, sizes.rec_rows)?;
+        let manifest = hermes_guard::Manifest::read(&built.capture)?;
+        eprintln!(
+            "  (recovery: a capture of {} rows, WAL {:.0} MiB, image {} KiB)",
+            sizes.rec_rows,
+            manifest.wal.bytes as f64 / MIB as f64,
+            manifest.main.bytes / 1024
+        );
         let (mut time, mut memory) = (Vec::new(), Vec::new());
         for n in 0..self.warmup + self.rounds {
             let (mut floor, mut report) = (None, None);
@@ -779,9 +786,9 @@ fn print_table(rows: &[Row], sizes: &Sizes) {
          ratio: guard/stock throughput, measured back to back in each round; the median over the\n\
          rounds, with its interquartile range and min-max (1.000 = no cost, 0.970 = 3% slower).\n\
          For CAP-TIME: capture time / floor time. For CAP-MEM: the capture child's resident-set\n\
-         high-water mark above its level just before the capture, MiB. For REC-TIME: the time of\n\
+         high-water mark above its level just before the capture, MiB. For MERGE-TIME: the time of\n\
          recover::apply from the opened capture / the time of INSERT … SELECT of the same rows\n\
-         from the capture opened as a database; REC-MEM: the recovery child's high-water mark\n\
+         from the capture opened as a database; MERGE-MEM: the recovery child's high-water mark\n\
          (opening the capture, then the merge) above its level before, MiB.\n\
          cpu ratio: the same ratio from the CPU time of the threads doing the work (blind to waits\n\
          for a CPU or a disk: steadier on a shared machine, and stricter where I/O dominates).\n\
