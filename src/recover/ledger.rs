@@ -92,3 +92,45 @@ pub(crate) fn record(
     )?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::recover::report::{MergeRule, TableReport};
+
+    #[test]
+    fn a_recorded_generation_is_found_and_another_is_not() {
+        let conn = Connection::open_in_memory().unwrap();
+        let one = Generation {
+            id: "wal:aa main:bb".into(),
+            capture: "/srv/state.db.retired-wal-1".into(),
+        };
+        let two = Generation {
+            id: "wal:cc main:bb".into(),
+            capture: "/srv/state.db.retired-wal-2".into(),
+        };
+        assert_eq!(merged_at(&conn, &one).unwrap(), None, "no table yet");
+        let mut report = MergeReport::new(
+            std::path::Path::new("c"),
+            std::path::Path::new("d"),
+            MergeRule::Delta,
+            String::new(),
+        );
+        let mut t = TableReport::new("messages", crate::recover::RowIdentity::Rowid);
+        t.inserted = 4;
+        report.tables.push(t);
+        record(&conn, &one, &report).unwrap();
+        record(&conn, &one, &report).unwrap(); // once
+        assert!(merged_at(&conn, &one).unwrap().is_some());
+        assert_eq!(merged_at(&conn, &two).unwrap(), None);
+        let (n, tables): (i64, String) = conn
+            .query_row(
+                "SELECT inserted, tables FROM hermes_guard_merges",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(n, 4);
+        assert!(tables.contains("\"messages\""), "{tables}");
+    }
+}

@@ -128,3 +128,80 @@ pub(crate) fn create(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCHEMA: &str = "
+        CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT UNIQUE);
+        CREATE INDEX notes_body ON notes(body);
+        CREATE VIRTUAL TABLE notes_fts USING fts5(body, content='notes', content_rowid='id');
+        CREATE TRIGGER notes_ai AFTER INSERT ON notes BEGIN
+            INSERT INTO notes_fts(rowid, body) VALUES (new.id, new.body);
+        END;
+        CREATE TABLE hermes_guard_merges (generation TEXT PRIMARY KEY);
+    ";
+
+    #[test]
+    fn objects_leave_out_shadow_tables_automatic_indexes_and_internal_tables() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let names: Vec<String> = objects(&conn, "main")
+            .unwrap()
+            .into_iter()
+            .map(|o| format!("{} {}", o.kind, o.name))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "table notes",
+                "index notes_body",
+                "table notes_fts",
+                "trigger notes_ai"
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_target_gets_everything_another_only_what_the_generation_created() {
+        let source = Connection::open_in_memory().unwrap();
+        source.execute_batch(SCHEMA).unwrap();
+        source
+            .execute_batch("ATTACH ':memory:' AS pre; CREATE TABLE pre.notes (id INTEGER PRIMARY KEY, body TEXT);")
+            .unwrap();
+        let empty = Connection::open_in_memory().unwrap();
+        assert_eq!(to_create(&source, &empty, true, true).unwrap().len(), 4);
+        let other = Connection::open_in_memory().unwrap();
+        other
+            .execute_batch("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+            .unwrap();
+        let names: Vec<String> = to_create(&source, &other, false, true)
+            .unwrap()
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        assert_eq!(names, ["notes_body", "notes_fts", "notes_ai"]);
+        assert!(to_create(&source, &other, false, false).unwrap().is_empty());
+
+        create(
+            &source,
+            &empty,
+            std::path::Path::new("empty"),
+            &to_create(&source, &empty, true, true).unwrap(),
+            true,
+        )
+        .unwrap();
+        empty
+            .execute("INSERT INTO notes (body) VALUES ('a platypus')", [])
+            .unwrap();
+        let hits: i64 = empty
+            .query_row(
+                "SELECT COUNT(*) FROM notes_fts WHERE notes_fts MATCH 'platypus'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(hits, 1, "the trigger was created with the table");
+    }
+}

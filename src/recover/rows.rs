@@ -156,3 +156,101 @@ impl Scan<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);
+             INSERT INTO t VALUES (3, 'c'), (1, 'a'), (2, 'b');",
+        )
+        .unwrap();
+        conn
+    }
+
+    #[test]
+    fn rows_come_one_at_a_time_in_rowid_order_with_the_filter_applied() {
+        let conn = db();
+        let scan = Scan {
+            conn: &conn,
+            select: "a.v, a.v || '!'".into(),
+            from: "main.t AS a".into(),
+            filter: "a.id > 1".into(),
+            rowid: Some("a.rowid".into()),
+            ncols: 1,
+            nbefore: 1,
+        };
+        let mut seen = Vec::new();
+        let unreadable = scan
+            .for_each(&mut |row| {
+                seen.push((row.rowid, row.values, row.before));
+                Ok(())
+            })
+            .unwrap();
+        assert!(unreadable.is_empty());
+        assert_eq!(
+            seen,
+            vec![
+                (
+                    Some(2),
+                    vec![Val::Text(b"b".to_vec())],
+                    Some(vec![Val::Text(b"b!".to_vec())])
+                ),
+                (
+                    Some(3),
+                    vec![Val::Text(b"c".to_vec())],
+                    Some(vec![Val::Text(b"c!".to_vec())])
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_error_of_the_callback_stops_the_scan_and_is_returned() {
+        let conn = db();
+        let scan = Scan {
+            conn: &conn,
+            select: "a.v".into(),
+            from: "main.t AS a".into(),
+            filter: "1".into(),
+            rowid: Some("a.rowid".into()),
+            ncols: 1,
+            nbefore: 0,
+        };
+        let mut calls = 0;
+        let err = scan
+            .for_each(&mut |_| {
+                calls += 1;
+                Err(RecoverError::BadTarget {
+                    database: "x".into(),
+                    why: "stop".into(),
+                })
+            })
+            .unwrap_err();
+        assert_eq!(calls, 1);
+        assert!(err.to_string().contains("stop"));
+    }
+
+    #[test]
+    fn a_query_that_cannot_run_is_reported_unreadable_not_returned() {
+        let conn = db();
+        let scan = Scan {
+            conn: &conn,
+            select: "a.v".into(),
+            from: "main.no_such_table AS a".into(),
+            filter: "1".into(),
+            rowid: Some("a.rowid".into()),
+            ncols: 1,
+            nbefore: 0,
+        };
+        let unreadable = scan.for_each(&mut |_| Ok(())).unwrap();
+        assert_eq!(unreadable.len(), 1);
+        assert!(
+            unreadable[0].error.contains("no such table"),
+            "{unreadable:?}"
+        );
+    }
+}

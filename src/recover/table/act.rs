@@ -218,20 +218,18 @@ impl TableMerge<'_> {
         if !m.apply {
             return Ok(());
         }
-        let fresh = |values: &mut Vec<Val>, this: &Self| {
-            if let Some(at) = this.alias_at {
-                values[at] = Val::Null;
-            }
+        let rowid_identity = self.identity == RowIdentity::Rowid;
+        let mut keep = rowid_identity && !taken;
+        let mut result = if rowid_identity && taken {
+            let fresh = self.fresh_rowid(m, &mut values)?;
+            self.exec_insert(m, &values, fresh)
+        } else {
+            self.exec_insert(m, &values, rowid.filter(|_| keep))
         };
-        let mut keep = self.identity == RowIdentity::Rowid && !taken;
-        if self.identity == RowIdentity::Rowid && taken {
-            fresh(&mut values, self);
-        }
-        let mut result = self.exec_insert(m, &values, rowid.filter(|_| keep));
         if keep && matches!(&result, Err(e) if rowid_taken(e)) {
             keep = false;
-            fresh(&mut values, self);
-            result = self.exec_insert(m, &values, None);
+            let fresh = self.fresh_rowid(m, &mut values)?;
+            result = self.exec_insert(m, &values, fresh);
         }
         match result {
             Ok(()) => {
@@ -257,6 +255,49 @@ impl TableMerge<'_> {
                 Ok(())
             }
             Err(e) => Err(m.write_error(e, &self.live.name)),
+        }
+    }
+
+    /// A rowid above every rowid of the live table and of the captured one, so that no later
+    /// captured row finds its own rowid taken by a moved one: set in the alias column, or
+    /// returned for the `rowid` column.
+    fn fresh_rowid(
+        &mut self,
+        m: &Merge<'_>,
+        values: &mut [Val],
+    ) -> Result<Option<i64>, RecoverError> {
+        let next = match self.next_fresh {
+            Some(n) => n,
+            None => {
+                let max = |conn: &rusqlite::Connection, table: &str, rowid: &str| {
+                    conn.query_row(
+                        &format!("SELECT MAX({rowid}) FROM main.{}", quote(table)),
+                        [],
+                        |r| r.get::<_, Option<i64>>(0),
+                    )
+                };
+                let live = max(
+                    m.target,
+                    &self.live.name,
+                    self.live.rowid_name().unwrap_or("rowid"),
+                )
+                .map_err(m.sq("read the largest rowid"))?;
+                let captured = max(
+                    m.source,
+                    &self.captured.name,
+                    self.captured.rowid_name().unwrap_or("rowid"),
+                )
+                .map_err(|e| RecoverError::sqlite(m.source_path, "read the largest rowid", e))?;
+                live.max(captured).unwrap_or(0).saturating_add(1)
+            }
+        };
+        self.next_fresh = Some(next.saturating_add(1));
+        match self.alias_at {
+            Some(at) => {
+                values[at] = Val::Int(next);
+                Ok(None)
+            }
+            None => Ok(Some(next)),
         }
     }
 
