@@ -22,6 +22,7 @@ use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
 use super::workloads::{self, sidecar, BenchError, Context, Stopwatch, Timed, Vfs};
+use super::{Bench, Id, Round, Row, Sizes, MIB};
 
 /// A capture of `rows` rows (about 700 bytes each) and the live database it was taken of.
 pub struct Built {
@@ -200,4 +201,78 @@ pub fn child(capture: &Path) -> Result<(), BenchError> {
         serde_json::to_string(&report).map_err(|e| BenchError::Invalid(e.to_string()))?
     );
     Ok(())
+}
+
+impl Bench {
+    /// The recovery rows: the floor in this process, the recovery in a child, alternating.
+    pub(super) fn recovery(
+        &mut self,
+        exe: &Path,
+        dir: &Path,
+        sizes: &Sizes,
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let built = build(dir, sizes.rec_rows)?;
+        let manifest = hermes_guard::Manifest::read(&built.capture)?;
+        eprintln!(
+            "  (recovery: a capture of {} rows, WAL {:.0} MiB, image {} KiB)",
+            sizes.rec_rows,
+            manifest.wal.bytes as f64 / MIB as f64,
+            manifest.main.bytes / 1024
+        );
+        let (mut time, mut memory) = (Vec::new(), Vec::new());
+        for n in 0..self.warmup + self.rounds {
+            let (mut floor, mut report) = (None, None);
+            for floor_now in [n.is_multiple_of(2), !n.is_multiple_of(2)] {
+                if floor_now {
+                    floor = Some(self::floor(dir, &built)?);
+                } else {
+                    report = Some(measure(exe, dir, &built)?);
+                }
+            }
+            let (floor, report) = (floor.expect("ran"), report.expect("ran"));
+            if report.inserted as f64 != floor.ops {
+                return Err(format!(
+                    "the recovery inserted {} rows, INSERT … SELECT {}",
+                    report.inserted, floor.ops
+                )
+                .into());
+            }
+            let secs = report.apply_ns as f64 / 1e9;
+            let t = Round {
+                baseline: floor.rate(),
+                guard: report.inserted as f64 / secs,
+                ratio: secs / floor.elapsed.as_secs_f64(),
+                cpu_ratio: report.apply_cpu_ns.map_or(f64::NAN, |ns| ns as f64 / 1e9)
+                    / floor.cpu.map_or(f64::NAN, |c| c.as_secs_f64()),
+            };
+            let extra = report.peak_kib.saturating_sub(report.baseline_kib) as f64 / 1024.0;
+            let m = Round {
+                baseline: f64::NAN,
+                guard: extra,
+                ratio: extra,
+                cpu_ratio: f64::NAN,
+            };
+            eprintln!(
+                "  (recovery round {n}: opening the capture {:.2} s, merge {:.2} s, INSERT … SELECT {:.2} s)",
+                report.open_ns as f64 / 1e9,
+                secs,
+                floor.elapsed.as_secs_f64()
+            );
+            self.progress(Id::RecTime, n, &t);
+            self.progress(Id::RecMem, n, &m);
+            if n >= self.warmup {
+                time.push(t);
+                memory.push(m);
+            }
+        }
+        self.rows.push(Row {
+            id: Id::RecTime,
+            rounds: time,
+        });
+        self.rows.push(Row {
+            id: Id::RecMem,
+            rounds: memory,
+        });
+        Ok(())
+    }
 }
