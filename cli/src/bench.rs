@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// Rows of the recovery workload's capture [default: 300000, or 2000 with --smoke].
     #[arg(long)]
     recovery_rows: Option<u64>,
+    /// Rows the newer generation writes into the recovery workload's table before each side,
+    /// on the rowids the captured rows have [default: 0].
+    #[arg(long, default_value_t = 0)]
+    recovery_newer_rows: u64,
 }
 
 /// Which benchmark child this process is.
@@ -135,6 +139,7 @@ struct Sizes {
     cap_wal_bytes: u64,
     cap_main_bytes: u64,
     rec_rows: u64,
+    rec_newer_rows: u64,
 }
 
 const MIB: u64 = 1 << 20;
@@ -158,6 +163,7 @@ impl Sizes {
                 cap_wal_bytes: MIB,
                 cap_main_bytes: MIB / 4,
                 rec_rows: 2000,
+                rec_newer_rows: args.recovery_newer_rows,
             }
         } else {
             Sizes {
@@ -175,6 +181,7 @@ impl Sizes {
                 cap_wal_bytes: 256 * MIB,
                 cap_main_bytes: 64 * MIB,
                 rec_rows: 300_000,
+                rec_newer_rows: args.recovery_newer_rows,
             }
         };
         if let Some(mib) = args.checkpoint_wal_mib {
@@ -270,6 +277,10 @@ impl Id {
             Id::CapMem => format!(
                 "capture peak extra memory ({} WAL)",
                 mib(sizes.cap_wal_bytes)
+            ),
+            Id::RecTime if sizes.rec_newer_rows > 0 => format!(
+                "recover {} rows ({} newer) vs INSERT … SELECT",
+                sizes.rec_rows, sizes.rec_newer_rows
             ),
             Id::RecTime => format!("recover {} rows vs INSERT … SELECT", sizes.rec_rows),
             Id::RecMem => format!("recovery peak extra memory ({} rows)", sizes.rec_rows),

@@ -30,9 +30,12 @@ pub struct Built {
     pub capture: PathBuf,
     /// The live file's bytes after the loss (the captured image): put back before each side.
     image: Vec<u8>,
+    /// Rows the newer generation writes after the image is put back, on the captured rows'
+    /// rowids: the captured rows then move to fresh ones.
+    newer: u64,
 }
 
-pub fn build(dir: &Path, rows: u64) -> Result<Built, BenchError> {
+pub fn build(dir: &Path, rows: u64, newer: u64) -> Result<Built, BenchError> {
     let db = dir.join("recovery").join("state.db");
     let parent = db.parent().expect("joined above");
     fs::create_dir_all(parent).ctx("creating", parent)?;
@@ -76,7 +79,12 @@ pub fn build(dir: &Path, rows: u64) -> Result<Built, BenchError> {
     hermes_guard::close(conn)
         .map_err(|(_, e)| BenchError::Invalid(format!("closing {}: {e}", db.display())))?;
     let image = fs::read(&db).ctx("reading", &db)?;
-    Ok(Built { db, capture, image })
+    Ok(Built {
+        db,
+        capture,
+        image,
+        newer,
+    })
 }
 
 impl Built {
@@ -94,7 +102,17 @@ impl Built {
             .truncate(true)
             .open(&self.db)
             .and_then(|mut f| f.write_all(&self.image).and_then(|()| f.sync_all()))
-            .ctx("putting back the image of", &self.db)
+            .ctx("putting back the image of", &self.db)?;
+        if self.newer > 0 {
+            let conn = workloads::open(Vfs::Stock, &self.db)?;
+            conn.execute(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1) \
+                 INSERT INTO events (kind, at, body) SELECT 'newer', i, 'newer ' || i FROM n",
+                [self.newer as i64],
+            )
+            .ctx("writing the newer generation", &self.db)?;
+        }
+        Ok(())
     }
 }
 
@@ -162,11 +180,15 @@ pub fn floor(dir: &Path, built: &Built) -> Result<Timed, BenchError> {
         [built.db.to_str().unwrap_or_default()],
     )
     .ctx("attaching", &built.db)?;
+    // With a newer generation on the same rowids, the floor gives every row a fresh one.
+    let sql = if built.newer > 0 {
+        "BEGIN IMMEDIATE; INSERT INTO live.events (kind, at, body) \
+         SELECT kind, at, body FROM main.events; COMMIT;"
+    } else {
+        "BEGIN IMMEDIATE; INSERT INTO live.events SELECT * FROM main.events; COMMIT;"
+    };
     let clock = Stopwatch::start();
-    conn.execute_batch(
-        "BEGIN IMMEDIATE; INSERT INTO live.events SELECT * FROM main.events; COMMIT;",
-    )
-    .ctx("INSERT … SELECT", &built.db)?;
+    conn.execute_batch(sql).ctx("INSERT … SELECT", &built.db)?;
     let rows = conn.changes() as f64;
     let timed = clock.stop(rows);
     conn.execute_batch("DETACH DATABASE live")
@@ -211,7 +233,7 @@ impl Bench {
         dir: &Path,
         sizes: &Sizes,
     ) -> Result<(), Box<dyn std::error::Error>> {
-        let built = build(dir, sizes.rec_rows)?;
+        let built = build(dir, sizes.rec_rows, sizes.rec_newer_rows)?;
         let manifest = hermes_guard::Manifest::read(&built.capture)?;
         eprintln!(
             "  (recovery: a capture of {} rows, WAL {:.0} MiB, image {} KiB)",

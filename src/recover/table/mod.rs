@@ -276,7 +276,11 @@ impl<'t> TableMerge<'t> {
             ),
             None => ("1".to_owned(), None),
         };
-        let bulk = m.bulk && self.bulk_ready(m, remaps) && self.bulk_added(m)?;
+        let bulk = if m.bulk && self.bulk_ready(m, remaps) {
+            self.bulk_added(m, remaps)?
+        } else {
+            None
+        };
         let added = Scan {
             conn: m.source,
             select: a_cols.clone(),
@@ -286,8 +290,8 @@ impl<'t> TableMerge<'t> {
             ncols: self.cols.len(),
             nbefore: 0,
         };
-        let mut unreadable = if bulk {
-            Vec::new()
+        let mut unreadable = if let Some(unreadable) = bulk {
+            unreadable
         } else {
             added.for_each(&mut |row| {
                 tick(&mut done);

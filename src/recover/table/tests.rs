@@ -176,3 +176,33 @@ fn statements_name_the_rowid_only_where_it_is_not_a_column() {
         "SELECT \"k\", \"j\", \"v\" FROM main.\"t\" WHERE \"k\" IS ?1 AND \"j\" IS ?2"
     );
 }
+
+#[test]
+fn rows_on_taken_rowids_move_and_the_rest_go_at_once_as_row_by_row_would() {
+    let image = "INSERT INTO t VALUES (1, 'one');";
+    let added = "INSERT INTO t VALUES (2, 'two'), (3, 'three'), (4, 'four'), (5, 'five');";
+    let newer = "INSERT INTO t VALUES (2, 'newer two'), (3, 'newer three');";
+    let dir = tempfile::tempdir().unwrap();
+    let (source, target) = databases(dir.path(), image, added, newer);
+    let bulk = merge_t(&source, &target, true);
+    let at_once = rows(&target);
+    let dir = tempfile::tempdir().unwrap();
+    let (source, target) = databases(dir.path(), image, added, newer);
+    let by_row = merge_t(&source, &target, false);
+    assert_eq!(at_once, rows(&target));
+    assert_eq!(
+        at_once,
+        [
+            (1, "one".to_owned()),
+            (2, "newer two".to_owned()),
+            (3, "newer three".to_owned()),
+            (4, "four".to_owned()),
+            (5, "five".to_owned()),
+            (6, "two".to_owned()),
+            (7, "three".to_owned()),
+        ]
+    );
+    for r in [&bulk, &by_row] {
+        assert_eq!((r.added, r.inserted, r.new_rowids), (4, 4, 2), "{r:?}");
+    }
+}
