@@ -235,6 +235,14 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         );
     }
+    if m.main_torn {
+        return (
+            MergeRule::DeltaSharedWal,
+            "the loss left the live file torn: a checkpoint had copied part of the captured WAL \
+             into it (see recover --rebuild)"
+                .into(),
+        );
+    }
     match m.path_generation_at_capture.wal {
         None => (
             MergeRule::Delta,
