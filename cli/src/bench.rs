@@ -11,6 +11,7 @@
 mod capture;
 mod cost;
 mod mp;
+mod recovery;
 mod st;
 mod stats;
 mod workloads;
@@ -58,6 +59,13 @@ pub struct BenchArgs {
     /// from the device instead of from memory.
     #[arg(long)]
     cold_cache: bool,
+    /// Rows of the recovery workload's capture [default: 300000, or 2000 with --smoke].
+    #[arg(long)]
+    recovery_rows: Option<u64>,
+    /// Rows the newer generation writes into the recovery workload's table before each side,
+    /// on the rowids the captured rows have [default: 0].
+    #[arg(long, default_value_t = 0)]
+    recovery_newer_rows: u64,
 }
 
 /// Which benchmark child this process is.
@@ -69,6 +77,8 @@ pub enum ChildRole {
     Capture,
     /// A run of a cost workload, under strace or callgrind.
     Cost,
+    /// The process that recovers (`--db` is the capture), alone, for its memory high-water mark.
+    Recovery,
 }
 
 /// Arguments of the benchmark child process.
@@ -96,6 +106,7 @@ pub fn child(args: ChildArgs) -> Result<()> {
     match args.role {
         ChildRole::MpWriter => mp::writer_child(&args.db, args.vfs)?,
         ChildRole::Capture => capture::child(&args.db)?,
+        ChildRole::Recovery => recovery::child(&args.db)?,
         ChildRole::Cost => {
             let workload = args.workload.ok_or("--role cost needs --workload")?;
             cost::child(workload, args.vfs, &args.db, args.ops)?
@@ -127,6 +138,8 @@ struct Sizes {
     mp: Chunks,
     cap_wal_bytes: u64,
     cap_main_bytes: u64,
+    rec_rows: u64,
+    rec_newer_rows: u64,
 }
 
 const MIB: u64 = 1 << 20;
@@ -149,6 +162,8 @@ impl Sizes {
                 mp: c(2, 10),
                 cap_wal_bytes: MIB,
                 cap_main_bytes: MIB / 4,
+                rec_rows: 2000,
+                rec_newer_rows: args.recovery_newer_rows,
             }
         } else {
             Sizes {
@@ -165,10 +180,15 @@ impl Sizes {
                 mp: c(6, 2000),
                 cap_wal_bytes: 256 * MIB,
                 cap_main_bytes: 64 * MIB,
+                rec_rows: 300_000,
+                rec_newer_rows: args.recovery_newer_rows,
             }
         };
         if let Some(mib) = args.checkpoint_wal_mib {
             s.ck_wal_bytes = mib * MIB;
+        }
+        if let Some(rows) = args.recovery_rows {
+            s.rec_rows = rows;
         }
         if let Some(mib) = args.capture_wal_mib {
             s.cap_wal_bytes = mib * MIB;
@@ -192,9 +212,11 @@ enum Id {
     Mp,
     CapTime,
     CapMem,
+    RecTime,
+    RecMem,
 }
 
-const ALL: [Id; 11] = [
+const ALL: [Id; 13] = [
     Id::W1Normal,
     Id::W1Full,
     Id::W2,
@@ -206,6 +228,8 @@ const ALL: [Id; 11] = [
     Id::Mp,
     Id::CapTime,
     Id::CapMem,
+    Id::RecTime,
+    Id::RecMem,
 ];
 
 /// The bound a row's median ratio is held to.
@@ -229,6 +253,8 @@ impl Id {
             Id::Mp => "MP",
             Id::CapTime => "CAP-TIME",
             Id::CapMem => "CAP-MEM",
+            Id::RecTime => "MERGE-TIME",
+            Id::RecMem => "MERGE-MEM",
         }
     }
 
@@ -252,6 +278,12 @@ impl Id {
                 "capture peak extra memory ({} WAL)",
                 mib(sizes.cap_wal_bytes)
             ),
+            Id::RecTime if sizes.rec_newer_rows > 0 => format!(
+                "recover {} rows ({} newer) vs INSERT … SELECT",
+                sizes.rec_rows, sizes.rec_newer_rows
+            ),
+            Id::RecTime => format!("recover {} rows vs INSERT … SELECT", sizes.rec_rows),
+            Id::RecMem => format!("recovery peak extra memory ({} rows)", sizes.rec_rows),
         }
     }
 
@@ -259,10 +291,10 @@ impl Id {
         match self {
             Id::W1Normal | Id::W1Full | Id::Mp => "txn/s",
             Id::St => "msg/s",
-            Id::W2 | Id::R2 => "rows/s",
+            Id::W2 | Id::R2 | Id::RecTime => "rows/s",
             Id::R1 => "query/s",
             Id::CkPassive | Id::CkTruncate | Id::CapTime => "MiB/s",
-            Id::CapMem => "MiB",
+            Id::CapMem | Id::RecMem => "MiB",
         }
     }
 
@@ -273,6 +305,8 @@ impl Id {
             Id::CkPassive | Id::CkTruncate => Target::AtLeast(0.98),
             Id::CapTime => Target::AtMost(1.25),
             Id::CapMem => Target::AtMost(8.0),
+            Id::RecTime => Target::AtMost(1.3),
+            Id::RecMem => Target::AtMost(32.0),
         }
     }
 }
@@ -334,6 +368,10 @@ fn selected(only: &[String]) -> Result<Vec<Id>> {
     if chosen.contains(&Id::CapTime) != chosen.contains(&Id::CapMem) {
         chosen.retain(|id| !matches!(id, Id::CapTime | Id::CapMem));
         chosen.extend([Id::CapTime, Id::CapMem]);
+    }
+    if chosen.contains(&Id::RecTime) != chosen.contains(&Id::RecMem) {
+        chosen.retain(|id| !matches!(id, Id::RecTime | Id::RecMem));
+        chosen.extend([Id::RecTime, Id::RecMem]);
     }
     Ok(ALL
         .iter()
@@ -423,7 +461,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Id::St => bench.paired(id, sizes.st, 1.0, |vfs| st::open(vfs, dir))?,
             Id::Mp => bench.paired(id, sizes.mp, 1.0, |vfs| mp::Writers::open(&exe, dir, vfs))?,
             Id::CapTime => bench.capture(&exe, dir, &sizes)?,
-            Id::CapMem => {} // measured with CapTime
+            Id::CapMem | Id::RecMem => {} // measured with CapTime, RecTime
+            Id::RecTime => bench.recovery(&exe, dir, &sizes)?,
         }
     }
     print_table(&bench.rows, &sizes);
@@ -616,16 +655,16 @@ fn number(x: f64) -> String {
 
 fn ratio_text(id: Id, x: f64) -> String {
     match id {
-        Id::CapTime => format!("{x:.3}x"),
-        Id::CapMem => format!("{x:.2} MiB"),
+        Id::CapTime | Id::RecTime => format!("{x:.3}x"),
+        Id::CapMem | Id::RecMem => format!("{x:.2} MiB"),
         _ => format!("{x:.3}"),
     }
 }
 
 fn target_text(id: Id) -> String {
     match (id, id.target()) {
-        (Id::CapTime, Target::AtMost(t)) => format!("<= {t:.2}x"),
-        (Id::CapMem, Target::AtMost(t)) => format!("<= {t:.0} MiB"),
+        (Id::CapTime | Id::RecTime, Target::AtMost(t)) => format!("<= {t:.2}x"),
+        (Id::CapMem | Id::RecMem, Target::AtMost(t)) => format!("<= {t:.0} MiB"),
         (_, Target::AtLeast(t)) => format!(">= {t:.2}"),
         (_, Target::AtMost(t)) => format!("<= {t:.2}"),
     }
@@ -667,7 +706,7 @@ fn print_table(rows: &[Row], sizes: &Sizes) {
         };
         let cpu = stats::summarize(&pick(|r| r.cpu_ratio));
         let short = |x: f64| match row.id {
-            Id::CapMem => format!("{x:.2}"),
+            Id::CapMem | Id::RecMem => format!("{x:.2}"),
             _ => format!("{x:.3}"),
         };
         println!(
@@ -691,7 +730,10 @@ fn print_table(rows: &[Row], sizes: &Sizes) {
          ratio: guard/stock throughput, measured back to back in each round; the median over the\n\
          rounds, with its interquartile range and min-max (1.000 = no cost, 0.970 = 3% slower).\n\
          For CAP-TIME: capture time / floor time. For CAP-MEM: the capture child's resident-set\n\
-         high-water mark above its level just before the capture, MiB.\n\
+         high-water mark above its level just before the capture, MiB. For MERGE-TIME: the time of\n\
+         recover::apply from the opened capture / the time of INSERT … SELECT of the same rows\n\
+         from the capture opened as a database; MERGE-MEM: the recovery child's high-water mark\n\
+         (opening the capture, then the merge) above its level before, MiB.\n\
          cpu ratio: the same ratio from the CPU time of the threads doing the work (blind to waits\n\
          for a CPU or a disk: steadier on a shared machine, and stricter where I/O dominates).\n\
          result: the median wall-clock ratio against the target."

@@ -4,14 +4,16 @@
 //! A capture of a replaced main file (a restore: somebody's decision) is never merged here;
 //! `hermes-guard recover` merges it on purpose. A healed capture is marked in the live store's
 //! `state_meta` (in the merge's own transaction), so it is not opened again; idempotency does not
-//! depend on the mark: the merge inserts only what is missing, inside `BEGIN IMMEDIATE`.
+//! depend on the mark: the merge records the capture in `hermes_guard_merges` and inserts its
+//! rows once, inside `BEGIN IMMEDIATE`.
 
 use std::path::{Path, PathBuf};
 
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::merge::{foreign_key_violations, Merge, MergeOptions};
+use super::merge::{foreign_key_violations, Merge};
+use super::report::MergeOptions;
 use super::{list_captures, Capture, RecoverError};
 
 /// The `state_meta` key prefix marking a capture as healed (followed by its directory's name).
@@ -137,6 +139,7 @@ fn heal_one(
         let before = foreign_key_violations(conn).map_err(sq("foreign_key_check"))?;
         let options = MergeOptions::default();
         let source = capture.connection();
+        let (rule, rule_reason) = super::rule_for(&capture, path);
         let merge = Merge {
             source,
             source_path: capture.dir(),
@@ -144,6 +147,11 @@ fn heal_one(
             target_path: path,
             options: &options,
             apply: true,
+            rule,
+            rule_reason,
+            ledger: Some(super::ledger::Generation::of(&capture)),
+            merged_before: None,
+            bulk: false,
         };
         let report = merge.run(&mut |_| {})?;
         if report.inserted() > 0 {

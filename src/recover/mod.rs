@@ -6,15 +6,17 @@
 //! let plan = recover::plan(&capture, "state.db".as_ref(), &MergeOptions::default())?;
 //! println!("{} rows missing from the live database", plan.missing());
 //! let done = recover::apply(&capture, "state.db".as_ref(), &MergeOptions::default(), &mut |_| {})?;
-//! assert_eq!(done.inserted(), plan.missing());
+//! println!("{} rows inserted, updated or deleted", done.changed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! - [`Capture::open`] checks a capture against its manifest (sizes, sha256) and works on a
 //!   private copy; the capture directory is never changed.
-//! - [`plan`] says, per table, what the captured generation committed that the live database
-//!   lacks; [`apply`] inserts it in one `BEGIN IMMEDIATE` transaction through the guard, with
-//!   `PRAGMA foreign_key_check` clean before commit. Running it again adds nothing.
+//! - [`plan`] says, per table, what the captured generation changed (its WAL against the main
+//!   image it was written on) that the live database lacks, and which rule applies
+//!   ([`MergeRule`]); [`apply`] writes it in one `BEGIN IMMEDIATE` transaction through the
+//!   guard, with `PRAGMA foreign_key_check` clean before commit, and records the capture in the
+//!   live database (`hermes_guard_merges`). Running it again adds nothing.
 //! - [`rebuild_torn`] rebuilds a live database the loss left torn (`main_torn`), and refuses one
 //!   that is not.
 //! - [`verify_capture`] verifies a capture from its bytes: the WAL read frame by frame
@@ -24,10 +26,16 @@
 
 mod error;
 mod heal;
+mod ledger;
 mod merge;
+mod objects;
 mod open;
 mod rebuild;
+mod report;
+mod rows;
 mod schema;
+mod table;
+mod value;
 mod verify;
 mod walcheck;
 
@@ -37,18 +45,19 @@ use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
 pub use heal::{Healed, HEALED_MARK_PREFIX};
-pub use merge::{
-    ConflictPolicy, MergeOptions, MergeReport, NotMerged, Progress, RowIdentity, TableReport,
-    Unreadable,
-};
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
 pub use rebuild::{check_torn, rebuild_torn, RebuildReport};
+pub use report::{
+    ConflictPolicy, MergeOptions, MergeReport, MergeRule, NotMerged, Progress, RowIdentity,
+    TableReport, Unreadable,
+};
 pub use verify::{unreadable_commits, verify_capture, wal_problems, CaptureCheck, FileFound};
 pub use walcheck::{PrefixEnd, WalCheck};
 
 #[cfg(feature = "store")]
 pub(crate) use heal::heal_store;
 pub(crate) use merge::{foreign_key_violations, Merge};
+use merge::{BULK_CAPTURE, BULK_IMAGE};
 
 /// What the captured generation committed that the live database `database` lacks, per table.
 /// Reads only (in one read transaction through the guard); writes nothing.
@@ -60,12 +69,12 @@ pub fn plan(
     let conn = open_target(capture.dir(), database, options)?;
     conn.execute_batch("BEGIN")
         .map_err(|e| RecoverError::sqlite(database, "begin a read transaction", e))?;
-    let result = run_merge(capture, &conn, database, options, false, &mut |_| {});
+    let result = run_merge(capture, &conn, database, options, false, false, &mut |_| {});
     let _ = conn.execute_batch("ROLLBACK");
     result
 }
 
-/// Inserts what [`plan`] finds missing, in one `BEGIN IMMEDIATE` transaction on the live
+/// Writes what [`plan`] finds missing, in one `BEGIN IMMEDIATE` transaction on the live
 /// database opened through the guard. The plan is made again inside the transaction, so what is
 /// inserted is exactly what is missing at that moment (another process may have merged
 /// meanwhile): running it twice, or in two processes at once, inserts each row once.
@@ -77,7 +86,47 @@ pub fn apply(
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
     let conn = open_target(capture.dir(), database, options)?;
-    apply_on(capture, &conn, database, options, progress)
+    // The capture attached read-only through the unix VFS: tables whose added rows land on
+    // rowids the live table never used take them with one INSERT … SELECT.
+    let attached = attach_capture(&conn, capture);
+    let result = apply_inner(capture, &conn, database, options, attached, progress);
+    if attached {
+        let _ = conn.execute_batch(&format!(
+            "DETACH DATABASE {BULK_CAPTURE}; DETACH DATABASE {BULK_IMAGE}"
+        ));
+    }
+    result
+}
+
+/// Attaches the capture's private copy and its image to `conn` (opened with URI filenames),
+/// read-only, through the unix VFS. `false` (logged) when they cannot be.
+fn attach_capture(conn: &Connection, capture: &Capture) -> bool {
+    let uri = |p: &Path| {
+        let mut s = String::from("file:");
+        for b in p.as_os_str().as_encoded_bytes() {
+            match b {
+                b'%' | b'?' | b'#' => s.push_str(&format!("%{b:02X}")),
+                _ => s.push(char::from(*b)),
+            }
+        }
+        s + "?mode=ro&vfs=unix"
+    };
+    let ascii = |p: &Path| p.as_os_str().as_encoded_bytes().is_ascii();
+    let (copy, image) = (capture.private_copy(), capture.image_copy());
+    if !ascii(copy) || !ascii(&image) {
+        return false;
+    }
+    let attach = |path: &Path, name: &str| {
+        conn.execute(&format!("ATTACH DATABASE ?1 AS {name}"), [uri(path)])
+    };
+    match attach(copy, BULK_CAPTURE).and_then(|_| attach(&image, BULK_IMAGE)) {
+        Ok(_) => true,
+        Err(e) => {
+            log::debug!("hermes-guard: merging row by row: the capture cannot be attached: {e}");
+            let _ = conn.execute_batch(&format!("DETACH DATABASE {BULK_CAPTURE}"));
+            false
+        }
+    }
 }
 
 /// [`apply`] on a connection the caller opened (through the guard) on `database`.
@@ -88,12 +137,23 @@ pub fn apply_on(
     options: &MergeOptions,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
+    apply_inner(capture, conn, database, options, false, progress)
+}
+
+fn apply_inner(
+    capture: &Capture,
+    conn: &Connection,
+    database: &Path,
+    options: &MergeOptions,
+    bulk: bool,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<MergeReport, RecoverError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| RecoverError::sqlite(database, "take the write lock (BEGIN IMMEDIATE)", e))?;
     let result = (|| {
         let before = foreign_key_violations(conn)
             .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
-        let report = run_merge(capture, conn, database, options, true, progress)?;
+        let report = run_merge(capture, conn, database, options, true, bulk, progress)?;
         let after = foreign_key_violations(conn)
             .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
         let mut new: Vec<String> = after.difference(&before).cloned().collect();
@@ -112,10 +172,10 @@ pub fn apply_on(
         let _ = conn.execute_batch("ROLLBACK");
     }
     let report = result?;
-    if report.inserted() > 0 || report.tables.iter().any(|t| t.replaced > 0) {
+    if report.changed() > 0 {
         log::warn!(
             "hermes-guard: merged {} row(s) from the capture {} into {} ({})",
-            report.inserted(),
+            report.changed(),
             capture.dir().display(),
             database.display(),
             summary(&report)
@@ -130,10 +190,12 @@ fn run_merge(
     database: &Path,
     options: &MergeOptions,
     apply: bool,
+    bulk: bool,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
+    let (rule, rule_reason) = rule_for(capture, database);
     let merge = Merge {
         source,
         source_path: capture.dir(),
@@ -141,6 +203,11 @@ fn run_merge(
         target_path: database,
         options,
         apply,
+        rule,
+        rule_reason,
+        ledger: Some(ledger::Generation::of(capture)),
+        merged_before: None,
+        bulk,
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
@@ -149,13 +216,80 @@ fn run_merge(
     Ok(report)
 }
 
-/// `table +n` for each table that got rows.
+/// Which rows of `capture` are merged into `database`, and why (docs/merge-rules.md).
+///
+/// The delta of the captured generation (its WAL against its own main image) is what it
+/// changed; it applies when the live file descends from that image: the capture is of a lost
+/// `-wal`/`-shm`, and the live file is the very file the capture was taken of (same device and
+/// inode). Otherwise the whole captured generation is compared with the live rows.
+pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String) {
+    let m = capture.manifest();
+    if m.is_main_replaced() {
+        return (
+            MergeRule::Whole,
+            "the main file was replaced under the captured generation (a restore): the live file \
+             does not descend from the captured image, so what that generation changed since \
+             the live file's past is not known"
+                .into(),
+        );
+    }
+    let live = crate::identity::identity_of_path(database).ok().flatten();
+    if live.is_none() || live != m.main.identity {
+        return (
+            MergeRule::Whole,
+            "the live file is not the file the capture was taken of (another inode): it may not \
+             descend from the captured image"
+                .into(),
+        );
+    }
+    if m.main_torn {
+        return (
+            MergeRule::DeltaSharedWal,
+            "the loss left the live file torn: a checkpoint had copied part of the captured WAL \
+             into it (see recover --rebuild)"
+                .into(),
+        );
+    }
+    match m.path_generation_at_capture.wal {
+        None => (
+            MergeRule::Delta,
+            "the -wal was gone from the path when the capture was taken: the live database \
+             descends from the captured image and never read the captured WAL"
+                .into(),
+        ),
+        Some(at_path) if at_path == m.wal.identity => (
+            MergeRule::DeltaSharedWal,
+            "the captured WAL was still at the path when the capture was taken (its -shm was \
+             lost): the newer generation read its commits"
+                .into(),
+        ),
+        Some(_) => (
+            MergeRule::DeltaSharedWal,
+            "another -wal was at the path when the capture was taken: the newer generation may \
+             have read a copy of some captured commits"
+                .into(),
+        ),
+    }
+}
+
+/// `table +n ~n -n` for each table that changed.
 pub fn summary(report: &MergeReport) -> String {
     let parts: Vec<String> = report
         .tables
         .iter()
-        .filter(|t| t.inserted > 0 || t.to_insert > 0)
-        .map(|t| format!("{} +{}", t.table, t.inserted.max(t.to_insert)))
+        .filter(|t| {
+            t.inserted + t.to_insert + t.updated + t.to_update + t.removed + t.to_delete > 0
+        })
+        .map(|t| {
+            let mut s = format!("{} +{}", t.table, t.inserted.max(t.to_insert));
+            if t.updated.max(t.to_update) > 0 {
+                s += &format!(" ~{}", t.updated.max(t.to_update));
+            }
+            if t.removed.max(t.to_delete) > 0 {
+                s += &format!(" -{}", t.removed.max(t.to_delete));
+            }
+            s
+        })
         .collect();
     if parts.is_empty() {
         "nothing".into()
@@ -191,6 +325,9 @@ pub(crate) fn check_target(capture_dir: &Path, database: &Path) -> Result<(), Re
             capture: capture_dir.to_path_buf(),
         });
     }
+    if meta.len() == 0 {
+        return Ok(()); // an empty file is an empty database to SQLite
+    }
     let mut header = [0u8; 16];
     let read = std::fs::File::open(database)
         .and_then(|mut f| std::io::Read::read(&mut f, &mut header))
@@ -216,7 +353,9 @@ pub(crate) fn open_target(
     })?;
     let conn = Connection::open_with_flags_and_vfs(
         database,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_URI,
         crate::VFS_NAME,
     )
     .map_err(|e| RecoverError::sqlite(database, "open through hermes-guard", e))?;

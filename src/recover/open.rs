@@ -16,6 +16,11 @@ use crate::Manifest;
 const PARTIAL_SUFFIX: &[u8] = b".partial";
 /// The private copy's name inside its temporary directory.
 const COPY_NAME: &str = "capture.db";
+/// A second copy of the captured main image alone (no WAL): what the captured generation's WAL
+/// was written on, attached as `pre` to take the generation's own changes against.
+const IMAGE_NAME: &str = "image.db";
+/// The schema name the image is attached under.
+pub(crate) const IMAGE_SCHEMA: &str = "pre";
 
 /// A capture, verified against its manifest and copied to a private temporary directory.
 ///
@@ -46,7 +51,8 @@ impl Capture {
     /// Opens the capture in `dir`: refuses a `.partial` directory, a directory that is not a
     /// capture, a file the manifest names that is missing, and a size or sha256 that does not
     /// match; then copies the two files to a temporary directory and opens the copy (which
-    /// replays the captured WAL onto the captured image) and runs `PRAGMA integrity_check` on it.
+    /// replays the captured WAL onto the captured image), with a copy of the image alone
+    /// attached as `pre`, and runs `PRAGMA integrity_check` on it.
     /// A capture whose own check fails still opens: see [`Capture::integrity`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Capture, RecoverError> {
         let dir = dir.as_ref().to_path_buf();
@@ -65,6 +71,8 @@ impl Capture {
             &manifest.main.sha256,
             &copy,
         )?;
+        let image = work.path().join(IMAGE_NAME);
+        fs::copy(&copy, &image).map_err(|e| RecoverError::io(&image, "copy the main image", e))?;
         copy_verified(
             &dir,
             &manifest.wal.file,
@@ -80,6 +88,16 @@ impl Capture {
         .map_err(|e| RecoverError::sqlite(&dir, "open the private copy of the capture", e))?;
         let integrity = integrity_check(&conn)
             .unwrap_or_else(|e| vec![format!("the captured database cannot be read: {e}")]);
+        // Attached after the check, which would otherwise check the image too.
+        let image_uri = image.to_str().ok_or_else(|| RecoverError::BadTarget {
+            database: image.clone(),
+            why: "the temporary directory's path is not UTF-8: set TMPDIR".into(),
+        })?;
+        conn.execute(
+            &format!("ATTACH DATABASE ?1 AS {IMAGE_SCHEMA}"),
+            [image_uri],
+        )
+        .map_err(|e| RecoverError::sqlite(&dir, "attach the captured main image", e))?;
         if integrity != ["ok"] {
             log::warn!(
                 "hermes-guard: the capture {} fails its integrity check ({}); every readable row \
@@ -126,6 +144,11 @@ impl Capture {
     /// The private copy's path (inside a temporary directory removed on drop).
     pub fn private_copy(&self) -> &Path {
         &self.copy
+    }
+
+    /// The private copy of the captured main image alone (attached as `pre`).
+    pub(crate) fn image_copy(&self) -> PathBuf {
+        self.copy.with_file_name(IMAGE_NAME)
     }
 }
 

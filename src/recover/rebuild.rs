@@ -8,8 +8,9 @@ use rusqlite::config::DbConfig;
 use rusqlite::{Connection, OpenFlags, MAIN_DB};
 use serde::Serialize;
 
-use super::merge::{foreign_key_violations, Merge, MergeOptions, MergeReport};
+use super::merge::{foreign_key_violations, Merge};
 use super::open::integrity_check;
+use super::report::{MergeOptions, MergeReport, MergeRule};
 use super::{check_target, Capture, RecoverError};
 use crate::capture::{fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
 
@@ -214,6 +215,14 @@ fn build(
         target_path: new,
         options,
         apply: true,
+        // The live file's rows against the rebuilt one: nothing to take a delta against.
+        rule: MergeRule::Whole,
+        rule_reason: "a rebuild: every row of the torn live file, compared with the captured \
+                      generation's row of the same rowid or key"
+            .into(),
+        ledger: None,
+        merged_before: None,
+        bulk: false,
     };
     let mut report = merge.run(&mut |_| {})?;
     let after = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;

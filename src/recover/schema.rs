@@ -99,29 +99,43 @@ pub(crate) struct Schema {
     pub triggers: Vec<(String, String)>,
 }
 
+/// Whether recovery leaves a table of this name alone: SQLite's own (`sqlite_sequence`,
+/// `sqlite_stat*`, `sqlite_master`) and recovery's record of what it merged.
+pub(crate) fn is_internal(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("sqlite_") || lower == super::ledger::LEDGER_TABLE
+}
+
 impl Schema {
+    /// The `main` schema.
     pub fn read(conn: &Connection) -> rusqlite::Result<Schema> {
+        Schema::read_in(conn, "main")
+    }
+
+    /// The schema of the attached database `db` (`main`, or the capture's image `pre`).
+    pub fn read_in(conn: &Connection, db: &str) -> rusqlite::Result<Schema> {
         let mut schema = Schema::default();
         let listed: Vec<(String, String, bool)> = {
             let mut stmt = conn.prepare(
-                "SELECT name, type, wr FROM pragma_table_list WHERE schema = 'main' ORDER BY name",
+                "SELECT name, type, wr FROM pragma_table_list WHERE schema = ?1 ORDER BY name",
             )?;
-            let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            let rows = stmt.query_map([db], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect::<rusqlite::Result<_>>()?
         };
+        let master = format!("{}.sqlite_master", quote(db));
         for (name, kind, without_rowid) in listed {
-            if name.to_ascii_lowercase().starts_with("sqlite_") {
-                continue; // sqlite_sequence, sqlite_stat*, sqlite_master: SQLite's own
+            if is_internal(&name) {
+                continue;
             }
             match kind.as_str() {
                 "table" => {
-                    let table = read_table(conn, &name, without_rowid)?;
+                    let table = read_table(conn, db, &name, without_rowid)?;
                     schema.tables.insert(name.to_lowercase(), table);
                 }
                 "virtual" => {
                     let sql: Option<String> = conn
                         .query_row(
-                            "SELECT sql FROM main.sqlite_master WHERE type = 'table' AND name = ?1",
+                            &format!("SELECT sql FROM {master} WHERE type = 'table' AND name = ?1"),
                             [&name],
                             |r| r.get(0),
                         )
@@ -150,8 +164,9 @@ impl Schema {
         for t in shadows {
             schema.tables.remove(&t);
         }
-        let mut stmt =
-            conn.prepare("SELECT tbl_name, sql FROM main.sqlite_master WHERE type = 'trigger'")?;
+        let mut stmt = conn.prepare(&format!(
+            "SELECT tbl_name, sql FROM {master} WHERE type = 'trigger'"
+        ))?;
         let rows = stmt.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?.to_lowercase(),
@@ -160,6 +175,11 @@ impl Schema {
         })?;
         schema.triggers = rows.collect::<rusqlite::Result<_>>()?;
         Ok(schema)
+    }
+
+    /// No table of the application's (a fresh or emptied database).
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.virtuals.is_empty()
     }
 
     /// Whether a trigger on `table` mentions `name` (keeps an index of it in step).
@@ -171,12 +191,16 @@ impl Schema {
     }
 }
 
-fn read_table(conn: &Connection, name: &str, without_rowid: bool) -> rusqlite::Result<Table> {
-    let mut stmt = conn.prepare(
-        "SELECT name, type, pk, hidden FROM pragma_table_xinfo(?1, 'main') ORDER BY cid",
-    )?;
+fn read_table(
+    conn: &Connection,
+    db: &str,
+    name: &str,
+    without_rowid: bool,
+) -> rusqlite::Result<Table> {
+    let mut stmt =
+        conn.prepare("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?1, ?2) ORDER BY cid")?;
     let columns = stmt
-        .query_map([name], |r| {
+        .query_map([name, db], |r| {
             let hidden: i64 = r.get(3)?;
             Ok(Column {
                 name: r.get(0)?,
@@ -187,12 +211,12 @@ fn read_table(conn: &Connection, name: &str, without_rowid: bool) -> rusqlite::R
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut stmt = conn.prepare(
-        "SELECT id, \"table\", \"from\", \"to\" FROM pragma_foreign_key_list(?1, 'main') \
+        "SELECT id, \"table\", \"from\", \"to\" FROM pragma_foreign_key_list(?1, ?2) \
          ORDER BY id, seq",
     )?;
     let mut by_id: Vec<(i64, ForeignKey)> = Vec::new();
     let mut composite: Vec<i64> = Vec::new();
-    let rows = stmt.query_map([name], |r| {
+    let rows = stmt.query_map([name, db], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             ForeignKey {

@@ -217,7 +217,7 @@ pub fn child(db: &Path) -> Result<(), BenchError> {
 }
 
 /// A `kB` field of `/proc/self/status`.
-fn proc_status_kib(field: &str) -> Result<u64, BenchError> {
+pub fn proc_status_kib(field: &str) -> Result<u64, BenchError> {
     let path = Path::new("/proc/self/status");
     let status = fs::read_to_string(path).ctx("reading", path)?;
     status

@@ -74,6 +74,13 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         }
     );
     println!("into     {}", report.database.display());
+    println!("rule     {}: {}", super::label(&report.rule), report.rule_reason);
+    if let Some(at) = &report.merged_before {
+        println!("merged   before, at {at}: its added rows are not inserted again");
+    }
+    for c in &report.created {
+        println!("create   {c} (only in the capture)");
+    }
     if m.main_torn {
         println!(
             "warning  the loss left the live file torn (main_torn): consider \
@@ -107,6 +114,12 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         );
         for k in &t.conflict_keys {
             println!("    conflict: key {k} differs (live kept unless --take-capture)");
+        }
+        if t.to_update + t.to_delete > 0 {
+            println!(
+                "    {} row(s) to update and {} to delete as the captured generation did",
+                t.to_update, t.to_delete
+            );
         }
         if t.replaced > 0 {
             println!(
@@ -147,7 +160,7 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
     if report.applied {
         println!(
             "merged {} row(s) into {} in one transaction; foreign_key_check clean",
-            report.inserted(),
+            report.changed(),
             report.database.display()
         );
     } else if report.missing() > 0 {

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-const WORKLOADS: [&str; 11] = [
+const WORKLOADS: [&str; 13] = [
     "W1-NORMAL",
     "W1-FULL",
     "W2",
@@ -15,6 +15,8 @@ const WORKLOADS: [&str; 11] = [
     "MP",
     "CAP-TIME",
     "CAP-MEM",
+    "MERGE-TIME",
+    "MERGE-MEM",
 ];
 
 fn bench(dir: &std::path::Path, extra: &[&str]) -> Output {

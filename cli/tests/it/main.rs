@@ -69,6 +69,7 @@ mod non_utf8_paths;
 mod plain_rusqlite;
 mod process_exit_recovery;
 mod recover_cli;
+mod recover_delta;
 mod recover_exit_codes;
 mod recover_library;
 mod recover_scenarios;

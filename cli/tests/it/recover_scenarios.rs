@@ -204,3 +204,38 @@ fn exclusive_locking_mode_is_recovered() {
     assert_eq!(count_like(&live, &sentinel), 1);
     assert_eq!(total(&path), 31);
 }
+
+#[test]
+fn a_fresh_database_whose_schema_lived_only_in_the_lost_wal_is_recovered() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = crate::recover_delta::fresh_notes_lost(dir.path());
+    recover_twice(&artifact, &path, 30);
+    let live = Connection::open(&path).unwrap();
+    let hits: i64 = live
+        .query_row(
+            "SELECT COUNT(*) FROM notes_fts WHERE notes_fts MATCH 'platypus'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(hits, 1);
+    let notes: i64 = live
+        .query_row("SELECT COUNT(*) FROM notes", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(notes, 30);
+}
+
+#[test]
+fn rows_whose_content_repeats_are_recovered_every_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = crate::recover_delta::repeated_content_lost(dir.path());
+    recover_twice(&artifact, &path, 48);
+    let rows: i64 = Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT COUNT(*) FROM readings", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        rows, 148,
+        "48 captured + 100 of the restarted application, after two runs"
+    );
+}

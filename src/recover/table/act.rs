@@ -1,0 +1,408 @@
+//! What is done with each row: judged against the live row of the same identity, then
+//! inserted, updated or deleted (when applied), or counted as a conflict.
+
+use rusqlite::{params_from_iter, OptionalExtension};
+
+use super::{Remaps, TableMerge};
+use crate::recover::merge::Merge;
+use crate::recover::report::RowIdentity;
+use crate::recover::rows::SourceRow;
+use crate::recover::schema::quote;
+use crate::recover::value::{same_row, same_value, Val};
+use crate::recover::RecoverError;
+
+/// `SQLITE_CONSTRAINT_PRIMARYKEY` / `SQLITE_CONSTRAINT_ROWID`: the rowid is taken.
+fn rowid_taken(e: &rusqlite::Error) -> bool {
+    e.sqlite_error().is_some_and(|s| {
+        s.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+            || s.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_ROWID
+    })
+}
+
+/// A constraint of the live schema refused the row (UNIQUE, NOT NULL, CHECK, a trigger's
+/// RAISE).
+fn refused(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation)
+}
+
+impl TableMerge<'_> {
+    /// A row the captured generation added (under the whole rule: any row of the capture).
+    pub(super) fn added(
+        &mut self,
+        m: &Merge<'_>,
+        remaps: &mut Remaps,
+        row: SourceRow,
+    ) -> Result<(), RecoverError> {
+        self.report.added += 1;
+        let mut values = row.values;
+        let rowid = self.rowid_of(&values, row.rowid);
+        let orphan = self.translate(m, remaps, &mut values)?;
+        if self.identity == RowIdentity::Rowid {
+            if m.merged_before.is_some() {
+                self.report.already_live += 1;
+                return Ok(());
+            }
+            let mut taken = false;
+            if self.compare_added {
+                match self.live_row(m, &values, rowid)? {
+                    Some(live) if same_row(&live, &values) => {
+                        self.report.already_live += 1;
+                        return Ok(());
+                    }
+                    Some(_) => taken = true,
+                    None => {}
+                }
+            }
+            return self.insert(m, remaps, values, rowid, orphan, taken);
+        }
+        match self.live_row(m, &values, rowid)? {
+            None => self.insert(m, remaps, values, rowid, orphan, false),
+            Some(live) if same_row(&live, &values) => {
+                self.report.already_live += 1;
+                Ok(())
+            }
+            Some(_) => {
+                self.conflict(&values, rowid);
+                if self.take_capture(m) && !orphan {
+                    self.update(m, &values, rowid)?;
+                    self.report.replaced += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A row the captured generation changed: `row.before` is the image's.
+    pub(super) fn changed(
+        &mut self,
+        m: &Merge<'_>,
+        remaps: &mut Remaps,
+        row: SourceRow,
+    ) -> Result<(), RecoverError> {
+        self.report.changed += 1;
+        let before = row.before.unwrap_or_default();
+        let mut values = row.values;
+        let rowid = self.rowid_of(&values, row.rowid);
+        let orphan = self.translate(m, remaps, &mut values)?;
+        match self.live_row(m, &values, rowid)? {
+            Some(live) if same_row(&live, &values) => self.report.already_live += 1,
+            Some(live) if self.as_in_image(&live, &before) => {
+                if orphan {
+                    self.report.rejected += 1;
+                    return Ok(());
+                }
+                self.report.to_update += 1;
+                if m.apply {
+                    self.update(m, &values, rowid)?;
+                    self.report.updated += 1;
+                }
+            }
+            live => {
+                // The newer generation changed or deleted it too.
+                self.conflict(&values, rowid);
+                if self.take_capture(m) && !orphan {
+                    if live.is_some() {
+                        self.update(m, &values, rowid)?;
+                    } else {
+                        self.exec_insert(m, &values, rowid)
+                            .map_err(|e| m.write_error(e, &self.live.name))?;
+                    }
+                    self.report.replaced += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A row of the image the captured generation deleted: `row.values` are the image's.
+    pub(super) fn deleted(&mut self, m: &Merge<'_>, row: SourceRow) -> Result<(), RecoverError> {
+        self.report.deleted += 1;
+        let rowid = self.rowid_of(&row.values, row.rowid);
+        let Some(live) = self.live_row(m, &row.values, rowid)? else {
+            return Ok(()); // gone from the live database too
+        };
+        let referenced = self.still_referenced(m, &row.values, rowid)?;
+        if self.as_in_image(&live, &row.values) && !referenced {
+            self.report.to_delete += 1;
+            if m.apply {
+                self.delete(m, &row.values, rowid)?;
+                self.report.removed += 1;
+            }
+            return Ok(());
+        }
+        // Changed by the newer generation, or still referred to by its rows.
+        self.conflict(&row.values, rowid);
+        if self.take_capture(m) && !referenced {
+            self.delete(m, &row.values, rowid)?;
+            self.report.replaced += 1;
+        }
+        Ok(())
+    }
+
+    /// The live row of the same identity, as the merged columns.
+    fn live_row(
+        &self,
+        m: &Merge<'_>,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> Result<Option<Vec<Val>>, RecoverError> {
+        if self.live_absent {
+            return Ok(None);
+        }
+        let (_, params) = self.identify(values, rowid, 1);
+        if params.is_empty() {
+            return Ok(None);
+        }
+        let sql = &self.live_sql;
+        let n = self.cols.len();
+        m.target
+            .prepare_cached(sql)
+            .and_then(|mut s| {
+                s.query_row(params_from_iter(params), |r| {
+                    (0..n).map(|i| r.get_ref(i).map(Val::from)).collect()
+                })
+                .optional()
+            })
+            .map_err(m.sq(format!("look up {}", self.live.name)))
+    }
+
+    /// `WHERE` condition and parameters (numbered from `first`) naming the row: its rowid, or
+    /// its declared key. No parameters: the row has no usable identity.
+    fn identify(&self, values: &[Val], rowid: Option<i64>, first: usize) -> (String, Vec<Val>) {
+        match self.identity {
+            RowIdentity::Rowid => match (rowid, self.live.rowid_name()) {
+                (Some(r), Some(name)) => (format!("{name} = ?{first}"), vec![Val::Int(r)]),
+                _ => (String::new(), Vec::new()),
+            },
+            RowIdentity::PrimaryKey => (
+                self.key_at
+                    .iter()
+                    .enumerate()
+                    .map(|(n, i)| format!("{} IS ?{}", quote(&self.cols[*i]), first + n))
+                    .collect::<Vec<_>>()
+                    .join(" AND "),
+                self.key_at.iter().map(|i| values[*i].clone()).collect(),
+            ),
+        }
+    }
+
+    /// The live row is as the image had it, in every column the image has.
+    fn as_in_image(&self, live: &[Val], before: &[Val]) -> bool {
+        live.len() == before.len()
+            && self.src_cols.iter().enumerate().all(|(i, c)| {
+                self.image.is_some_and(|img| !img.has_column(c)) || same_value(&live[i], &before[i])
+            })
+    }
+
+    /// Inserts `values` under the captured rowid, or a fresh one when it is taken.
+    fn insert(
+        &mut self,
+        m: &Merge<'_>,
+        remaps: &mut Remaps,
+        mut values: Vec<Val>,
+        rowid: Option<i64>,
+        orphan: bool,
+        taken: bool,
+    ) -> Result<(), RecoverError> {
+        self.report.to_insert += 1;
+        let record = self.referenced && self.identity == RowIdentity::Rowid;
+        if orphan {
+            self.report.rejected += 1;
+            if let (true, Some(old)) = (record, rowid) {
+                remaps
+                    .record(m.target, &self.lname(), old, None)
+                    .map_err(m.sq("record a refused row"))?;
+            }
+            return Ok(());
+        }
+        if !m.apply {
+            return Ok(());
+        }
+        let rowid_identity = self.identity == RowIdentity::Rowid;
+        let mut keep = rowid_identity && !taken;
+        let mut result = if rowid_identity && taken {
+            let fresh = self.fresh_rowid(m, &mut values)?;
+            self.exec_insert(m, &values, fresh)
+        } else {
+            self.exec_insert(m, &values, rowid.filter(|_| keep))
+        };
+        if keep && matches!(&result, Err(e) if rowid_taken(e)) {
+            keep = false;
+            let fresh = self.fresh_rowid(m, &mut values)?;
+            result = self.exec_insert(m, &values, fresh);
+        }
+        match result {
+            Ok(()) => {
+                self.report.inserted += 1;
+                if self.identity == RowIdentity::Rowid && !keep && rowid.is_some() {
+                    self.report.new_rowids += 1;
+                    if let (true, Some(old)) = (record, rowid) {
+                        let new = m.target.last_insert_rowid();
+                        remaps
+                            .record(m.target, &self.lname(), old, Some(new))
+                            .map_err(m.sq("record a moved row"))?;
+                    }
+                }
+                Ok(())
+            }
+            Err(e) if refused(&e) => {
+                self.report.rejected += 1;
+                if let (true, Some(old)) = (record, rowid) {
+                    remaps
+                        .record(m.target, &self.lname(), old, None)
+                        .map_err(m.sq("record a refused row"))?;
+                }
+                Ok(())
+            }
+            Err(e) => Err(m.write_error(e, &self.live.name)),
+        }
+    }
+
+    /// A rowid above every rowid of the live table and of the captured one, so that no later
+    /// captured row finds its own rowid taken by a moved one: set in the alias column, or
+    /// returned for the `rowid` column.
+    fn fresh_rowid(
+        &mut self,
+        m: &Merge<'_>,
+        values: &mut [Val],
+    ) -> Result<Option<i64>, RecoverError> {
+        let next = match self.next_fresh {
+            Some(n) => n,
+            None => {
+                let max = |conn: &rusqlite::Connection, table: &str, rowid: &str| {
+                    conn.query_row(
+                        &format!("SELECT MAX({rowid}) FROM main.{}", quote(table)),
+                        [],
+                        |r| r.get::<_, Option<i64>>(0),
+                    )
+                };
+                let live = max(
+                    m.target,
+                    &self.live.name,
+                    self.live.rowid_name().unwrap_or("rowid"),
+                )
+                .map_err(m.sq("read the largest rowid"))?;
+                let captured = max(
+                    m.source,
+                    &self.captured.name,
+                    self.captured.rowid_name().unwrap_or("rowid"),
+                )
+                .map_err(|e| RecoverError::sqlite(m.source_path, "read the largest rowid", e))?;
+                live.max(captured).unwrap_or(0).saturating_add(1)
+            }
+        };
+        self.next_fresh = Some(next.saturating_add(1));
+        match self.alias_at {
+            Some(at) => {
+                values[at] = Val::Int(next);
+                Ok(None)
+            }
+            None => Ok(Some(next)),
+        }
+    }
+
+    fn lname(&self) -> String {
+        self.live.name.to_lowercase()
+    }
+
+    /// `INSERT` of the merged columns; a rowid table whose rowid is not a column gets `rowid`
+    /// too (`None`: a fresh one).
+    fn exec_insert(
+        &self,
+        m: &Merge<'_>,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> rusqlite::Result<()> {
+        let mut stmt = m.target.prepare_cached(&self.insert_sql)?;
+        let extra = self.rowid_col.map(|_| rowid.map_or(Val::Null, Val::Int));
+        stmt.execute(params_from_iter(values.iter().chain(extra.as_ref())))?;
+        Ok(())
+    }
+
+    /// Sets every merged column but the identity's to `values`.
+    fn update(
+        &self,
+        m: &Merge<'_>,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> Result<(), RecoverError> {
+        let others: Vec<usize> = (0..self.cols.len())
+            .filter(|i| !self.key_at.contains(i) && Some(*i) != self.alias_at)
+            .collect();
+        if others.is_empty() {
+            return Ok(());
+        }
+        let set = others
+            .iter()
+            .enumerate()
+            .map(|(n, i)| format!("{} = ?{}", quote(&self.cols[*i]), n + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let (cond, key) = self.identify(values, rowid, others.len() + 1);
+        let params: Vec<&Val> = others
+            .iter()
+            .map(|i| &values[*i])
+            .chain(key.iter())
+            .collect();
+        m.target
+            .prepare_cached(&format!(
+                "UPDATE main.{} SET {set} WHERE {cond}",
+                quote(&self.live.name)
+            ))
+            .and_then(|mut s| s.execute(params_from_iter(params)))
+            .map_err(|e| m.write_error(e, &self.live.name))?;
+        Ok(())
+    }
+
+    fn delete(
+        &self,
+        m: &Merge<'_>,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> Result<(), RecoverError> {
+        let (cond, key) = self.identify(values, rowid, 1);
+        m.target
+            .prepare_cached(&format!(
+                "DELETE FROM main.{} WHERE {cond}",
+                quote(&self.live.name)
+            ))
+            .and_then(|mut s| s.execute(params_from_iter(key)))
+            .map_err(|e| m.write_error(e, &self.live.name))?;
+        Ok(())
+    }
+
+    /// A live row still refers to this one (a foreign key of the live schema).
+    fn still_referenced(
+        &self,
+        m: &Merge<'_>,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> Result<bool, RecoverError> {
+        for r in &self.referrers {
+            let value = match r.to_at {
+                Some(at) => values[at].clone(),
+                None => rowid.map_or(Val::Null, Val::Int),
+            };
+            if value == Val::Null {
+                continue;
+            }
+            let sql = format!(
+                "SELECT EXISTS (SELECT 1 FROM main.{} WHERE {} = ?1)",
+                quote(&r.child),
+                quote(&r.from)
+            );
+            let found: bool = m
+                .target
+                .prepare_cached(&sql)
+                .and_then(|mut s| s.query_row([&value], |row| row.get(0)))
+                .map_err(m.sq(format!(
+                    "look up rows of {} referring to {}",
+                    r.child, self.live.name
+                )))?;
+            if found {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+}
