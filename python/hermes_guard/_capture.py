@@ -219,8 +219,10 @@ class VerifyResult:
 
 @dataclass(frozen=True)
 class RecoverResult:
-    """What `hermes-guard recover --json` said. `exit_code`: 0 nothing to do, 1 rows merged
-    (`apply`) or to merge (a plan), 3 conflicts or rows left over (docs/recovery.md)."""
+    """What `hermes-guard recover --json` said. `exit_code`: 0 done (merged, nothing to do, or
+    a plan: read `missing`), 1 failed with nothing written, 3 done as far as it could with
+    something left over (unreadable commits, conflicts kept live, rows refused); see
+    docs/recovery.md#exit-codes. Bad input (2) raises instead."""
 
     exit_code: int
     report: Dict[str, Any]
