@@ -99,6 +99,34 @@ pub enum CaptureError {
         /// The database asked about.
         database: PathBuf,
     },
+    /// An automatic retry that is not due yet: the last attempt failed and the back-off has not
+    /// passed (an explicit request tries at once).
+    #[error(
+        "the capture of {database}'s retired generation is not retried yet: {attempts} attempt(s) \
+         failed, the last with: {last}"
+    )]
+    Deferred {
+        /// The database whose generation waits.
+        database: PathBuf,
+        /// Failed attempts so far.
+        attempts: u32,
+        /// The last failure.
+        last: String,
+    },
+    /// The database's directory was deleted and no orphan capture directory is set: the retired
+    /// generation was let go uncaptured and its descriptors released.
+    #[error(
+        "the retired generation of {database} was let go uncaptured: its directory {} was \
+         deleted (no link left) and no orphan capture directory is set \
+         (HERMES_GUARD_ORPHAN_CAPTURE_DIR, hermes_guard::set_orphan_capture_dir)",
+        directory.display()
+    )]
+    LetGo {
+        /// The database whose generation was let go.
+        database: PathBuf,
+        /// Its deleted directory, as last known.
+        directory: PathBuf,
+    },
     /// Reading the retired generation or writing the artifact failed.
     #[error("capturing the retired generation of {database} into {artifact}: {source}")]
     Io {
@@ -120,7 +148,9 @@ impl CaptureError {
             | CaptureError::NotHeld { database, .. }
             | CaptureError::NotRetired { database }
             | CaptureError::NothingAtStake { database }
-            | CaptureError::Io { database, .. } => database,
+            | CaptureError::Io { database, .. }
+            | CaptureError::Deferred { database, .. }
+            | CaptureError::LetGo { database, .. } => database,
         }
     }
 }

@@ -69,7 +69,7 @@ pub use capture::CaptureError;
 pub use error::GuardError;
 pub use identity::FileId;
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason};
-pub use vfs::{register, register_as_default, VFS_NAME};
+pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;
 #[cfg(feature = "store")]

@@ -79,6 +79,19 @@ pub struct GuardStatus {
     /// VFS below the guard, SQLite's descriptor not matching the pinned file, a filesystem that
     /// is not local, a kernel or platform without OFD locks.
     pub shield_off_reason: Option<String>,
+    /// Failed attempts to capture this retired generation so far (retried with a back-off).
+    pub capture_attempts: u32,
+    /// The directory whose deletion let this retired generation go uncaptured (no orphan
+    /// capture directory was set); its descriptors are released.
+    pub let_go: Option<PathBuf>,
+    /// Process-wide: retired generations held uncaptured after their connections closed.
+    pub held_generations: usize,
+    /// Process-wide: the descriptors held for them (each held main file and pinned WAL).
+    pub held_descriptors: usize,
+    /// Process-wide: generations let go because their directory was deleted.
+    pub generations_let_go: u64,
+    /// Process-wide: capture-failure and let-go log lines left out by the rate limits.
+    pub log_lines_suppressed: u64,
 }
 
 /// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
@@ -133,6 +146,20 @@ struct StatusJson {
     shield_shm_active: bool,
     #[serde(default)]
     shield_off_reason: Option<String>,
+    #[serde(default)]
+    capture_attempts: u32,
+    #[serde(default)]
+    let_go: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    let_go_hex: Option<String>,
+    #[serde(default)]
+    held_generations: usize,
+    #[serde(default)]
+    held_descriptors: usize,
+    #[serde(default)]
+    generations_let_go: u64,
+    #[serde(default)]
+    log_lines_suppressed: u64,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -154,6 +181,13 @@ impl From<GuardStatus> for StatusJson {
             shield_active: s.shield_active,
             shield_shm_active: s.shield_shm_active,
             shield_off_reason: s.shield_off_reason,
+            capture_attempts: s.capture_attempts,
+            let_go: s.let_go.as_deref().map(path_display),
+            let_go_hex: s.let_go.as_deref().and_then(path_hex),
+            held_generations: s.held_generations,
+            held_descriptors: s.held_descriptors,
+            generations_let_go: s.generations_let_go,
+            log_lines_suppressed: s.log_lines_suppressed,
         }
     }
 }
@@ -180,6 +214,15 @@ impl TryFrom<StatusJson> for GuardStatus {
             shield_active: j.shield_active,
             shield_shm_active: j.shield_shm_active,
             shield_off_reason: j.shield_off_reason,
+            capture_attempts: j.capture_attempts,
+            let_go: j
+                .let_go
+                .map(|d| path_from_parts(d, j.let_go_hex.as_deref()))
+                .transpose()?,
+            held_generations: j.held_generations,
+            held_descriptors: j.held_descriptors,
+            generations_let_go: j.generations_let_go,
+            log_lines_suppressed: j.log_lines_suppressed,
         })
     }
 }
@@ -259,6 +302,12 @@ mod tests {
             shield_active: true,
             shield_shm_active: true,
             shield_off_reason: None,
+            capture_attempts: 0,
+            let_go: None,
+            held_generations: 0,
+            held_descriptors: 0,
+            generations_let_go: 0,
+            log_lines_suppressed: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert_eq!(json["database"], "/srv/\u{fffd}/state.db");
@@ -284,6 +333,12 @@ mod tests {
             shield_active: false,
             shield_shm_active: false,
             shield_off_reason: Some("the filesystem is not local".into()),
+            capture_attempts: 3,
+            let_go: Some(PathBuf::from("/tmp/gone")),
+            held_generations: 2,
+            held_descriptors: 4,
+            generations_let_go: 7,
+            log_lines_suppressed: 11,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

@@ -33,3 +33,9 @@ pub fn register_as_default() -> Result<(), GuardError> {
 pub(crate) fn retry_pending_captures() -> usize {
     0
 }
+
+/// The environment variable naming the orphan capture directory (see the Linux build).
+pub const ORPHAN_DIR_ENV: &str = "HERMES_GUARD_ORPHAN_CAPTURE_DIR";
+
+/// Without the VFS there is nothing to capture: kept for a portable API.
+pub fn set_orphan_capture_dir(_dir: Option<std::path::PathBuf>) {}

@@ -673,7 +673,14 @@ pub(crate) fn retry_pending_captures(caller: Caller) -> usize {
     let mut pending = PENDING.lock();
     let mut kept = Vec::new();
     for (state, held) in pending.drain(..) {
-        match state.ensure_captured(Trigger::Close) {
+        // The application asked: at once. Inside SQLite's calls (every open and close of any
+        // database): only the generations whose back-off has passed (`retry.rs`).
+        let attempt = match caller {
+            Caller::Application => state.ensure_captured(Trigger::Close),
+            Caller::Sqlite => state.retry_capture(),
+        };
+        // Captured, or let go (its directory deleted): the held file goes either way.
+        match attempt {
             Ok(_) => {
                 state.main_closed();
                 if close_now {
@@ -690,6 +697,20 @@ pub(crate) fn retry_pending_captures(caller: Caller) -> usize {
     *pending = kept;
     PENDING_COUNT.store(pending.len(), Ordering::Release);
     pending.len()
+}
+
+/// The retired generations this process holds uncaptured, and the descriptors held for them
+/// (each held main file, and its pinned WAL while the state keeps it): for the status.
+pub(crate) fn held() -> (usize, usize) {
+    if PENDING_COUNT.load(Ordering::Acquire) == 0 {
+        return (0, 0);
+    }
+    let pending = PENDING.lock();
+    let descriptors = pending
+        .iter()
+        .map(|(state, _)| 1 + usize::from(state.holds_wal()))
+        .sum();
+    (pending.len(), descriptors)
 }
 
 /// Opens `z_name` through the wrapped VFS and wraps it.

@@ -8,8 +8,10 @@ mod file;
 mod fork;
 mod locked_fds;
 mod methods;
+mod retry;
 mod shield;
 pub(crate) mod state;
+pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;
 
 use std::ffi::{c_char, CStr, OsStr};

@@ -10,13 +10,16 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::retry::{self, Backoff};
 use super::shield::Shield;
 use super::watch::{DirWatch, FastWatch};
-use crate::capture::{self, sidecar, CaptureError, CaptureInput, Captured, ImageSource, Trigger};
+use crate::capture::{sidecar, Captured, ImageSource};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
+
+mod capturing;
 
 const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
@@ -125,6 +128,10 @@ struct Inner {
     generation: Option<Arc<GenerationCapture>>,
     /// The open WAL file object's write gate, while SQLite has it open.
     wal_gate: Option<Box<dyn WalGate>>,
+    /// The capture's failed attempts and when the next automatic one may run (`retry.rs`).
+    backoff: Backoff,
+    /// The directory (as last known) whose deletion let this generation go uncaptured.
+    let_go: Option<PathBuf>,
 }
 
 /// The write gate of the WAL file object, which the shim installs and the state opens and
@@ -206,6 +213,10 @@ impl Inner {
         let Some(wal) = &self.wal else {
             return false;
         };
+        if self.let_go.is_some() {
+            // Its directory was deleted on purpose: nothing is held for it (`retry.rs`).
+            return false;
+        }
         match self.reason {
             Some(RetireReason::MainReplaced) => true,
             // Unknown size: capture rather than risk losing frames.
@@ -295,6 +306,11 @@ impl DbState {
 
     pub(crate) fn is_retired(&self) -> bool {
         self.retired.load(Ordering::Acquire)
+    }
+
+    /// Whether the pinned WAL's descriptor is still held (for the status's count).
+    pub(crate) fn holds_wal(&self) -> bool {
+        self.inner.lock().wal.is_some()
     }
 
     pub(crate) fn wal_pinned(&self) -> bool {
@@ -646,11 +662,21 @@ impl DbState {
         self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
         // The fast check no longer vouches (see `check_fast` and `check`).
         self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
-        log::error!(
-            "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
-            self.db_path.display(),
-            reason.describe()
-        );
+        if self.dir.as_deref().is_some_and(retry::directory_deleted) {
+            // Deleted on purpose, most likely: said once, at WARN, where the capture is decided
+            // (`state/capturing.rs`), not as a loss.
+            log::info!(
+                "hermes-guard: {} is retired for this connection: {}; its directory was deleted",
+                self.db_path.display(),
+                reason.describe()
+            );
+        } else {
+            log::error!(
+                "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
+                self.db_path.display(),
+                reason.describe()
+            );
+        }
         crate::sqlite_log::retired(&self.db_path, reason);
         if reason != RetireReason::MainReplaced {
             inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
@@ -671,54 +697,6 @@ impl DbState {
         Some(reason)
     }
 
-    /// Counts a refusal, captures the generation if that has not happened yet, and returns the
-    /// code to hand back to SQLite.
-    pub(crate) fn refuse(&self) -> i32 {
-        self.refusals.fetch_add(1, Ordering::Relaxed);
-        let mut inner = self.inner.lock();
-        if inner.capture.is_none() && inner.worth_capturing() {
-            let _ = self.capture_locked(&mut inner, Trigger::Halt);
-        }
-        REFUSED
-    }
-
-    /// Makes sure a retired generation is captured; `Ok(None)` when not retired.
-    pub(crate) fn ensure_captured(
-        &self,
-        trigger: Trigger,
-    ) -> Result<Option<PathBuf>, CaptureError> {
-        if self.check_pins().is_none() {
-            return Ok(None);
-        }
-        let mut inner = self.inner.lock();
-        if inner.capture.is_none() && !inner.worth_capturing() {
-            return Ok(None);
-        }
-        self.capture_locked(&mut inner, trigger).map(Some)
-    }
-
-    /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
-    /// shared memory), whatever SQLite asked before: a generation retired since the last check
-    /// is captured now, from the descriptors still open, or kept for the retry (see
-    /// [`DbState::wal_closed`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
-    /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
-    pub(crate) fn check_at_close(&self) {
-        if !self.wal_pinned() && !self.is_retired() {
-            return;
-        }
-        if self.check_pins().is_some() {
-            // A failure is logged and recorded in the status; the descriptors stay open.
-            let _ = self.ensure_captured(Trigger::Close);
-        }
-    }
-
-    /// Whether the main file object must be kept open after SQLite closes it, because it is the
-    /// only way left to the main image of an uncaptured retired generation.
-    pub(crate) fn must_hold_main(&self) -> bool {
-        let inner = self.inner.lock();
-        inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing()
-    }
-
     /// Called when the main file object is finally closed.
     pub(crate) fn main_closed(&self) {
         let mut inner = self.inner.lock();
@@ -735,89 +713,11 @@ impl DbState {
         });
     }
 
-    fn capture_locked(&self, inner: &mut Inner, trigger: Trigger) -> Result<PathBuf, CaptureError> {
-        if let Some(done) = &inner.capture {
-            return Ok(done.clone());
-        }
-        // A capture stands for the generation from then on (it is taken once): taken of a live
-        // generation, it would miss every later commit.
-        if inner.reason.is_none() {
-            return Err(CaptureError::NotRetired {
-                database: self.db_path.clone(),
-            });
-        }
-        let Some(wal) = &inner.wal else {
-            return Err(CaptureError::NoPinnedIdentity {
-                database: self.db_path.clone(),
-            });
-        };
-        let key = GenerationKey {
-            main: inner.main_id,
-            wal: wal.id(),
-        };
-        let generation = inner
-            .generation
-            .get_or_insert_with(|| GenerationCapture::join(key))
-            .clone();
-        // Held while capturing: another connection retiring the same generation waits here.
-        let mut done = generation.done.lock();
-        if let Some(Captured { dir, wal: bytes }) = &*done {
-            // The same bytes were captured already (by this process's first connection to retire
-            // the generation): same size and sha256. A WAL that changed since then (a peer still
-            // attached to it appended, or restarted it and wrote again) is captured again, whole.
-            if bytes.is_held_by(wal) && dir.exists() {
-                log::info!(
-                    "hermes-guard: the retired generation of {} is already captured in {}",
-                    self.db_path.display(),
-                    dir.display()
-                );
-                inner.capture = Some(dir.clone());
-                inner.capture_error = None;
-                return Ok(dir.clone());
-            }
-        }
-        let result = match &inner.main_image {
-            None => Err(CaptureError::NotHeld {
-                database: self.db_path.clone(),
-                identity: wal.id(),
-            }),
-            Some(main) => capture::write_capture(&CaptureInput {
-                database: &self.db_path,
-                dir: self.dir.as_deref(),
-                wal,
-                main: main.as_ref(),
-                main_id: inner.main_id,
-                shm_id: inner.shm_id,
-                trigger,
-                reason: inner.reason,
-                backfill_at_loss: inner.backfill_at_loss,
-            }),
-        };
-        let result = result.map(|captured| {
-            let dir = captured.dir.clone();
-            *done = Some(captured);
-            dir
-        });
-        match &result {
-            Ok(dir) => {
-                inner.capture = Some(dir.clone());
-                inner.capture_error = None;
-            }
-            Err(e) => {
-                log::error!(
-                    "hermes-guard: could not capture the retired generation of {}: {e}; the WAL \
-                     descriptor stays open and the next close retries",
-                    self.db_path.display()
-                );
-                inner.capture_error = Some(e.to_string());
-            }
-        }
-        result
-    }
-
     pub(crate) fn status(&self) -> GuardStatus {
         self.check_pins();
         let (shield_active, shield_shm_active, shield_off_reason) = self.shield.status();
+        // Before this state's lock: the held list locks the held states.
+        let (held_generations, held_descriptors) = super::file::held();
         let inner = self.inner.lock();
         GuardStatus {
             database: self.db_path.clone(),
@@ -834,6 +734,12 @@ impl DbState {
             shield_active,
             shield_shm_active,
             shield_off_reason,
+            capture_attempts: inner.backoff.failures(),
+            let_go: inner.let_go.clone(),
+            held_generations,
+            held_descriptors,
+            generations_let_go: retry::let_go_total(),
+            log_lines_suppressed: retry::suppressed_lines(),
         }
     }
 

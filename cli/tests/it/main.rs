@@ -54,6 +54,7 @@ mod capture_pool;
 mod close_capture;
 mod close_no_checkpoint;
 mod close_pending_retry;
+mod directory_deleted;
 mod directory_moved;
 mod exclusive_and_rollback;
 mod file_layout;

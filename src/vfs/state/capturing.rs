@@ -1,0 +1,253 @@
+//! The capture of a retired generation: when it is attempted (at once, or once its back-off has
+//! passed: `retry.rs`), where it is written (beside the database; an orphan's elsewhere or
+//! nowhere), and what a failure leaves (the descriptors held, the error in the status).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::{DbState, GenerationCapture, GenerationKey, Inner};
+use crate::capture::{self, CaptureError, CaptureInput, Captured, Trigger};
+use crate::vfs::retry::{self, Attempt};
+
+impl DbState {
+    /// Counts a refusal, captures the generation if that has not happened yet (and its back-off
+    /// allows), and returns the code to hand back to SQLite.
+    pub(crate) fn refuse(&self) -> i32 {
+        self.refusals
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        if inner.capture.is_none() && inner.worth_capturing() {
+            let _ = self.capture_locked(&mut inner, Trigger::Halt, Attempt::IfDue);
+        }
+        super::REFUSED
+    }
+
+    /// Makes sure a retired generation is captured, trying at once; `Ok(None)` when not retired,
+    /// when there is nothing at stake, or when the generation was let go (its directory deleted,
+    /// no orphan directory set: see `retry.rs`).
+    pub(crate) fn ensure_captured(
+        &self,
+        trigger: Trigger,
+    ) -> Result<Option<PathBuf>, CaptureError> {
+        self.capture_if(trigger, Attempt::Now)
+    }
+
+    /// [`DbState::ensure_captured`] for a retry that runs by itself (a held generation, at
+    /// another database's open or close): only once the back-off has passed.
+    pub(crate) fn retry_capture(&self) -> Result<Option<PathBuf>, CaptureError> {
+        self.capture_if(Trigger::Close, Attempt::IfDue)
+    }
+
+    fn capture_if(
+        &self,
+        trigger: Trigger,
+        attempt: Attempt,
+    ) -> Result<Option<PathBuf>, CaptureError> {
+        if self.check_pins().is_none() {
+            return Ok(None);
+        }
+        let mut inner = self.inner.lock();
+        if inner.capture.is_none() && !inner.worth_capturing() {
+            return Ok(None);
+        }
+        match self.capture_locked(&mut inner, trigger, attempt) {
+            Ok(dir) => Ok(Some(dir)),
+            // Let go on purpose (logged once): nothing to wait for.
+            Err(CaptureError::LetGo { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
+    /// shared memory), whatever SQLite asked before: a generation retired since the last check
+    /// is captured now, from the descriptors still open, or kept for the retry (see
+    /// [`DbState::wal_closed`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
+    /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
+    pub(crate) fn check_at_close(&self) {
+        if !self.wal_pinned() && !self.is_retired() {
+            return;
+        }
+        if self.check_pins().is_some() {
+            // A failure is logged and recorded in the status; the descriptors stay open.
+            let _ = self.ensure_captured(Trigger::Close);
+        }
+    }
+
+    /// Whether the main file object must be kept open after SQLite closes it, because it is the
+    /// only way left to the main image of an uncaptured retired generation.
+    pub(crate) fn must_hold_main(&self) -> bool {
+        let inner = self.inner.lock();
+        inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing()
+    }
+
+    pub(super) fn capture_locked(
+        &self,
+        inner: &mut Inner,
+        trigger: Trigger,
+        attempt: Attempt,
+    ) -> Result<PathBuf, CaptureError> {
+        if let Some(done) = &inner.capture {
+            return Ok(done.clone());
+        }
+        // A capture stands for the generation from then on (it is taken once): taken of a live
+        // generation, it would miss every later commit.
+        if inner.reason.is_none() {
+            return Err(CaptureError::NotRetired {
+                database: self.db_path.clone(),
+            });
+        }
+        if let Some(directory) = &inner.let_go {
+            return Err(CaptureError::LetGo {
+                database: self.db_path.clone(),
+                directory: directory.clone(),
+            });
+        }
+        let now = Instant::now();
+        if !inner.backoff.allows(attempt, now) {
+            return Err(CaptureError::Deferred {
+                database: self.db_path.clone(),
+                attempts: inner.backoff.failures(),
+                last: inner.capture_error.clone().unwrap_or_default(),
+            });
+        }
+        let result = self.write_once(inner, trigger);
+        match &result {
+            Ok(dir) => {
+                inner.capture = Some(dir.clone());
+                inner.capture_error = None;
+            }
+            Err(e) => {
+                if self.let_go_if_orphaned(inner) {
+                    return Err(CaptureError::LetGo {
+                        database: self.db_path.clone(),
+                        directory: inner.let_go.clone().unwrap_or_default(),
+                    });
+                }
+                if inner.backoff.failed(now) {
+                    log::error!(
+                        "hermes-guard: could not capture the retired generation of {} (attempt \
+                         {}): {e}; the descriptors stay open and the capture is retried with a \
+                         back-off (at once at the connection's close or \
+                         hermes_guard::retry_pending_captures)",
+                        self.db_path.display(),
+                        inner.backoff.failures()
+                    );
+                }
+                inner.capture_error = Some(e.to_string());
+            }
+        }
+        result
+    }
+
+    /// One attempt: the generation's capture slot (one capture per generation in the process),
+    /// then the capture beside the database, or in the orphan directory when the database's own
+    /// was deleted.
+    fn write_once(&self, inner: &mut Inner, trigger: Trigger) -> Result<PathBuf, CaptureError> {
+        let Some(wal) = &inner.wal else {
+            return Err(CaptureError::NoPinnedIdentity {
+                database: self.db_path.clone(),
+            });
+        };
+        let key = GenerationKey {
+            main: inner.main_id,
+            wal: wal.id(),
+        };
+        let generation = inner
+            .generation
+            .get_or_insert_with(|| GenerationCapture::join(key))
+            .clone();
+        // Held while capturing: another connection retiring the same generation waits here.
+        let mut done = generation.done.lock();
+        if let Some(Captured { dir, wal: bytes }) = &*done {
+            // The same bytes were captured already (by this process's first connection to retire
+            // the generation): same size and sha256. A WAL that changed since then (a peer still
+            // attached to it appended, or restarted it and wrote again) is captured again, whole.
+            if bytes.is_held_by(wal) && dir.exists() {
+                log::info!(
+                    "hermes-guard: the retired generation of {} is already captured in {}",
+                    self.db_path.display(),
+                    dir.display()
+                );
+                return Ok(dir.clone());
+            }
+        }
+        let Some(main) = &inner.main_image else {
+            return Err(CaptureError::NotHeld {
+                database: self.db_path.clone(),
+                identity: wal.id(),
+            });
+        };
+        let orphan_dir = match &self.dir {
+            Some(dir) if retry::directory_deleted(dir) => retry::open_orphan_dir(&self.db_path)
+                .map_err(|why| CaptureError::Io {
+                    database: self.db_path.clone(),
+                    artifact: retry::orphan_capture_dir().unwrap_or_default(),
+                    source: std::io::Error::other(why),
+                })?,
+            _ => None,
+        };
+        let captured = capture::write_capture(&CaptureInput {
+            database: &self.db_path,
+            dir: orphan_dir.as_deref().or(self.dir.as_deref()),
+            wal,
+            main: main.as_ref(),
+            main_id: inner.main_id,
+            shm_id: inner.shm_id,
+            trigger,
+            reason: inner.reason,
+            backfill_at_loss: inner.backfill_at_loss,
+        })?;
+        if orphan_dir.is_some() {
+            // The capture's own WARN line names where it went; this says why there.
+            log::info!(
+                "hermes-guard: the directory of {} was deleted; its retired generation was \
+                 captured in the orphan capture directory instead: {}",
+                self.db_path.display(),
+                captured.dir.display()
+            );
+        }
+        let dir = captured.dir.clone();
+        *done = Some(captured);
+        Ok(dir)
+    }
+
+    /// After a failed attempt: when the database's directory was deleted and no orphan capture
+    /// directory is set, lets the generation go — said once at WARN, never retried, and its
+    /// descriptors released as the connection's files close (see `worth_capturing`). Returns
+    /// whether it did.
+    fn let_go_if_orphaned(&self, inner: &mut Inner) -> bool {
+        let Some(dir) = &self.dir else {
+            return false;
+        };
+        if !retry::directory_deleted(dir) || retry::orphan_capture_dir().is_some() {
+            return false;
+        }
+        let directory = self
+            .db_path
+            .parent()
+            .map(|p| p.to_path_buf())
+            .unwrap_or_default();
+        if let Some(left_out) = retry::let_go_line(Instant::now()) {
+            let more = if left_out > 0 {
+                format!(" ({left_out} more let go since the last such line)")
+            } else {
+                String::new()
+            };
+            log::warn!(
+                "hermes-guard: the directory {} of {} was deleted (no link left): its retired \
+                 generation is let go uncaptured and its descriptors are released; set {} (or \
+                 call hermes_guard::set_orphan_capture_dir) to capture such generations \
+                 elsewhere{more}",
+                directory.display(),
+                self.db_path.display(),
+                retry::ORPHAN_DIR_ENV
+            );
+        }
+        inner.capture_error = Some(format!(
+            "let go: its directory {} was deleted",
+            directory.display()
+        ));
+        inner.let_go = Some(directory);
+        true
+    }
+}
