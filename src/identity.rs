@@ -57,6 +57,44 @@ pub fn identity_of_path(path: &Path) -> io::Result<Option<FileId>> {
     }
 }
 
+/// A file's identity and what changes whenever it is written: its size and its modification
+/// and status-change times (the kernel sets both at every write; `st_ctime` cannot be set back
+/// by anyone). Equal stamps taken at two moments mean no write in between, to the granularity of
+/// the filesystem's timestamps (fine-grained once queried, on kernels with multigrain
+/// timestamps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    /// The inode.
+    pub id: FileId,
+    /// `st_size`.
+    pub size: u64,
+    /// `st_mtime`, seconds and nanoseconds.
+    pub mtime: (i64, i64),
+    /// `st_ctime`, seconds and nanoseconds.
+    pub ctime: (i64, i64),
+}
+
+impl FileStamp {
+    #[allow(clippy::unnecessary_cast)] // the fields' widths differ between platforms
+    fn of(st: &rustix::fs::Stat) -> FileStamp {
+        FileStamp {
+            id: FileId::of(st),
+            size: st.st_size as u64,
+            mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
+}
+
+/// The stamp of what `path` names now; `Ok(None)` when nothing does.
+pub fn stamp_of_path(path: &Path) -> io::Result<Option<FileStamp>> {
+    match rustix::fs::stat(path) {
+        Ok(st) => Ok(Some(FileStamp::of(&st))),
+        Err(rustix::io::Errno::NOENT) | Err(rustix::io::Errno::NOTDIR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// What an open descriptor refers to.
 pub fn identity_of_fd<F: AsFd>(fd: F) -> io::Result<FileId> {
     Ok(FileId::of(&rustix::fs::fstat(fd)?))

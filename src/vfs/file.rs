@@ -33,7 +33,7 @@ use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::shield;
-use super::state::{DbState, Gate, Site, WalGate, WalIndex};
+use super::state::{DbState, Gate, MainFile, Site, WalGate, WalIndex};
 use super::{cstr_path, cstr_text, ffi_guard, sqlite_string};
 use crate::capture::{self, ImageSource, Trigger};
 use crate::identity::{identity_of_fd, identity_of_mapping, path_of_mapping, FileId};
@@ -999,6 +999,9 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                 }
             }
             (Kind::Main, Some(state)) => {
+                // Its capture is written (or nothing was at stake): when nothing newer exists,
+                // the retired generation goes back into the main file (`state/healing.rs`).
+                state.heal_at_close(&Unlocked { t: &t, sub });
                 state.main_closed();
                 close_sub(&t, sub, heap)
             }
@@ -1021,6 +1024,45 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         }
         rc
     })
+}
+
+/// The wrapped main file at its close, for a heal: its own methods, through the guard's table
+/// (the calls SQLite would make for a checkpoint).
+struct Unlocked<'a> {
+    t: &'a FileTable,
+    sub: *mut ffi::sqlite3_file,
+}
+
+impl MainFile for Unlocked<'_> {
+    fn lock(&self, level: c_int) -> c_int {
+        sub_call!(self.t, self.sub, xLock, level)
+    }
+
+    fn unlock(&self, level: c_int) -> c_int {
+        sub_call!(self.t, self.sub, xUnlock, level)
+    }
+
+    fn write_at(&self, bytes: &[u8], offset: i64) -> c_int {
+        let Ok(len) = c_int::try_from(bytes.len()) else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
+        sub_call!(
+            self.t,
+            self.sub,
+            xWrite,
+            bytes.as_ptr() as *const c_void,
+            len,
+            offset
+        )
+    }
+
+    fn truncate(&self, size: i64) -> c_int {
+        sub_call!(self.t, self.sub, xTruncate, size)
+    }
+
+    fn sync(&self) -> c_int {
+        sub_call!(self.t, self.sub, xSync, ffi::SQLITE_SYNC_NORMAL)
+    }
 }
 
 impl FileTable {
@@ -1161,6 +1203,11 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
         state.end_of_main_write();
+        if rc == ffi::SQLITE_OK && state.stamp_due() {
+            // The main file as this connection's checkpoint left it (one `stat` per
+            // checkpoint): what a heal at close compares with (`state/healing.rs`).
+            shield_slow(|| state.stamp_main());
+        }
     }
     rc
 }

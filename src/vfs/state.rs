@@ -14,12 +14,15 @@ use super::retry::{self, Backoff};
 use super::shield::Shield;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{sidecar, Captured, ImageSource};
-use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::identity::{identity_of_path, stamp_of_path, FileId, FileStamp, PinnedWal};
 use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 mod capturing;
+mod healing;
+
+pub(crate) use healing::MainFile;
 
 const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
@@ -85,6 +88,9 @@ pub(crate) struct DbState {
     /// costs an extra check).
     last_wal_offset: AtomicI64,
     refusals: AtomicU64,
+    /// This connection may have written the main file since `main_stamp` was taken (set at the
+    /// gate of every checkpoint and main-file write, cleared by a full check that passes).
+    main_written: AtomicBool,
     /// The database directory's watch, and its generation at the last full check that passed:
     /// while they match, no name in the directory has changed, no directory above it moved and
     /// the mount table is the same, so a transaction start needs no `stat`.
@@ -132,6 +138,8 @@ struct Inner {
     backoff: Backoff,
     /// The directory (as last known) whose deletion let this generation go uncaptured.
     let_go: Option<PathBuf>,
+    /// The main file's stamp at the last full check that passed (`state/healing.rs`).
+    main_stamp: Option<FileStamp>,
 }
 
 /// The write gate of the WAL file object, which the shim installs and the state opens and
@@ -272,6 +280,7 @@ impl DbState {
             tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
             refusals: AtomicU64::new(0),
+            main_written: AtomicBool::new(true),
             watch,
             shm_watch: Mutex::new(None),
             verified_generation: AtomicU64::new(u64::MAX),
@@ -369,6 +378,10 @@ impl DbState {
         JUST_CLOSED_WAL.with(|j| *j.borrow_mut() = Some((self.wal_path.clone(), id)));
         if inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing() {
             // The descriptor is the only way left to the retired frames: keep it for the retry.
+            return;
+        }
+        if healing::may_heal(&inner) {
+            // Until the main file's close, which may check the frames back in (`healing.rs`).
             return;
         }
         inner.wal = None;
@@ -528,7 +541,10 @@ impl DbState {
     fn checked(&self, site: Site) {
         let bit = match site {
             Site::WalWrite => WAL_CHECKED,
-            Site::MainWrite => MAIN_CHECKED,
+            Site::MainWrite => {
+                self.main_written.store(true, Ordering::Release);
+                MAIN_CHECKED
+            }
         };
         self.tx.fetch_or(bit, Ordering::AcqRel);
     }
@@ -604,6 +620,8 @@ impl DbState {
     #[inline]
     pub(crate) fn checkpoint_lock(&self, held: bool) {
         if held {
+            // A checkpoint of this connection's may write the main file from here.
+            self.main_written.store(true, Ordering::Release);
             self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
         } else {
             self.end_of_main_write();
@@ -645,13 +663,24 @@ impl DbState {
             // A stat that fails for another reason (EACCES, EIO) proves nothing either way.
             Some(id) => identity_of_path(path).is_ok_and(|now| now != Some(id)),
         };
-        let reason = if moved(inner.main_id, &self.db_path) {
+        // The main file's stamp, kept when the check passes: what a heal at close compares with
+        // (`state/healing.rs`).
+        let main_now = stamp_of_path(&self.db_path);
+        let main_moved = match inner.main_id {
+            None => false,
+            Some(id) => main_now
+                .as_ref()
+                .is_ok_and(|now| now.map(|s| s.id) != Some(id)),
+        };
+        let reason = if main_moved {
             RetireReason::MainReplaced
         } else if moved(inner.wal.as_ref().map(PinnedWal::id), &self.wal_path) {
             RetireReason::WalLost
         } else if moved(inner.shm_id, self.shm_check_path(&inner)) {
             RetireReason::ShmLost
         } else {
+            inner.main_stamp = main_now.ok().flatten();
+            self.main_written.store(false, Ordering::Release);
             return None;
         };
         inner.reason = Some(reason);

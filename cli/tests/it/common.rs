@@ -475,3 +475,79 @@ pub fn skip_unless_ci(reason: &str) {
     }
     eprintln!("SKIPPED: {reason}");
 }
+
+/// Another process holding `path` open through the stock VFS (a restarted application that
+/// is up before the old connection closes): its open made a newer generation's `-wal` and
+/// `-shm`. Closed when dropped. (In this process a second connection would attach to the unix
+/// VFS's shared mapping of a lost `-shm`: another process is what a restart is.)
+pub struct NewerGenerationOpen {
+    child: std::process::Child,
+    /// Kept open: the child's test harness writes after the line read here.
+    _stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl NewerGenerationOpen {
+    pub fn start(path: &Path) -> NewerGenerationOpen {
+        use std::io::BufRead;
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "common::hold_open_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("HERMES_GUARD_HOLD_DB", path)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap_or(0) > 0 && !line.contains("HELD_OPEN") {
+            line.clear();
+        }
+        assert!(
+            line.contains("HELD_OPEN"),
+            "the newer generation's process did not open {}",
+            path.display()
+        );
+        NewerGenerationOpen {
+            child,
+            _stdout: out,
+        }
+    }
+}
+
+impl Drop for NewerGenerationOpen {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+#[ignore = "child process body of NewerGenerationOpen"]
+fn hold_open_child() {
+    let Some(path) = std::env::var_os("HERMES_GUARD_HOLD_DB") else {
+        return;
+    };
+    let conn = Connection::open(PathBuf::from(path)).unwrap();
+    conn.query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| {
+        r.get::<_, i64>(0)
+    })
+    .unwrap();
+    println!("HELD_OPEN");
+    let mut rest = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut rest);
+    drop(conn);
+}
+
+/// Closes a retired connection while a restarted application holds `path` open in another
+/// process, as after a real restart: something newer exists, so the close captures and does not
+/// heal (issue 22) — the rows stay in the capture for `recover`.
+pub fn close_while_restarted(conn: Connection, path: &Path) {
+    let restarted = NewerGenerationOpen::start(path);
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    drop(restarted);
+}

@@ -49,7 +49,7 @@ fn halt_captures_the_exact_retired_generation(rename: bool) {
     assert_eq!(count_like(&recovered, "after the loss"), 0);
     assert!(integrity_ok(&recovered));
 
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     assert_eq!(
         artifacts(dir.path()),
         vec![artifact],
@@ -87,6 +87,7 @@ fn exclusive_locking_mode_is_refused_at_the_first_wal_write() {
         "retired WAL after refusal",
     );
     let artifact = conn.guard_status().unwrap().capture.unwrap();
+    // The connection holds EXCLUSIVE until it closes: no other process could open it meanwhile.
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     let recovered = recover(&artifact, "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
@@ -113,7 +114,7 @@ fn a_checkpoint_of_a_retired_generation_is_refused() {
         &main_before,
         "main file after refused checkpoints",
     );
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     assert_same_bytes(
         &std::fs::read(&path).unwrap(),
         &main_before,

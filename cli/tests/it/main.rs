@@ -52,6 +52,7 @@ mod bench_smoke;
 mod capture_identity;
 mod capture_pool;
 mod close_capture;
+mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
 mod directory_deleted;

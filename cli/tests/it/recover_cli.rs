@@ -33,7 +33,7 @@ pub(crate) fn lost_rows(dir: &Path, n: usize) -> (PathBuf, PathBuf) {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     newer_generation(&path, 10);
     (path, artifact)
 }
@@ -198,7 +198,7 @@ fn a_conflict_left_behind_exits_3() {
     lose_sidecars(&path, false);
     assert!(conn.execute("INSERT INTO kv VALUES ('b', '')", []).is_err());
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     Connection::open(&path)
         .unwrap()
         .execute_batch("UPDATE kv SET v = 'live' WHERE k = 'a'")

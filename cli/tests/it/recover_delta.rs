@@ -38,7 +38,11 @@ fn fresh_database_lost(path: &Path, schema: &str, rows: impl FnOnce(&Connection)
         &conn.execute_batch("CREATE TABLE refused (x)").unwrap_err()
     ));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
+    // The restarted application is already up when the old connection closes: a newer
+    // generation exists, so the close does not heal the loss (issue 22) and recovery is needed.
+    let restarted = NewerGenerationOpen::start(path);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    drop(restarted);
     artifact
 }
 
@@ -213,7 +217,7 @@ fn the_generations_updates_and_deletions_apply_where_the_live_row_is_as_the_imag
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     // The newer generation changed two of the same rows its own way.
     open_stock(&path)
         .execute_batch(
@@ -264,7 +268,11 @@ fn app_capture(dir: &Path) -> PathBuf {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
+    // The restarted application is already up when the old connection closes: a newer
+    // generation exists, so the close does not heal the loss (issue 22) and recovery is needed.
+    let restarted = NewerGenerationOpen::start(&path);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    drop(restarted);
     artifact
 }
 
@@ -331,7 +339,7 @@ fn a_row_the_live_schema_refuses_is_counted_and_the_others_still_merge() {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     // The newer generation took the name 'b' without adding a row.
     open_stock(&path)
         .execute_batch("UPDATE tags SET name = 'b' WHERE id = 1")

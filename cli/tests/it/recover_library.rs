@@ -96,7 +96,7 @@ fn bad_captures_are_refused_with_typed_errors() {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
 
     // Not a capture.
     let err = Capture::open(dir.path()).unwrap_err();
@@ -221,7 +221,7 @@ fn children_follow_their_parents_new_rowids_and_keys_conflict() {
             .unwrap_err()
     ));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
 
     // The newer generation reuses rowid 2 of both tables for other rows.
     let live = fk_conn(&path);
@@ -311,7 +311,7 @@ fn a_damaged_capture_yields_every_readable_row_and_counts_the_rest() {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
 
     // Make a damaged capture that still matches its manifest: replay the WAL into a copy,
     // zero one leaf page in the middle of the table, and record the new sizes and hashes.
@@ -397,7 +397,7 @@ fn a_torn_live_database_is_rebuilt_only_while_nobody_holds_it() {
     assert!(status.main_torn);
     let artifact = status.capture.unwrap();
     drop(reader);
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
 
     let newer = Connection::open(&path).unwrap();
     for i in 0..5 {
