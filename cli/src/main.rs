@@ -3,6 +3,7 @@
 
 mod bench;
 mod demo;
+mod held;
 mod recover_cmd;
 mod writer;
 
@@ -39,6 +40,8 @@ enum Command {
     /// Plan (and with --apply, merge) a capture's missing rows into the live database.
     #[command(after_help = recover_cmd::RECOVER_EXIT_CODES)]
     Recover(recover_cmd::RecoverArgs),
+    /// List the processes that hold retired WAL generations open (deleted -wal descriptors).
+    Held(held::HeldArgs),
     /// (internal) A writer process driven over stdin/stdout, for tests and the demo.
     #[command(hide = true)]
     Writer(writer::WriterArgs),
@@ -54,6 +57,7 @@ fn main() -> ExitCode {
         Command::Captures(args) => return recover_cmd::captures(args),
         Command::Verify(args) => return recover_cmd::verify(args),
         Command::Recover(args) => return recover_cmd::recover(args),
+        Command::Held(args) => return held::held(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Writer(args) => writer::run(args),

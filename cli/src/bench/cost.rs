@@ -79,7 +79,7 @@ impl CostWorkload {
 
     /// The targets of the guard's figures against stock: extra syscalls per write transaction
     /// (and two per checkpoint: the guard checks before each and stamps the main file after it),
-    /// instructions (%).
+    /// extra instructions (%).
     fn target(self) -> (f64, f64) {
         match self {
             CostWorkload::W1 => (1.0, 1.0),

@@ -286,7 +286,7 @@ fn label(value: &impl serde::Serialize) -> String {
 
 /// `row[key]` = `path` as a display string and, only when its bytes are not UTF-8, `row[key_hex]`
 /// = its exact bytes in lowercase hex (as in the manifest), so a script can use the real path.
-fn put_path(row: &mut serde_json::Value, key: &str, path: &std::path::Path) {
+pub(crate) fn put_path(row: &mut serde_json::Value, key: &str, path: &std::path::Path) {
     use std::os::unix::ffi::OsStrExt;
     row[key] = path.display().to_string().into();
     if path.to_str().is_none() {

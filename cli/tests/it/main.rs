@@ -62,6 +62,7 @@ mod file_layout;
 mod fork;
 mod fork_lifecycle;
 mod halt_capture;
+mod held_cli;
 mod lock_shield;
 mod long_names;
 mod main_replaced;
