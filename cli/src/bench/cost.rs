@@ -335,8 +335,9 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
          extra: guard - stock, syscalls without the allocator's (brk, mmap, munmap, mremap,\n\
          madvise), which are judged on their own: within 0.1 per operation of stock's (the heap\n\
          top's position moves them by a few calls per run; listed by name above);\n\
-         target: the most the guard may add: its one syscall per write transaction and per\n\
-         checkpoint (W1, W2), none for reads (R1), and the instructions."
+         target: the most the guard may add: its one syscall per write transaction, two per\n\
+         checkpoint (its check, and the main file's stamp after it) (W1, W2), none for reads\n\
+         (R1), and the instructions."
     );
 }
 
