@@ -113,7 +113,19 @@ class GuardStatus:
     """The lock shield holds its read lock on the `-shm` dead-man-switch byte."""
     shield_off_reason: Optional[str]
     """Why the lock shield is off for this connection, if it is."""
-    raw: Dict[str, Any] = field(compare=False, repr=False)
+    capture_attempts: int = 0
+    """Failed attempts to capture this retired generation so far (retried with a back-off)."""
+    let_go: Optional[str] = None
+    """The deleted directory whose removal let this generation go uncaptured, if it was."""
+    held_generations: int = 0
+    """Process-wide: retired generations held uncaptured after their connections closed."""
+    held_descriptors: int = 0
+    """Process-wide: the descriptors held for them."""
+    generations_let_go: int = 0
+    """Process-wide: generations let go because their directory was deleted."""
+    log_lines_suppressed: int = 0
+    """Process-wide: capture-failure and let-go log lines left out by the rate limits."""
+    raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The JSON document itself, with any key this version does not know."""
 
     @classmethod
@@ -137,6 +149,12 @@ class GuardStatus:
             shield_active=bool(j.get("shield_active", False)),
             shield_shm_active=bool(j.get("shield_shm_active", False)),
             shield_off_reason=j.get("shield_off_reason"),
+            capture_attempts=int(j.get("capture_attempts", 0)),
+            let_go=_path(j.get("let_go"), j.get("let_go_hex")),
+            held_generations=int(j.get("held_generations", 0)),
+            held_descriptors=int(j.get("held_descriptors", 0)),
+            generations_let_go=int(j.get("generations_let_go", 0)),
+            log_lines_suppressed=int(j.get("log_lines_suppressed", 0)),
             raw=j,
         )
 
