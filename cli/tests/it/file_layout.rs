@@ -278,3 +278,23 @@ test_alone! {
         assert_eq!(rows, 3);
     }
 }
+
+test_alone! {
+    /// A VFS that took the name `unix` but opens files its own way: the shield is off, and the
+    /// reason names the SQLite the process runs on (`sqlite3_libversion`), not the version the
+    /// bindings were compiled against (measured on cc1ba9f: an extension host's WARN named the
+    /// compile-time version).
+    fn the_shield_off_reason_names_the_running_sqlite_version() {
+        register_a_default_copy_of_unix(c"unix", Some(open_through_the_real_unix));
+        hermes_guard::register().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_guarded(&dir.path().join("state.db"));
+        insert(&conn, "a row").unwrap();
+        let status = conn.guard_status().unwrap();
+        let reason = status.shield_off_reason.unwrap_or_default();
+        assert!(
+            reason.contains(&format!("SQLite {}", rusqlite::version())),
+            "{reason}"
+        );
+    }
+}
