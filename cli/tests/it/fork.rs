@@ -68,31 +68,40 @@ pub(crate) fn assert_refused(conn: &Connection, writes: usize) {
     }
 }
 
+/// The child drains the queue of whatever watcher it believes is its own (it opens a database
+/// elsewhere); the parent's next writes after a loss must still be refused. `fork` makes the
+/// child (a `fork()`, or a raw `clone` in fork_lifecycle.rs).
+pub(crate) fn a_loss_before_a_childs_open_is_refused(
+    fork: fn(Box<dyn FnOnce() -> i32>) -> libc::pid_t,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let conn = open_guarded(&path);
+    for i in 0..30 {
+        insert(&conn, &format!("row {i}")).unwrap();
+    }
+    lose_sidecars(&path, false);
+
+    let other = elsewhere.path().join("worker.db");
+    let child = fork(Box::new(move || {
+        drop(open_only(&other));
+        0
+    }));
+    assert_eq!(wait(child), 0);
+
+    assert_refused(&conn, 20);
+    let status = conn.guard_status().unwrap();
+    assert!(status.retired);
+    assert!(status.capture.is_some(), "{status:?}");
+    assert_eq!(artifacts(dir.path()).len(), 1);
+}
+
 test_alone! {
     /// Measured: a child that opened any guarded database drained the shared queue, and the parent's
     /// next 20 writes went into the retired WAL.
     fn a_child_opening_a_database_leaves_the_parents_events_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        let elsewhere = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state.db");
-        let conn = open_guarded(&path);
-        for i in 0..30 {
-            insert(&conn, &format!("row {i}")).unwrap();
-        }
-        lose_sidecars(&path, false);
-
-        let other = elsewhere.path().join("worker.db");
-        let child = fork_child(|| {
-            drop(open_only(&other));
-            0
-        });
-        assert_eq!(wait(child), 0);
-
-        assert_refused(&conn, 20);
-        let status = conn.guard_status().unwrap();
-        assert!(status.retired);
-        assert!(status.capture.is_some(), "{status:?}");
-        assert_eq!(artifacts(dir.path()).len(), 1);
+        a_loss_before_a_childs_open_is_refused(fork_child);
     }
 }
 

@@ -6,7 +6,7 @@
 //! for real (see fork.rs).
 
 use crate::common;
-use crate::fork::{assert_refused, fork_child, open_only, wait};
+use crate::fork::{a_loss_before_a_childs_open_is_refused, fork_child, wait};
 
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
@@ -86,29 +86,6 @@ fn raw_clone_child(work: impl FnOnce() -> i32) -> libc::pid_t {
         unsafe { libc::_exit(code) };
     }
     pid
-}
-
-/// The child drains the queue of whatever watcher it believes is its own (it opens a database
-/// elsewhere); the parent's next writes after a loss must still be refused.
-fn a_loss_before_a_childs_open_is_refused(fork: fn(Box<dyn FnOnce() -> i32>) -> libc::pid_t) {
-    let dir = tempfile::tempdir().unwrap();
-    let elsewhere = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    let conn = open_guarded(&path);
-    for i in 0..30 {
-        insert(&conn, &format!("row {i}")).unwrap();
-    }
-    lose_sidecars(&path, false);
-
-    let other = elsewhere.path().join("worker.db");
-    let child = fork(Box::new(move || {
-        drop(open_only(&other));
-        0
-    }));
-    assert_eq!(wait(child), 0);
-
-    assert_refused(&conn, 20);
-    assert!(conn.guard_status().unwrap().capture.is_some());
 }
 
 test_alone! {
