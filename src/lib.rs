@@ -30,7 +30,9 @@
 //! ```
 //!
 //! The surface: [`register`] / [`register_as_default`] and [`VFS_NAME`]; the connection-level
-//! calls of [`GuardExt`]; [`close`] and [`retry_pending_captures`]; what they report
+//! calls of [`GuardExt`]; [`close`] and [`retry_pending_captures`]; [`set_orphan_capture_dir`]
+//! (where a generation whose directory was deleted is captured, [`ORPHAN_DIR_ENV`] for hosts);
+//! what they report
 //! ([`GuardStatus`], [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`]); a
 //! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
 //! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
