@@ -185,14 +185,21 @@ fn writer_exits_while_its_worker_lives(path: &Path, rows: usize) -> (libc::pid_t
                 return 2;
             }
         }
+        let (mut started, mut worker_started) = match UnixStream::pair() {
+            Ok(pair) => pair,
+            Err(_) => return 4,
+        };
         let worker = fork_child(move || {
+            // Runs after the atfork child handler: the worker's descriptions are its own now.
+            let _ = worker_started.write_all(b"s");
             // Never longer than the test: its copy of the release end keeps EOF away.
             let _ = worker_end.set_read_timeout(Some(std::time::Duration::from_secs(20)));
             let mut go = [0u8; 1];
             let _ = worker_end.read_exact(&mut go);
             0
         });
-        if report.write_all(&worker.to_ne_bytes()).is_err() {
+        let mut s = [0u8; 1];
+        if started.read_exact(&mut s).is_err() || report.write_all(&worker.to_ne_bytes()).is_err() {
             return 3;
         }
         // Exits holding the connection, as a killed or exiting process does.
