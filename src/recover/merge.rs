@@ -31,8 +31,12 @@ pub(crate) struct Merge<'a> {
     /// The captured generation, recorded in the live database once its rows are in; `None`:
     /// nothing is recorded (a rebuild's new file).
     pub ledger: Option<Generation>,
-    /// When the ledger says this generation's rows went in before (filled by `run`).
+    /// When the ledger says this generation's added rows went in before (filled by the
+    /// caller from [`ledger::Start`]).
     pub merged_before: Option<String>,
+    /// WAL frames of the generation an earlier merge took, included in `pre` (0: the bare
+    /// image; see [`ledger::Start`]).
+    pub base_frames: u64,
     /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
     /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
     pub bulk: bool,
@@ -61,18 +65,17 @@ impl Merge<'_> {
 
     /// Plans, and when `apply`, writes. The caller holds the transactions (`BEGIN IMMEDIATE` on
     /// the target to apply) and commits.
-    pub fn run(
-        mut self,
-        progress: &mut dyn FnMut(&Progress<'_>),
-    ) -> Result<MergeReport, RecoverError> {
+    pub fn run(self, progress: &mut dyn FnMut(&Progress<'_>)) -> Result<MergeReport, RecoverError> {
         let source =
             Schema::read(self.source).map_err(self.source_sq("read the captured schema"))?;
-        let image = match self.rule {
-            MergeRule::Whole => None,
-            _ => Some(
-                Schema::read_in(self.source, "pre")
-                    .map_err(self.source_sq("read the captured image's schema"))?,
-            ),
+        let read_pre = || {
+            Schema::read_in(self.source, "pre")
+                .map_err(self.source_sq("read the captured image's schema"))
+        };
+        let (image, whole_base) = match self.rule {
+            MergeRule::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
+            MergeRule::Whole => (None, None),
+            _ => (Some(read_pre()?), None),
         };
         let mut target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         self.check_application_id()?;
@@ -113,11 +116,7 @@ impl Merge<'_> {
             )?;
             target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         }
-        if let Some(generation) = &self.ledger {
-            self.merged_before = ledger::merged_at(self.target, generation)
-                .map_err(self.sq("read hermes_guard_merges"))?;
-            report.merged_before.clone_from(&self.merged_before);
-        }
+        report.merged_before.clone_from(&self.merged_before);
 
         let mut tables: Vec<TableMerge<'_>> = Vec::new();
         let mut conflicting: Vec<String> = Vec::new();
@@ -149,9 +148,9 @@ impl Merge<'_> {
                 });
                 continue;
             }
-            tables.push(TableMerge::new(
-                live, captured, in_image, &target, self.rule, absent,
-            ));
+            let mut t = TableMerge::new(live, captured, in_image, &target, self.rule, absent);
+            t.set_whole_base(whole_base.as_ref().and_then(|b| b.tables.get(key)));
+            tables.push(t);
         }
         if tables.is_empty() && !conflicting.is_empty() && !live_empty {
             return Err(self.different(format!("conflicting schemas: {}", conflicting.join("; "))));
@@ -197,9 +196,12 @@ impl Merge<'_> {
 
         if self.apply {
             self.rebuild_fts(&target, &create, &mut report)?;
-            if let (Some(generation), None, true) =
-                (&self.ledger, &self.merged_before, report.inserted() > 0)
-            {
+            // A first merge that inserted rows, or one that took this generation further.
+            if let (Some(generation), None, true) = (
+                &self.ledger,
+                &self.merged_before,
+                report.inserted() > 0 || self.base_frames > 0,
+            ) {
                 ledger::record(self.target, generation, &report)
                     .map_err(self.sq("record the merge in hermes_guard_merges"))?;
             }

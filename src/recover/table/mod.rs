@@ -92,6 +92,9 @@ pub(crate) struct TableMerge<'t> {
     captured: &'t Table,
     /// The table in the capture's main image, when the delta is taken against it.
     image: Option<&'t Table>,
+    /// Under the `whole` rule after an earlier merge of part of this generation: the table as
+    /// that merged prefix left it; its rows as they were there are not merged again.
+    whole_base: Option<&'t Table>,
     /// The live table does not exist yet (a plan of a table to be created): nothing is live.
     live_absent: bool,
     /// Captured columns (generated ones left out), as the live table spells them.
@@ -201,6 +204,7 @@ impl<'t> TableMerge<'t> {
             captured,
             compare_added: rule != MergeRule::Delta,
             image,
+            whole_base: None,
             live_absent,
             cols,
             src_cols: src.into_iter().map(str::to_owned).collect(),
@@ -230,6 +234,16 @@ impl<'t> TableMerge<'t> {
 
     pub fn set_referenced(&mut self) {
         self.referenced = true;
+    }
+
+    /// Under the `whole` rule: the rows `base` (the table in `pre`, the image plus the WAL prefix
+    /// an earlier merge of this generation took) held as they were merged then.
+    pub fn set_whole_base(&mut self, base: Option<&'t Table>) {
+        self.whole_base = base.filter(|b| {
+            self.image.is_none()
+                && b.declared_key() == self.captured.declared_key()
+                && b.without_rowid == self.captured.without_rowid
+        });
     }
 
     /// Added and changed rows (parents first).
@@ -274,7 +288,18 @@ impl<'t> TableMerge<'t> {
                 ),
                 Some(image_from("pre", image)),
             ),
-            None => ("1".to_owned(), None),
+            None => match self.whole_base {
+                Some(base) => (
+                    format!(
+                        "NOT EXISTS (SELECT 1 FROM {} WHERE {} AND NOT {})",
+                        image_from("pre", base),
+                        self.matches(base),
+                        self.differs(base)
+                    ),
+                    None,
+                ),
+                None => ("1".to_owned(), None),
+            },
         };
         let bulk = if m.bulk && self.bulk_ready(m, remaps) {
             self.bulk_added(m, remaps)?

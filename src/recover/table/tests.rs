@@ -52,6 +52,7 @@ fn merge_t(source: &Connection, target: &Connection, bulk: bool) -> TableReport 
         rule_reason: String::new(),
         ledger: None,
         merged_before: None,
+        base_frames: 0,
         bulk,
     };
     let (captured, image, live) = (
