@@ -23,6 +23,9 @@ use super::schema::quote;
 
 /// The table's name (lower case; never merged, never created from a capture).
 pub(crate) const LEDGER_TABLE: &str = "hermes_guard_merges";
+/// Where the rows a merge added under another rowid than their captured one went, per
+/// generation (see `table::Remaps`; never merged either).
+pub(crate) const MOVED_TABLE: &str = "hermes_guard_moved";
 
 /// A captured generation, and how far this capture of it reaches.
 #[derive(Debug, Clone)]

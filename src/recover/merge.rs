@@ -184,12 +184,20 @@ impl Merge<'_> {
                 t.set_referenced();
             }
         }
-        let mut remaps = Remaps::default();
+        // Moves are recorded for a later merge of this generation that reaches further, and
+        // those of earlier merges are followed.
+        let generation_id = self.ledger.as_ref().map(|g| g.id.clone());
+        let mut remaps = Remaps::recording(generation_id.clone().filter(|_| self.apply));
+        if let Some(id) = &generation_id {
+            remaps
+                .load(self.target, id)
+                .map_err(self.sq("read hermes_guard_moved"))?;
+        }
         for t in &mut tables {
             t.merge_rows(&self, &mut remaps, progress)?;
         }
         for t in tables.iter_mut().rev() {
-            t.merge_deletions(&self)?;
+            t.merge_deletions(&self, &remaps)?;
         }
         remaps.finish(self.target);
         report.tables = tables.into_iter().map(|t| t.report).collect();

@@ -18,7 +18,7 @@ const WAL_HEADER: usize = 32;
 
 /// A copy of `artifact` in `dir/name` with one byte of the page of WAL frame `frame` (1-based)
 /// flipped and `manifest.json`'s WAL sha256 edited to match the changed bytes.
-fn tampered_copy(artifact: &Path, dir: &Path, name: &str, frame: usize) -> PathBuf {
+pub(crate) fn tampered_copy(artifact: &Path, dir: &Path, name: &str, frame: usize) -> PathBuf {
     let copy = dir.join(name);
     fs::create_dir(&copy).unwrap();
     for f in fs::read_dir(artifact).unwrap().flatten() {
