@@ -117,6 +117,7 @@ impl Merge<'_> {
             target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         }
         report.merged_before.clone_from(&self.merged_before);
+        report.delta_from_frame = self.base_frames;
 
         let mut tables: Vec<TableMerge<'_>> = Vec::new();
         let mut conflicting: Vec<String> = Vec::new();

@@ -167,6 +167,11 @@ fn a_tampered_capture_with_a_matching_sha256_fails_verify_and_recover_reports_wh
         os("--apply"),
     ]);
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("merged   before up to WAL frame"), "{out}");
+    assert!(
+        out.contains(&format!("merged {} row(s)", 12 - missing)),
+        "{out}"
+    );
     assert_eq!(count_like(&live, "retired %"), 12);
 }
 
