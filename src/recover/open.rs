@@ -151,8 +151,8 @@ impl Capture {
         &self.copy
     }
 
-    /// The private copy of the captured main image alone (attached as `pre` while
-    /// [`Capture::base_frames`] is 0).
+    /// The private copy of the captured main image alone (attached as `pre` unless an earlier
+    /// merge of the generation moved the base on: see `set_base`).
     pub(crate) fn image_copy(&self) -> PathBuf {
         self.copy.with_file_name(IMAGE_NAME)
     }
@@ -189,8 +189,16 @@ impl Capture {
                 .map_err(|e| RecoverError::io(&path, "copy the main image", e))?;
             let frame = FRAME_HEADER + u64::from(self.wal.header.page_size);
             let wal_path = self.copy.with_file_name(format!("base-{frames}.db-wal"));
-            let mut wal = File::open(self.copy.with_file_name(format!("{COPY_NAME}-wal")))
-                .map_err(|e| RecoverError::io(&wal_path, "read the captured WAL", e))?
+            let shm_path = self.copy.with_file_name(format!("base-{frames}.db-shm"));
+            match fs::remove_file(&shm_path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(RecoverError::io(&shm_path, "remove", e))
+                }
+                _ => {}
+            }
+            let captured_wal = self.copy.with_file_name(format!("{COPY_NAME}-wal"));
+            let mut wal = File::open(&captured_wal)
+                .map_err(|e| RecoverError::io(&captured_wal, "read the captured WAL", e))?
                 .take(WAL_HEADER + frames * frame);
             let mut out =
                 File::create(&wal_path).map_err(|e| RecoverError::io(&wal_path, "create", e))?;

@@ -176,8 +176,19 @@ fn a_damaged_copy_then_the_intact_capture_gives_each_change_once_even_to_moved_r
         "the newer generation took their rowids"
     );
 
-    let second = apply(&artifact, &path);
+    // One opened capture: planned, applied, applied again (its base moves back to the image).
+    let intact = Capture::open(&artifact).unwrap();
+    let options = MergeOptions::default();
+    let plan = recover::plan(&intact, &path, &options).unwrap();
+    assert_eq!(plan.delta_from_frame, commits[7] as u64, "{plan:?}");
+    assert_eq!(
+        plan.missing(),
+        8,
+        "4 to insert, 2 to update, 2 to delete: {plan:?}"
+    );
+    let second = recover::apply(&intact, &path, &options, &mut |_| {}).unwrap();
     assert!(second.merged_before.is_none());
+    assert_eq!(second.delta_from_frame, commits[7] as u64);
     assert_eq!(
         second.inserted(),
         4,
@@ -185,6 +196,11 @@ fn a_damaged_copy_then_the_intact_capture_gives_each_change_once_even_to_moved_r
     );
     let t = &second.tables[0];
     assert_eq!((t.updated, t.removed, t.conflicts), (2, 2, 0), "{t:?}");
+    let third = recover::apply(&intact, &path, &options, &mut |_| {}).unwrap();
+    assert!(third.merged_before.is_some());
+    assert_eq!(third.delta_from_frame, 0);
+    assert_eq!((third.inserted(), third.changed()), (0, 0), "{third:?}");
+    drop(intact);
 
     let mut expected: Vec<String> = (0..20)
         .filter(|i| *i != 5)
