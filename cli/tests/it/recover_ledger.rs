@@ -227,3 +227,41 @@ fn a_damaged_copy_then_the_intact_capture_gives_each_change_once_even_to_moved_r
     assert_eq!(contents(&path), expected);
     assert!(integrity_ok(&Connection::open(&path).unwrap()));
 }
+
+#[test]
+fn under_the_whole_rule_a_damaged_copy_then_the_intact_capture_adds_each_row_version_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, artifact) = inserts_then_changes(dir.path());
+    // Another file (another inode) than the one captured: the whole rule.
+    let other = dir.path().join("other.db");
+    Connection::open(&path)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [other.to_str().unwrap()])
+        .unwrap();
+    let wal =
+        fs::read(artifact.join(manifest(&artifact)["wal"]["file"].as_str().unwrap())).unwrap();
+    let commits = commit_frames(&wal);
+    let damaged = tampered_copy(&artifact, dir.path(), "damaged", commits[7] + 1);
+
+    let first = apply(&damaged, &other);
+    assert_eq!(first.rule, MergeRule::Whole, "{}", first.rule_reason);
+    assert_eq!(first.inserted(), 8, "{first:?}");
+    let second = apply(&artifact, &other);
+    assert!(second.merged_before.is_none());
+    assert_eq!(second.delta_from_frame, commits[7] as u64);
+    // What the later commits wrote: 4 rows and 2 changed ones (the whole rule brings a change
+    // back as a row of its own and replays no deletion); the 8 of the prefix are not again.
+    assert_eq!(second.inserted(), 6, "{second:?}");
+    let mut expected: Vec<String> = (0..20)
+        .map(|i| format!("history {i}"))
+        .chain(["history 3 edited".to_owned(), "retired 1 edited".to_owned()])
+        .chain((0..10).map(|i| format!("newer {i}")))
+        .chain((0..12).map(|i| format!("retired {i}")))
+        .collect();
+    expected.sort();
+    assert_eq!(contents(&other), expected);
+    for again in [&artifact, &damaged] {
+        assert_eq!(apply(again, &other).inserted(), 0);
+    }
+    assert_eq!(contents(&other), expected);
+}
