@@ -173,8 +173,9 @@ impl<'t> TableMerge<'t> {
         self.referenced = true;
     }
 
-    /// Under the `whole` rule: the rows `base` (the table in `pre`, the image plus the WAL prefix
-    /// an earlier merge of this generation took) held as they were merged then.
+    /// Under the `whole` rule, after an earlier merge of this generation took a WAL prefix:
+    /// `base` is the table in `pre` (the image plus that prefix); a captured row the same as its
+    /// row there was merged then, and is left out.
     pub fn set_whole_base(&mut self, base: Option<&'t Table>) {
         self.whole_base = base.filter(|b| {
             self.image.is_none()
