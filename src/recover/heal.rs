@@ -138,6 +138,7 @@ fn heal_one(
         }
         let before = foreign_key_violations(conn).map_err(sq("foreign_key_check"))?;
         let options = MergeOptions::default();
+        let (generation, start) = super::ledger_start(&capture, conn, path)?;
         let source = capture.connection();
         let (rule, rule_reason) = super::rule_for(&capture, path);
         let merge = Merge {
@@ -149,8 +150,9 @@ fn heal_one(
             apply: true,
             rule,
             rule_reason,
-            ledger: Some(super::ledger::Generation::of(&capture)),
-            merged_before: None,
+            ledger: Some(generation),
+            merged_before: start.merged_before,
+            base_frames: start.base_frames,
             bulk: false,
         };
         let report = merge.run(&mut |_| {})?;

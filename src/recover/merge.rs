@@ -31,8 +31,12 @@ pub(crate) struct Merge<'a> {
     /// The captured generation, recorded in the live database once its rows are in; `None`:
     /// nothing is recorded (a rebuild's new file).
     pub ledger: Option<Generation>,
-    /// When the ledger says this generation's rows went in before (filled by `run`).
+    /// When the ledger says this generation's added rows went in before (filled by the
+    /// caller from [`ledger::Start`]).
     pub merged_before: Option<String>,
+    /// WAL frames of the generation an earlier merge took, included in `pre` (0: the bare
+    /// image; see [`ledger::Start`]).
+    pub base_frames: u64,
     /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
     /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
     pub bulk: bool,
@@ -61,18 +65,17 @@ impl Merge<'_> {
 
     /// Plans, and when `apply`, writes. The caller holds the transactions (`BEGIN IMMEDIATE` on
     /// the target to apply) and commits.
-    pub fn run(
-        mut self,
-        progress: &mut dyn FnMut(&Progress<'_>),
-    ) -> Result<MergeReport, RecoverError> {
+    pub fn run(self, progress: &mut dyn FnMut(&Progress<'_>)) -> Result<MergeReport, RecoverError> {
         let source =
             Schema::read(self.source).map_err(self.source_sq("read the captured schema"))?;
-        let image = match self.rule {
-            MergeRule::Whole => None,
-            _ => Some(
-                Schema::read_in(self.source, "pre")
-                    .map_err(self.source_sq("read the captured image's schema"))?,
-            ),
+        let read_pre = || {
+            Schema::read_in(self.source, "pre")
+                .map_err(self.source_sq("read the captured image's schema"))
+        };
+        let (image, whole_base) = match self.rule {
+            MergeRule::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
+            MergeRule::Whole => (None, None),
+            _ => (Some(read_pre()?), None),
         };
         let mut target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         self.check_application_id()?;
@@ -113,11 +116,8 @@ impl Merge<'_> {
             )?;
             target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         }
-        if let Some(generation) = &self.ledger {
-            self.merged_before = ledger::merged_at(self.target, generation)
-                .map_err(self.sq("read hermes_guard_merges"))?;
-            report.merged_before.clone_from(&self.merged_before);
-        }
+        report.merged_before.clone_from(&self.merged_before);
+        report.delta_from_frame = self.base_frames;
 
         let mut tables: Vec<TableMerge<'_>> = Vec::new();
         let mut conflicting: Vec<String> = Vec::new();
@@ -149,9 +149,9 @@ impl Merge<'_> {
                 });
                 continue;
             }
-            tables.push(TableMerge::new(
-                live, captured, in_image, &target, self.rule, absent,
-            ));
+            let mut t = TableMerge::new(live, captured, in_image, &target, self.rule, absent);
+            t.set_whole_base(whole_base.as_ref().and_then(|b| b.tables.get(key)));
+            tables.push(t);
         }
         if tables.is_empty() && !conflicting.is_empty() && !live_empty {
             return Err(self.different(format!("conflicting schemas: {}", conflicting.join("; "))));
@@ -185,21 +185,32 @@ impl Merge<'_> {
                 t.set_referenced();
             }
         }
-        let mut remaps = Remaps::default();
+        // Moves are recorded for a later merge of this generation that reaches further, and
+        // those of earlier merges are followed.
+        let generation_id = self.ledger.as_ref().map(|g| g.id.clone());
+        let mut remaps = Remaps::recording(generation_id.clone().filter(|_| self.apply));
+        if let Some(id) = &generation_id {
+            remaps
+                .load(self.target, id)
+                .map_err(self.sq("read hermes_guard_moved"))?;
+        }
         for t in &mut tables {
             t.merge_rows(&self, &mut remaps, progress)?;
         }
         for t in tables.iter_mut().rev() {
-            t.merge_deletions(&self)?;
+            t.merge_deletions(&self, &remaps)?;
         }
         remaps.finish(self.target);
         report.tables = tables.into_iter().map(|t| t.report).collect();
 
         if self.apply {
             self.rebuild_fts(&target, &create, &mut report)?;
-            if let (Some(generation), None, true) =
-                (&self.ledger, &self.merged_before, report.inserted() > 0)
-            {
+            // A first merge that inserted rows, or one that took this generation further.
+            if let (Some(generation), None, true) = (
+                &self.ledger,
+                &self.merged_before,
+                report.inserted() > 0 || self.base_frames > 0,
+            ) {
                 ledger::record(self.target, generation, &report)
                     .map_err(self.sq("record the merge in hermes_guard_merges"))?;
             }

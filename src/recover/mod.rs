@@ -193,6 +193,7 @@ fn run_merge(
     bulk: bool,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
+    let (generation, start) = ledger_start(capture, conn, database)?;
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
     let (rule, rule_reason) = rule_for(capture, database);
@@ -205,15 +206,33 @@ fn run_merge(
         apply,
         rule,
         rule_reason,
-        ledger: Some(ledger::Generation::of(capture)),
-        merged_before: None,
-        bulk,
+        ledger: Some(generation),
+        merged_before: start.merged_before,
+        base_frames: start.base_frames,
+        // The attached image is the bare one: a delta from a merged prefix goes row by row.
+        bulk: bulk && start.base_frames == 0,
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
     let mut report = result?;
     report.capture_integrity = capture.integrity().to_vec();
     Ok(report)
+}
+
+/// What the ledger of `conn` (inside the merge's transaction) holds of the capture's
+/// generation, and `pre` made what the delta is taken against: the bare image, or the image
+/// plus the WAL prefix an earlier merge of this generation took (docs/merge-rules.md).
+pub(crate) fn ledger_start(
+    capture: &Capture,
+    conn: &Connection,
+    database: &Path,
+) -> Result<(ledger::Generation, ledger::Start), RecoverError> {
+    let generation = ledger::Generation::of(capture);
+    let merged = ledger::merged(conn, &generation)
+        .map_err(|e| RecoverError::sqlite(database, "read hermes_guard_merges", e))?;
+    let start = ledger::Start::from(&generation, merged);
+    capture.set_base(start.base_frames)?;
+    Ok((generation, start))
 }
 
 /// Which rows of `capture` are merged into `database`, and why (docs/merge-rules.md).

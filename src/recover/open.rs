@@ -1,5 +1,6 @@
 //! Opening a capture: the manifest checked against the files, and a private copy to read from.
 
+use std::cell::Cell;
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-use super::RecoverError;
+use super::{RecoverError, WalCheck};
 use crate::capture::{capture_dir_stem, ARTIFACT_MARKER, MANIFEST_NAME};
 use crate::Manifest;
 
@@ -21,6 +22,9 @@ const COPY_NAME: &str = "capture.db";
 const IMAGE_NAME: &str = "image.db";
 /// The schema name the image is attached under.
 pub(crate) const IMAGE_SCHEMA: &str = "pre";
+/// The WAL header's and a frame header's sizes.
+const WAL_HEADER: u64 = 32;
+const FRAME_HEADER: u64 = 24;
 
 /// A capture, verified against its manifest and copied to a private temporary directory.
 ///
@@ -34,6 +38,10 @@ pub struct Capture {
     manifest: Manifest,
     integrity: Vec<String>,
     copy: PathBuf,
+    /// The private WAL copy read from its bytes: what SQLite replays of it.
+    wal: WalCheck,
+    /// WAL frames of the captured generation included in `pre`: 0 for the bare image.
+    base: Cell<u64>,
     _work: tempfile::TempDir,
 }
 
@@ -73,13 +81,16 @@ impl Capture {
         )?;
         let image = work.path().join(IMAGE_NAME);
         fs::copy(&copy, &image).map_err(|e| RecoverError::io(&image, "copy the main image", e))?;
+        let wal_copy = work.path().join(format!("{COPY_NAME}-wal"));
         copy_verified(
             &dir,
             &manifest.wal.file,
             manifest.wal.bytes,
             &manifest.wal.sha256,
-            &work.path().join(format!("{COPY_NAME}-wal")),
+            &wal_copy,
         )?;
+        let wal = WalCheck::read_file(&wal_copy)
+            .map_err(|e| RecoverError::io(&wal_copy, "read the captured WAL", e))?;
         let conn = Connection::open_with_flags_and_vfs(
             &copy,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -89,15 +100,7 @@ impl Capture {
         let integrity = integrity_check(&conn)
             .unwrap_or_else(|e| vec![format!("the captured database cannot be read: {e}")]);
         // Attached after the check, which would otherwise check the image too.
-        let image_uri = image.to_str().ok_or_else(|| RecoverError::BadTarget {
-            database: image.clone(),
-            why: "the temporary directory's path is not UTF-8: set TMPDIR".into(),
-        })?;
-        conn.execute(
-            &format!("ATTACH DATABASE ?1 AS {IMAGE_SCHEMA}"),
-            [image_uri],
-        )
-        .map_err(|e| RecoverError::sqlite(&dir, "attach the captured main image", e))?;
+        attach_base(&conn, &dir, &image)?;
         if integrity != ["ok"] {
             log::warn!(
                 "hermes-guard: the capture {} fails its integrity check ({}); every readable row \
@@ -112,6 +115,8 @@ impl Capture {
             manifest,
             integrity,
             copy,
+            wal,
+            base: Cell::new(0),
             _work: work,
         })
     }
@@ -146,10 +151,75 @@ impl Capture {
         &self.copy
     }
 
-    /// The private copy of the captured main image alone (attached as `pre`).
+    /// The private copy of the captured main image alone (attached as `pre` unless an earlier
+    /// merge of the generation moved the base on: see `set_base`).
     pub(crate) fn image_copy(&self) -> PathBuf {
         self.copy.with_file_name(IMAGE_NAME)
     }
+
+    /// The captured WAL read from its bytes (the verified private copy): the prefix SQLite
+    /// replays, and its header (salts, checkpoint sequence).
+    pub(crate) fn wal_check(&self) -> &WalCheck {
+        &self.wal
+    }
+
+    /// The WAL frames of the captured generation that SQLite replays: up to its last readable
+    /// commit frame.
+    pub(crate) fn readable_frames(&self) -> u64 {
+        self.wal.last_commit_frame.unwrap_or(0)
+    }
+
+    /// Makes `pre` the captured image plus the first `frames` frames of the captured WAL (a
+    /// commit boundary an earlier merge of this generation reached), so the delta is what the
+    /// later commits did; 0 puts the bare image back. Each base is a fresh pair of files in the
+    /// private directory (`base-<frames>.db` and its `-wal`, truncated at the frame).
+    pub(crate) fn set_base(&self, frames: u64) -> Result<(), RecoverError> {
+        let frames = frames.min(self.readable_frames());
+        if frames == self.base.get() {
+            return Ok(());
+        }
+        self.conn
+            .execute_batch(&format!("DETACH DATABASE {IMAGE_SCHEMA}"))
+            .map_err(|e| RecoverError::sqlite(&self.dir, "detach the captured main image", e))?;
+        let path = if frames == 0 {
+            self.image_copy()
+        } else {
+            let path = self.copy.with_file_name(format!("base-{frames}.db"));
+            fs::copy(self.image_copy(), &path)
+                .map_err(|e| RecoverError::io(&path, "copy the main image", e))?;
+            let frame = FRAME_HEADER + u64::from(self.wal.header.page_size);
+            let wal_path = self.copy.with_file_name(format!("base-{frames}.db-wal"));
+            let shm_path = self.copy.with_file_name(format!("base-{frames}.db-shm"));
+            match fs::remove_file(&shm_path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                    return Err(RecoverError::io(&shm_path, "remove", e))
+                }
+                _ => {}
+            }
+            let captured_wal = self.copy.with_file_name(format!("{COPY_NAME}-wal"));
+            let mut wal = File::open(&captured_wal)
+                .map_err(|e| RecoverError::io(&captured_wal, "read the captured WAL", e))?
+                .take(WAL_HEADER + frames * frame);
+            let mut out =
+                File::create(&wal_path).map_err(|e| RecoverError::io(&wal_path, "create", e))?;
+            io::copy(&mut wal, &mut out).map_err(|e| RecoverError::io(&wal_path, "write", e))?;
+            path
+        };
+        attach_base(&self.conn, &self.dir, &path)?;
+        self.base.set(frames);
+        Ok(())
+    }
+}
+
+/// Attaches `path` to `conn` as `pre`.
+fn attach_base(conn: &Connection, dir: &Path, path: &Path) -> Result<(), RecoverError> {
+    let uri = path.to_str().ok_or_else(|| RecoverError::BadTarget {
+        database: path.to_path_buf(),
+        why: "the temporary directory's path is not UTF-8: set TMPDIR".into(),
+    })?;
+    conn.execute(&format!("ATTACH DATABASE ?1 AS {IMAGE_SCHEMA}"), [uri])
+        .map_err(|e| RecoverError::sqlite(dir, "attach the captured main image", e))?;
+    Ok(())
 }
 
 /// Whether `dir`'s name says it is an interrupted capture.

@@ -222,6 +222,7 @@ fn build(
             .into(),
         ledger: None,
         merged_before: None,
+        base_frames: 0,
         bulk: false,
     };
     let mut report = merge.run(&mut |_| {})?;

@@ -183,6 +183,10 @@ pub struct MergeReport {
     /// When this capture's rows were inserted before (from the live database's
     /// `hermes_guard_merges`): its added rows are not inserted again.
     pub merged_before: Option<String>,
+    /// WAL frames of the captured generation an earlier merge of it (another copy of the
+    /// capture, which could read fewer commits) took: the delta is taken from there on. 0: from
+    /// the captured image.
+    pub delta_from_frame: u64,
     /// `PRAGMA integrity_check` of the captured generation (`["ok"]` when clean).
     pub capture_integrity: Vec<String>,
     /// Schema objects only in the capture, created in the live database (`type name`).
@@ -209,6 +213,7 @@ impl MergeReport {
             rule,
             rule_reason: why,
             merged_before: None,
+            delta_from_frame: 0,
             capture_integrity: Vec::new(),
             created: Vec::new(),
             tables: Vec::new(),

@@ -103,7 +103,9 @@ pub(crate) struct Schema {
 /// `sqlite_stat*`, `sqlite_master`) and recovery's record of what it merged.
 pub(crate) fn is_internal(name: &str) -> bool {
     let lower = name.to_ascii_lowercase();
-    lower.starts_with("sqlite_") || lower == super::ledger::LEDGER_TABLE
+    lower.starts_with("sqlite_")
+        || lower == super::ledger::LEDGER_TABLE
+        || lower == super::ledger::MOVED_TABLE
 }
 
 impl Schema {

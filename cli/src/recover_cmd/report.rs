@@ -82,6 +82,13 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
     if let Some(at) = &report.merged_before {
         println!("merged   before, at {at}: its added rows are not inserted again");
     }
+    if report.delta_from_frame > 0 && report.merged_before.is_none() {
+        println!(
+            "merged   before up to WAL frame {}, from a copy that reads fewer commits: only \
+             what the later commits did is merged",
+            report.delta_from_frame
+        );
+    }
     for c in &report.created {
         println!("create   {c} (only in the capture)");
     }

@@ -74,6 +74,7 @@ mod process_exit_recovery;
 mod recover_cli;
 mod recover_delta;
 mod recover_exit_codes;
+mod recover_ledger;
 mod recover_library;
 mod recover_scenarios;
 mod recover_store_heal;

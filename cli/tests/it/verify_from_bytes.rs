@@ -18,7 +18,7 @@ const WAL_HEADER: usize = 32;
 
 /// A copy of `artifact` in `dir/name` with one byte of the page of WAL frame `frame` (1-based)
 /// flipped and `manifest.json`'s WAL sha256 edited to match the changed bytes.
-fn tampered_copy(artifact: &Path, dir: &Path, name: &str, frame: usize) -> PathBuf {
+pub(crate) fn tampered_copy(artifact: &Path, dir: &Path, name: &str, frame: usize) -> PathBuf {
     let copy = dir.join(name);
     fs::create_dir(&copy).unwrap();
     for f in fs::read_dir(artifact).unwrap().flatten() {
@@ -167,6 +167,11 @@ fn a_tampered_capture_with_a_matching_sha256_fails_verify_and_recover_reports_wh
         os("--apply"),
     ]);
     assert_eq!(code, 0, "{out}");
+    assert!(out.contains("merged   before up to WAL frame"), "{out}");
+    assert!(
+        out.contains(&format!("merged {} row(s)", 12 - missing)),
+        "{out}"
+    );
     assert_eq!(count_like(&live, "retired %"), 12);
 }
 

@@ -80,9 +80,12 @@ impl TableMerge<'_> {
         row: SourceRow,
     ) -> Result<(), RecoverError> {
         self.report.changed += 1;
-        let before = row.before.unwrap_or_default();
+        let mut before = row.before.unwrap_or_default();
         let mut values = row.values;
-        let rowid = self.rowid_of(&values, row.rowid);
+        let mut rowid = self.rowid_of(&values, row.rowid);
+        if !self.follow_own_move(m, remaps, &mut rowid, &mut [&mut values, &mut before])? {
+            return Ok(());
+        }
         let orphan = self.translate(m, remaps, &mut values)?;
         match self.live_row(m, &values, rowid)? {
             Some(live) if same_row(&live, &values) => self.report.already_live += 1,
@@ -115,9 +118,17 @@ impl TableMerge<'_> {
     }
 
     /// A row of the image the captured generation deleted: `row.values` are the image's.
-    pub(super) fn deleted(&mut self, m: &Merge<'_>, row: SourceRow) -> Result<(), RecoverError> {
+    pub(super) fn deleted(
+        &mut self,
+        m: &Merge<'_>,
+        remaps: &Remaps,
+        mut row: SourceRow,
+    ) -> Result<(), RecoverError> {
         self.report.deleted += 1;
-        let rowid = self.rowid_of(&row.values, row.rowid);
+        let mut rowid = self.rowid_of(&row.values, row.rowid);
+        if !self.follow_own_move(m, remaps, &mut rowid, &mut [&mut row.values])? {
+            return Ok(());
+        }
         let Some(live) = self.live_row(m, &row.values, rowid)? else {
             return Ok(()); // gone from the live database too
         };
@@ -137,6 +148,43 @@ impl TableMerge<'_> {
             self.report.replaced += 1;
         }
         Ok(())
+    }
+
+    /// A row an earlier merge of this generation added under another rowid (the captured one
+    /// was taken), changed or deleted by the commits after that merge: `rowid` and the alias
+    /// column of `rows` become the rowid it was given. `false`: the live schema refused it then,
+    /// so it is not live (counted as rejected).
+    fn follow_own_move(
+        &mut self,
+        m: &Merge<'_>,
+        remaps: &Remaps,
+        rowid: &mut Option<i64>,
+        rows: &mut [&mut Vec<Val>],
+    ) -> Result<bool, RecoverError> {
+        let (RowIdentity::Rowid, Some(old)) = (self.identity, *rowid) else {
+            return Ok(true);
+        };
+        match remaps
+            .lookup(m.target, &self.lname(), old)
+            .map_err(m.sq("look up a moved row"))?
+        {
+            None => Ok(true),
+            Some(None) => {
+                self.report.rejected += 1;
+                Ok(false)
+            }
+            Some(Some(new)) => {
+                *rowid = Some(new);
+                if let Some(at) = self.alias_at {
+                    for values in rows.iter_mut() {
+                        if let Some(v) = values.get_mut(at) {
+                            *v = Val::Int(new);
+                        }
+                    }
+                }
+                Ok(true)
+            }
+        }
     }
 
     /// The live row of the same identity, as the merged columns.
@@ -205,12 +253,13 @@ impl TableMerge<'_> {
         taken: bool,
     ) -> Result<(), RecoverError> {
         self.report.to_insert += 1;
-        let record = self.referenced && self.identity == RowIdentity::Rowid;
+        let follow = self.referenced && self.identity == RowIdentity::Rowid;
+        let record = follow || (remaps.records() && self.identity == RowIdentity::Rowid);
         if orphan {
             self.report.rejected += 1;
             if let (true, Some(old)) = (record, rowid) {
                 remaps
-                    .record(m.target, &self.lname(), old, None)
+                    .record(m.target, &self.lname(), old, None, follow)
                     .map_err(m.sq("record a refused row"))?;
             }
             return Ok(());
@@ -239,7 +288,7 @@ impl TableMerge<'_> {
                     if let (true, Some(old)) = (record, rowid) {
                         let new = m.target.last_insert_rowid();
                         remaps
-                            .record(m.target, &self.lname(), old, Some(new))
+                            .record(m.target, &self.lname(), old, Some(new), follow)
                             .map_err(m.sq("record a moved row"))?;
                     }
                 }
@@ -249,7 +298,7 @@ impl TableMerge<'_> {
                 self.report.rejected += 1;
                 if let (true, Some(old)) = (record, rowid) {
                     remaps
-                        .record(m.target, &self.lname(), old, None)
+                        .record(m.target, &self.lname(), old, None, follow)
                         .map_err(m.sq("record a refused row"))?;
                 }
                 Ok(())

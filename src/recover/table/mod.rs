@@ -1,12 +1,11 @@
 //! One table of a merge: its added, changed and deleted rows, each judged against the live row
 //! of the same identity and written (when applied) through prepared statements.
 
-use std::collections::HashSet;
-
-use rusqlite::{Connection, OptionalExtension};
-
 mod act;
 mod bulk;
+mod remaps;
+
+pub(crate) use remaps::Remaps;
 
 use super::merge::Merge;
 use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport};
@@ -14,68 +13,6 @@ use super::rows::Scan;
 use super::schema::{quote, Schema, Table};
 use super::value::Val;
 use super::RecoverError;
-
-/// Where the rows of a parent table went when they could not keep their captured rowid, for
-/// the children that follow them: kept in a temporary table of the live connection, so memory
-/// does not grow with the number of rows moved.
-#[derive(Default)]
-pub(crate) struct Remaps {
-    tables: HashSet<String>,
-}
-
-const REMAP_TABLE: &str = "temp.hermes_guard_remap";
-
-impl Remaps {
-    fn record(
-        &mut self,
-        conn: &Connection,
-        table: &str,
-        old: i64,
-        new: Option<i64>,
-    ) -> rusqlite::Result<()> {
-        if self.tables.is_empty() {
-            conn.execute_batch(&format!(
-                "CREATE TABLE IF NOT EXISTS {REMAP_TABLE} \
-                 (tbl TEXT, old INTEGER, new INTEGER, PRIMARY KEY (tbl, old)) WITHOUT ROWID"
-            ))?;
-        }
-        self.tables.insert(table.to_owned());
-        conn.prepare_cached(&format!(
-            "INSERT OR REPLACE INTO {REMAP_TABLE} (tbl, old, new) VALUES (?1, ?2, ?3)"
-        ))?
-        .execute(rusqlite::params![table, old, new])?;
-        Ok(())
-    }
-
-    /// `Some(Some(new))`: moved; `Some(None)`: refused by the live schema; `None`: kept.
-    fn lookup(
-        &self,
-        conn: &Connection,
-        table: &str,
-        old: i64,
-    ) -> rusqlite::Result<Option<Option<i64>>> {
-        if !self.tables.contains(table) {
-            return Ok(None);
-        }
-        conn.prepare_cached(&format!(
-            "SELECT new FROM {REMAP_TABLE} WHERE tbl = ?1 AND old = ?2"
-        ))?
-        .query_row(rusqlite::params![table, old], |r| r.get(0))
-        .optional()
-    }
-
-    /// Whether rows of `table` were moved or refused.
-    fn has(&self, table: &str) -> bool {
-        self.tables.contains(table)
-    }
-
-    /// Drops the temporary table.
-    pub fn finish(&self, conn: &Connection) {
-        if !self.tables.is_empty() {
-            let _ = conn.execute_batch(&format!("DROP TABLE IF EXISTS {REMAP_TABLE}"));
-        }
-    }
-}
 
 /// A live table that refers to this one: `child.from` holds a value of this table's `to`.
 struct Referrer {
@@ -92,6 +29,9 @@ pub(crate) struct TableMerge<'t> {
     captured: &'t Table,
     /// The table in the capture's main image, when the delta is taken against it.
     image: Option<&'t Table>,
+    /// Under the `whole` rule after an earlier merge of part of this generation: the table as
+    /// that merged prefix left it; its rows as they were there are not merged again.
+    whole_base: Option<&'t Table>,
     /// The live table does not exist yet (a plan of a table to be created): nothing is live.
     live_absent: bool,
     /// Captured columns (generated ones left out), as the live table spells them.
@@ -201,6 +141,7 @@ impl<'t> TableMerge<'t> {
             captured,
             compare_added: rule != MergeRule::Delta,
             image,
+            whole_base: None,
             live_absent,
             cols,
             src_cols: src.into_iter().map(str::to_owned).collect(),
@@ -230,6 +171,17 @@ impl<'t> TableMerge<'t> {
 
     pub fn set_referenced(&mut self) {
         self.referenced = true;
+    }
+
+    /// Under the `whole` rule, after an earlier merge of this generation took a WAL prefix:
+    /// `base` is the table in `pre` (the image plus that prefix); a captured row the same as its
+    /// row there was merged then, and is left out.
+    pub fn set_whole_base(&mut self, base: Option<&'t Table>) {
+        self.whole_base = base.filter(|b| {
+            self.image.is_none()
+                && b.declared_key() == self.captured.declared_key()
+                && b.without_rowid == self.captured.without_rowid
+        });
     }
 
     /// Added and changed rows (parents first).
@@ -274,7 +226,18 @@ impl<'t> TableMerge<'t> {
                 ),
                 Some(image_from("pre", image)),
             ),
-            None => ("1".to_owned(), None),
+            None => match self.whole_base {
+                Some(base) => (
+                    format!(
+                        "NOT EXISTS (SELECT 1 FROM {} WHERE {} AND NOT {})",
+                        image_from("pre", base),
+                        self.matches(base),
+                        self.differs(base)
+                    ),
+                    None,
+                ),
+                None => ("1".to_owned(), None),
+            },
         };
         let bulk = if m.bulk && self.bulk_ready(m, remaps) {
             self.bulk_added(m, remaps)?
@@ -337,7 +300,7 @@ impl<'t> TableMerge<'t> {
     }
 
     /// Deleted rows (children first).
-    pub fn merge_deletions(&mut self, m: &Merge<'_>) -> Result<(), RecoverError> {
+    pub fn merge_deletions(&mut self, m: &Merge<'_>, remaps: &Remaps) -> Result<(), RecoverError> {
         let Some(image) = self.image else {
             return Ok(());
         };
@@ -354,7 +317,7 @@ impl<'t> TableMerge<'t> {
             ncols: self.cols.len(),
             nbefore: 0,
         };
-        let unreadable = deleted.for_each(&mut |row| self.deleted(m, row))?;
+        let unreadable = deleted.for_each(&mut |row| self.deleted(m, remaps, row))?;
         self.report.unreadable.extend(unreadable);
         // The image's rows, less those the generation deleted, plus those it added; those it
         // left as they were need nothing.

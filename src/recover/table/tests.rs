@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use rusqlite::Connection;
+
 use super::*;
 use crate::recover::merge::{BULK_CAPTURE, BULK_IMAGE};
 use crate::recover::report::MergeOptions;
@@ -52,6 +54,7 @@ fn merge_t(source: &Connection, target: &Connection, bulk: bool) -> TableReport 
         rule_reason: String::new(),
         ledger: None,
         merged_before: None,
+        base_frames: 0,
         bulk,
     };
     let (captured, image, live) = (
@@ -70,7 +73,7 @@ fn merge_t(source: &Connection, target: &Connection, bulk: bool) -> TableReport 
     let mut remaps = Remaps::default();
     target.execute_batch("BEGIN").unwrap();
     t.merge_rows(&m, &mut remaps, &mut |_| {}).unwrap();
-    t.merge_deletions(&m).unwrap();
+    t.merge_deletions(&m, &remaps).unwrap();
     target.execute_batch("COMMIT").unwrap();
     t.report
 }
