@@ -152,7 +152,7 @@ fn inserts_then_changes(dir: &Path) -> (PathBuf, PathBuf) {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "after").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    close_while_restarted(conn, &path);
     newer_generation(&path, 10);
     (path, artifact)
 }
