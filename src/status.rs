@@ -22,6 +22,10 @@ pub enum RetireReason {
     ShmLost,
     /// `<db>` no longer resolves to the main file this connection opened.
     MainReplaced,
+    /// A WAL found at the open was not written on the main file now at the path (a restore
+    /// after a crash): set aside, never replayed (manifest only; a connection is never retired
+    /// for it).
+    StaleWal,
 }
 
 impl RetireReason {
@@ -31,6 +35,9 @@ impl RetireReason {
             RetireReason::WalLost => "the -wal file was unlinked or replaced under the connection",
             RetireReason::ShmLost => "the -shm file was unlinked or replaced under the connection",
             RetireReason::MainReplaced => "the database file was replaced under the connection",
+            RetireReason::StaleWal => {
+                "the -wal found at the open was written on another database file"
+            }
         }
     }
 }
@@ -79,6 +86,48 @@ pub struct GuardStatus {
     /// VFS below the guard, SQLite's descriptor not matching the pinned file, a filesystem that
     /// is not local, a kernel or platform without OFD locks.
     pub shield_off_reason: Option<String>,
+    /// A WAL found at the open that was not written on this database (issue 19): set aside
+    /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
+    pub stale_wal: Option<StaleWalStatus>,
+}
+
+/// What the guard did with a WAL found at the open that was not written on the main file at
+/// the path (`stale_wal` in the status).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StaleWalStatus {
+    /// `set-aside` (moved into a capture, the database opened as it is) or `refused` (the strict
+    /// mode: nothing moved, the open failed with `SQLITE_CANTOPEN_DIRTYWAL`).
+    pub action: StaleWalAction,
+    /// The capture holding the stale WAL and `-shm` (display string; `capture_hex` has its
+    /// exact bytes when they are not UTF-8).
+    pub capture: Option<String>,
+    /// Exact bytes of the capture's path in hex, only when not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_hex: Option<String>,
+    /// The stale WAL's identity.
+    pub wal: FileId,
+    /// What did not match, for a person.
+    pub detail: String,
+}
+
+impl StaleWalStatus {
+    /// The capture's exact path.
+    pub fn capture_path(&self) -> Option<PathBuf> {
+        let display = self.capture.clone()?;
+        path_from_parts(display, self.capture_hex.as_deref()).ok()
+    }
+}
+
+/// See [`StaleWalStatus::action`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum StaleWalAction {
+    /// Moved into a capture; the database opened as it is at the path.
+    SetAside,
+    /// The open was refused; nothing was moved.
+    Refused,
 }
 
 /// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
@@ -133,6 +182,8 @@ struct StatusJson {
     shield_shm_active: bool,
     #[serde(default)]
     shield_off_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stale_wal: Option<StaleWalStatus>,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -154,6 +205,7 @@ impl From<GuardStatus> for StatusJson {
             shield_active: s.shield_active,
             shield_shm_active: s.shield_shm_active,
             shield_off_reason: s.shield_off_reason,
+            stale_wal: s.stale_wal,
         }
     }
 }
@@ -180,6 +232,7 @@ impl TryFrom<StatusJson> for GuardStatus {
             shield_active: j.shield_active,
             shield_shm_active: j.shield_shm_active,
             shield_off_reason: j.shield_off_reason,
+            stale_wal: j.stale_wal,
         })
     }
 }
@@ -194,6 +247,9 @@ pub enum ErrorClass {
     /// The main file was replaced ([`RetireReason::MainReplaced`], e.g. a snapshot restore):
     /// reopen to see the new database.
     MainReplaced,
+    /// The open was refused in the strict stale-WAL mode (`SQLITE_CANTOPEN_DIRTYWAL`): the WAL
+    /// beside the database was not written on it ([`GuardStatus::stale_wal`] says what).
+    StaleWal,
     /// Anything else.
     Other,
 }
@@ -210,6 +266,9 @@ impl ErrorClass {
         let Some(e) = err.sqlite_error() else {
             return ErrorClass::Other;
         };
+        if e.extended_code == ffi::SQLITE_CANTOPEN_DIRTYWAL {
+            return ErrorClass::StaleWal;
+        }
         let refused = e.extended_code == ffi::SQLITE_READONLY_DBMOVED;
         let file_level = matches!(
             e.extended_code & 0xff,
@@ -258,6 +317,7 @@ mod tests {
             main_torn: true,
             shield_active: true,
             shield_shm_active: true,
+            stale_wal: None,
             shield_off_reason: None,
         };
         let json = serde_json::to_value(&status).unwrap();
@@ -284,6 +344,7 @@ mod tests {
             shield_active: false,
             shield_shm_active: false,
             shield_off_reason: Some("the filesystem is not local".into()),
+            stale_wal: None,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

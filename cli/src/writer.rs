@@ -7,7 +7,9 @@
 //!
 //! Roles:
 //! - `gateway`: seeds and checkpoints history, commits `--wal-rows` rows that live only in its
-//!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`.
+//!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`,
+//!   `checkpoint` (TRUNCATE), `bulk N` (N rows of 400 bytes in one transaction) and
+//!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
 
@@ -156,6 +158,35 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                     Vfs::Stock => c.close().err().map(|(_, e)| e.to_string()),
                 };
                 emit(json!({"event": "closed", "error": error}))?;
+            }
+            "checkpoint" => {
+                let c = conn.as_ref().ok_or("checkpoint after close")?;
+                let r = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                });
+                emit(json!({"event": "checkpoint", "error": r.err().map(|e| e.to_string())}))?;
+            }
+            cmd if cmd.starts_with("bulk ") => {
+                // `bulk N`: N rows of 400 bytes in one transaction (the file grows: page 1 changes).
+                let c = conn.as_ref().ok_or("bulk after close")?;
+                let n: u32 = cmd["bulk ".len()..].trim().parse()?;
+                let tx = c.unchecked_transaction()?;
+                for i in 0..n {
+                    tx.execute(
+                        "INSERT INTO messages (session, content) VALUES ('gw-0', ?1)",
+                        [format!("bulk {i} {}", "b".repeat(400))],
+                    )?;
+                }
+                tx.commit()?;
+                emit(json!({"event": "bulk"}))?;
+            }
+            cmd if cmd.starts_with("backup-from ") => {
+                // `backup-from PATH`: the backup API copies PATH over this live database.
+                let c = conn.as_mut().ok_or("backup after close")?;
+                let src = Connection::open(cmd["backup-from ".len()..].trim())?;
+                let r = rusqlite::backup::Backup::new(&src, c)
+                    .and_then(|b| b.run_to_completion(1000, std::time::Duration::ZERO, None));
+                emit(json!({"event": "backup", "error": r.err().map(|e| e.to_string())}))?;
             }
             "quit" => break,
             other => {

@@ -728,6 +728,14 @@ pub(super) unsafe fn open(
         }
     };
     let sub = heap.as_ref().map_or(f, |h| h.ptr);
+    if flags & ffi::SQLITE_OPEN_WAL != 0 {
+        // Issue 19: an existing WAL is judged before SQLite opens (and replays) it.
+        // SAFETY: `z_name` is the WAL name SQLite passes to xOpen.
+        let rc = unsafe { stale_wal_gate(z_name) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
     // SAFETY: SQLite's own arguments, with a zeroed file object of the wrapped VFS's size.
     let rc = unsafe { x_open(sub_vfs, z_name, sub, flags, out_flags) };
     // SAFETY: `sub` is the zeroed object; xOpen set pMethods or left it NULL.
@@ -1411,6 +1419,8 @@ unsafe extern "C" fn x_shm_map(
                     },
                     Box::new(WalIndexView(addr)),
                 );
+                // Issue 19: the record reads the generation's salts from this mapping.
+                state.stale_wal().mapped(addr);
                 if state.shield().enabled() {
                     // SAFETY: an armed shield means the wrapped file's unix layout was verified
                     // at the open; xShmMap just mapped region 0.
@@ -1492,6 +1502,10 @@ unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
             // (until it returns this connection writes nothing), so the call below is a tail
             // call.
             if ofst == 0 {
+                // Issue 19: a new WAL generation gets its record (otherwise two loads).
+                state
+                    .stale_wal()
+                    .after_write(state, || MainImage(sub_of::<HEAP>(t, f)));
                 state.end_of_transaction();
             } else {
                 state.end_of_main_write();
@@ -1562,6 +1576,8 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
             // check first, while the wal-index still shows how far the WAL was checkpointed.
             state.check_at_close();
             state.shm_unmapping();
+            // Issue 19: the record stops reading this mapping.
+            state.stale_wal().unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's
             // descriptor): the DMS lock goes with the node's last guarded connection.
             left = state.shield().leave_shm();
@@ -1577,4 +1593,25 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
         }
         rc
     })
+}
+
+/// Issue 19's judgement of an existing WAL, before SQLite opens it (`stale_wal.rs`).
+///
+/// # Safety
+/// `z_name` is the name SQLite passes to `xOpen` for a WAL.
+unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
+    // SAFETY: a WAL's name is derived from its main file's, as sqlite3_database_file_object
+    // expects.
+    let main = unsafe { ffi::sqlite3_database_file_object(z_name) };
+    // SAFETY: `main` is NULL or the main database's file object, open while its WAL opens.
+    let Some(state) = (unsafe { guard_state(main) }) else {
+        return ffi::SQLITE_OK;
+    };
+    // SAFETY: a main file of ours (it has a state), open.
+    let sub = unsafe { table(main) }.sub_ptr(main);
+    // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the call.
+    let Some(path) = (unsafe { cstr_path(z_name) }) else {
+        return ffi::SQLITE_OK;
+    };
+    super::stale_wal::before_wal_open(&state, &MainImage(sub), &path)
 }

@@ -9,6 +9,7 @@ mod fork;
 mod locked_fds;
 mod methods;
 mod shield;
+mod stale_wal;
 pub(crate) mod state;
 mod watch;
 

@@ -11,6 +11,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::shield::Shield;
+use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{self, sidecar, CaptureError, CaptureInput, Captured, ImageSource, Trigger};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
@@ -102,6 +103,8 @@ pub(crate) struct DbState {
     dir: Option<Arc<DirHandle>>,
     /// The lock shield of this connection (`shield.rs`).
     shield: Shield,
+    /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
+    stale_wal: StaleWalSlot,
     inner: Mutex<Inner>,
 }
 
@@ -268,6 +271,7 @@ impl DbState {
             fast_watch,
             dir,
             shield: Shield::new(),
+            stale_wal: StaleWalSlot::default(),
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -277,6 +281,16 @@ impl DbState {
 
     pub(crate) fn db_path(&self) -> &Path {
         &self.db_path
+    }
+
+    /// Issue 19's slot (`stale_wal.rs`).
+    pub(crate) fn stale_wal(&self) -> &StaleWalSlot {
+        &self.stale_wal
+    }
+
+    /// Runs `f` on the pinned WAL (issue 19: its WAL-base record is written through it).
+    pub(crate) fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R> {
+        self.inner.lock().wal.as_ref().map(f)
     }
 
     pub(crate) fn shield(&self) -> &Shield {
@@ -834,6 +848,7 @@ impl DbState {
             shield_active,
             shield_shm_active,
             shield_off_reason,
+            stale_wal: self.stale_wal.report(),
         }
     }
 

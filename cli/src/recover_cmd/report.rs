@@ -74,7 +74,11 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         }
     );
     println!("into     {}", report.database.display());
-    println!("rule     {}: {}", super::label(&report.rule), report.rule_reason);
+    println!(
+        "rule     {}: {}",
+        super::label(&report.rule),
+        report.rule_reason
+    );
     if let Some(at) = &report.merged_before {
         println!("merged   before, at {at}: its added rows are not inserted again");
     }

@@ -1,0 +1,737 @@
+//! A WAL left beside a database it was not written on (issue 19): the record that binds a WAL
+//! generation to the main file it was started on, the judgement made at the open from it, and
+//! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal.rs`) hands it
+//! plain values.
+//!
+//! **The record.** Each time a guarded writer sees its WAL start a new generation (the salts in
+//! the wal-index header differ from the ones it recorded last), it writes, as the extended
+//! attribute [`RECORD_XATTR`] of the WAL inode, the generation's salts, the main file's size and
+//! modification time, and the sha256 of a few of its pages (page 1, the last page and up to
+//! seven between) as they are then. A new generation starts only on a fully checkpointed WAL, so
+//! these are pages of the file every frame of the generation is written on. The record is bound
+//! to the WAL inode, so it travels with the WAL: another database's WAL left beside this one
+//! carries the other database's record.
+//!
+//! **The judgement.** Within one generation the main file changes only by checkpoints, which
+//! copy frames of that same generation (frames a generation has committed are never rewritten
+//! until it restarts, and then the salts change), and at their end may truncate the file to a
+//! committed size. So while the WAL at the path carries the recorded salts: a main file with the
+//! recorded size and modification time is the one the WAL was written on (`cp -a` and snapshots
+//! keep both); otherwise each recorded page must be the recorded content, or the content of one
+//! of the WAL's own frames of that page, or beyond a size some commit of the WAL truncated to.
+//! Anything else is a main file the WAL was not written on. Where there is nothing to judge by —
+//! no record (an unguarded writer, a filesystem without extended attributes), another
+//! generation than the recorded one (an unguarded process restarted it) — the guard says so at
+//! INFO and lets SQLite do what it always does.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::SystemTime;
+
+use rustix::fs::AtFlags;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::capture::{
+    self, CaptureError, ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
+};
+use crate::identity::{identity_of_fd, identity_of_path, FileId};
+use crate::paths::{self, open_dir, path_display, path_hex};
+use crate::status::RetireReason;
+use crate::walfile::{
+    parse_main_header, parse_wal_header, wal_checksum, WalHeader, WalScanner,
+    WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE,
+};
+
+/// The extended attribute of a WAL inode that holds its [`WalBaseRecord`].
+pub(crate) const RECORD_XATTR: &str = "user.hermes-guard.wal-base";
+
+/// Pages sampled between page 1 and the last page.
+const SAMPLES_BETWEEN: u64 = 7;
+
+/// The main file as `stat` shows it: what a record keeps and the open compares first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct MainStamp {
+    /// `(dev, ino)`.
+    pub identity: FileId,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time: seconds and nanoseconds.
+    pub mtime: [i64; 2],
+}
+
+impl MainStamp {
+    /// `stat` of `path`.
+    pub(crate) fn of(path: &Path) -> Option<MainStamp> {
+        let st = rustix::fs::stat(path).ok()?;
+        #[allow(clippy::unnecessary_cast)]
+        Some(MainStamp {
+            identity: FileId {
+                dev: st.st_dev as u64,
+                ino: st.st_ino as u64,
+            },
+            size: st.st_size as u64,
+            mtime: [st.st_mtime as i64, st.st_mtime_nsec as i64],
+        })
+    }
+
+    /// Same content as far as `stat` can tell: the size and the modification time (not the
+    /// identity: a copy of the pair elsewhere is the same database).
+    fn same_content(&self, other: &MainStamp) -> bool {
+        self.size == other.size && self.mtime == other.mtime
+    }
+}
+
+/// One sampled page of the main file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PageHash {
+    /// 1-based page number.
+    pub page: u32,
+    /// sha256 of the page, hex.
+    pub sha256: String,
+}
+
+/// What a guarded writer records on its WAL when a generation starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct WalBaseRecord {
+    /// Format version: 1.
+    pub v: u32,
+    /// The generation's salts (`salt-1`, `salt-2` as the WAL header stores them, big-endian).
+    pub salts: [u32; 2],
+    /// The page size.
+    pub page_size: u32,
+    /// The main file when the generation started.
+    pub main: MainStamp,
+    /// Sampled pages of it.
+    pub pages: Vec<PageHash>,
+    /// The recording process.
+    pub pid: u32,
+}
+
+/// The pages sampled in a main file of `size` bytes: page 1, the last page and up to
+/// [`SAMPLES_BETWEEN`] evenly between.
+pub(crate) fn sample_pages(size: u64, page_size: u32) -> Vec<u32> {
+    let n = size / u64::from(page_size.max(1));
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut set = BTreeSet::new();
+    set.insert(1u64);
+    set.insert(n);
+    for k in 1..=SAMPLES_BETWEEN {
+        set.insert((n * k / (SAMPLES_BETWEEN + 1)).max(1));
+    }
+    set.into_iter()
+        .map(|p| p.min(u64::from(u32::MAX)) as u32)
+        .collect()
+}
+
+impl WalBaseRecord {
+    /// The record of generation `salts` on the main file `main`, whose page `p` `read` returns.
+    pub(crate) fn new(
+        salts: [u32; 2],
+        page_size: u32,
+        main: MainStamp,
+        mut read: impl FnMut(u32) -> Option<Vec<u8>>,
+    ) -> Option<WalBaseRecord> {
+        let pages = sample_pages(main.size, page_size)
+            .into_iter()
+            .map(|page| {
+                read(page).map(|bytes| PageHash {
+                    page,
+                    sha256: sha_hex(&bytes),
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(WalBaseRecord {
+            v: 1,
+            salts,
+            page_size,
+            main,
+            pages,
+            pid: std::process::id(),
+        })
+    }
+
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<WalBaseRecord> {
+        serde_json::from_slice::<WalBaseRecord>(bytes)
+            .ok()
+            .filter(|r| r.v == 1)
+    }
+}
+
+/// The record on the WAL `file`, if any (a filesystem without extended attributes has none).
+pub(crate) fn read_record(file: BorrowedFd<'_>) -> Option<WalBaseRecord> {
+    let mut buf = [0u8; 4096];
+    let n = rustix::fs::fgetxattr(file, RECORD_XATTR, &mut buf).ok()?;
+    WalBaseRecord::decode(buf.get(..n)?)
+}
+
+/// Writes `record` on the WAL `file`.
+pub(crate) fn write_record(file: BorrowedFd<'_>, record: &WalBaseRecord) -> io::Result<()> {
+    rustix::fs::fsetxattr(
+        file,
+        RECORD_XATTR,
+        &record.encode(),
+        rustix::fs::XattrFlags::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+pub(crate) fn sha_hex(bytes: &[u8]) -> String {
+    paths::hex(&Sha256::digest(bytes))
+}
+
+/// A WAL as SQLite's recovery would read it: its header, the valid frames, and for the pages
+/// asked about the sha256 of each of their frames.
+pub(crate) struct WalLook {
+    pub header: WalHeader,
+    /// Valid frames read (at most 1 when no page was asked about).
+    pub frames: u64,
+    /// sha256 of every valid frame of each page asked about.
+    pub frames_of: HashMap<u32, Vec<String>>,
+    /// The smallest database size (pages) a valid commit frame records.
+    pub min_commit_size: Option<u32>,
+}
+
+/// Reads the WAL `file` from its start: the header, then frames while they are valid (the
+/// header's salts, a non-zero page number, the checksum chain); only the first when `pages` is
+/// `None`, else all of them, hashing the frames of `pages`.
+pub(crate) fn look_at_wal(file: &File, pages: Option<&[u32]>) -> io::Result<WalLook> {
+    let mut r = BufReader::with_capacity(1 << 20, At { file, pos: 0 });
+    let mut hdr = [0u8; WAL_HEADER_SIZE];
+    let mut look = WalLook {
+        header: parse_wal_header(&[]),
+        frames: 0,
+        frames_of: HashMap::new(),
+        min_commit_size: None,
+    };
+    if read_full(&mut r, &mut hdr)? < WAL_HEADER_SIZE {
+        return Ok(look);
+    }
+    look.header = parse_wal_header(&hdr);
+    if !look.header.valid {
+        return Ok(look);
+    }
+    let big_endian = look.header.magic & 1 == 1;
+    let mut ck = look.header.checksum;
+    let mut fh = [0u8; WAL_FRAME_HEADER_SIZE];
+    let mut page = vec![0u8; look.header.page_size as usize];
+    loop {
+        if read_full(&mut r, &mut fh)? < fh.len() || read_full(&mut r, &mut page)? < page.len() {
+            break;
+        }
+        let be = |o: usize| u32::from_be_bytes([fh[o], fh[o + 1], fh[o + 2], fh[o + 3]]);
+        let pgno = be(0);
+        if pgno == 0 || [be(8), be(12)] != look.header.salts {
+            break;
+        }
+        ck = wal_checksum(big_endian, &fh[..8], ck);
+        ck = wal_checksum(big_endian, &page, ck);
+        if ck != [be(16), be(20)] {
+            break;
+        }
+        look.frames += 1;
+        let Some(pages) = pages else {
+            break;
+        };
+        if be(4) != 0 {
+            look.min_commit_size = Some(look.min_commit_size.map_or(be(4), |m| m.min(be(4))));
+        }
+        if pages.contains(&pgno) {
+            look.frames_of.entry(pgno).or_default().push(sha_hex(&page));
+        }
+    }
+    Ok(look)
+}
+
+/// Reads `file` from the start whatever its offset (the same descriptor is read more than once).
+struct At<'a> {
+    file: &'a File,
+    pos: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// What the open decided about an existing WAL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// No valid frame: SQLite will ignore the WAL; nothing to judge.
+    NothingToReplay,
+    /// The WAL carries no record: written by unguarded processes only, or on a filesystem
+    /// without extended attributes. Stock behaviour.
+    NoRecord,
+    /// The WAL is of another generation than the recorded one (an unguarded process restarted
+    /// it). Stock behaviour.
+    OtherGeneration { recorded: [u32; 2], found: [u32; 2] },
+    /// The main file is the recorded one (`by_pages`: not by its stamp, but every sampled page
+    /// is the recorded one or one a checkpoint of the WAL copied): the WAL continues it.
+    Continues { by_pages: bool },
+    /// The WAL was written on another main file.
+    Stale(Box<Mismatch>),
+}
+
+/// What did not match (`stale_wal` in the manifest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Mismatch {
+    /// The record the WAL carries.
+    pub recorded: WalBaseRecord,
+    /// The salts of the WAL found at the path.
+    pub wal_salts: [u32; 2],
+    /// The main file now at the path.
+    pub main_now: Option<MainStamp>,
+    /// The first sampled page that is neither the recorded content nor one of the WAL's frames.
+    pub page: u32,
+    /// Its sha256 now (`None`: beyond the end of the file).
+    pub page_sha256_now: Option<String>,
+    /// Frames of that page in the WAL it was compared with.
+    pub page_frames_in_wal: usize,
+    /// For a person.
+    pub detail: String,
+}
+
+/// The first decision, from the header, the first frame and the record: `Err(verdict)` when
+/// that already decides (no main file read needed).
+pub(crate) fn judge_generation(
+    look: &WalLook,
+    record: Option<WalBaseRecord>,
+) -> Result<WalBaseRecord, Verdict> {
+    if !look.header.valid || look.frames == 0 {
+        return Err(Verdict::NothingToReplay);
+    }
+    let record = record.ok_or(Verdict::NoRecord)?;
+    if record.salts != look.header.salts || record.page_size != look.header.page_size {
+        return Err(Verdict::OtherGeneration {
+            recorded: record.salts,
+            found: look.header.salts,
+        });
+    }
+    Ok(record)
+}
+
+/// Whether the main file's stamp alone shows it is the recorded one.
+pub(crate) fn same_stamp(record: &WalBaseRecord, now: Option<&MainStamp>) -> bool {
+    now.is_some_and(|now| now.same_content(&record.main))
+}
+
+/// The decision page by page: `now` gives the sha256 of a page of the main file now (`None`
+/// beyond its end); `full` is a look at every frame of the recorded pages.
+pub(crate) fn judge_pages(
+    record: &WalBaseRecord,
+    main_now: Option<MainStamp>,
+    mut now: impl FnMut(u32) -> Option<String>,
+    full: &WalLook,
+) -> Verdict {
+    for recorded in &record.pages {
+        let sha = now(recorded.page);
+        let consistent = match &sha {
+            Some(sha) if *sha == recorded.sha256 => true,
+            Some(sha) => full
+                .frames_of
+                .get(&recorded.page)
+                .is_some_and(|frames| frames.contains(sha)),
+            // Beyond the end: a checkpoint truncated the file to a committed size.
+            None => full.min_commit_size.is_some_and(|m| m < recorded.page),
+        };
+        if !consistent {
+            let frames = full.frames_of.get(&recorded.page).map_or(0, Vec::len);
+            return Verdict::Stale(Box::new(Mismatch {
+                recorded: record.clone(),
+                wal_salts: full.header.salts,
+                main_now,
+                page: recorded.page,
+                detail: format!(
+                    "the WAL's generation (salts {:08x} {:08x}) was started on a database file \
+                     whose page {} had sha256 {}; page {} of the file now at the path is {}, \
+                     which none of the WAL's {frames} frame(s) of that page is: the file was \
+                     replaced (a restore?) after the WAL was written",
+                    record.salts[0],
+                    record.salts[1],
+                    recorded.page,
+                    recorded.sha256,
+                    recorded.page,
+                    sha.as_deref().unwrap_or("beyond the end of the file"),
+                ),
+                page_sha256_now: sha,
+                page_frames_in_wal: frames,
+            }));
+        }
+    }
+    Verdict::Continues { by_pages: true }
+}
+
+/// What the guard does with a stale WAL (`HERMES_GUARD_STALE_WAL`, or
+/// [`set_stale_wal_policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StaleWalPolicy {
+    /// Move the WAL and the `-shm` into a capture (reason `stale-wal`) and open the database as
+    /// it is (the default).
+    SetAside,
+    /// Refuse the open (`SQLITE_CANTOPEN_DIRTYWAL`), move nothing: the operator decides.
+    Refuse,
+}
+
+/// 0: not set (the environment decides), 1: set aside, 2: refuse.
+static POLICY: AtomicU8 = AtomicU8::new(0);
+
+/// The environment variable that selects the strict mode in hosts that cannot call
+/// [`set_stale_wal_policy`] (the loadable extension's): `refuse` (or `strict`).
+pub const POLICY_ENV: &str = "HERMES_GUARD_STALE_WAL";
+
+/// Chooses what the guard does with a stale WAL, for the whole process (overrides
+/// [`POLICY_ENV`]).
+pub fn set_stale_wal_policy(policy: StaleWalPolicy) {
+    let v = match policy {
+        StaleWalPolicy::SetAside => 1,
+        StaleWalPolicy::Refuse => 2,
+    };
+    POLICY.store(v, Ordering::Release);
+}
+
+/// The policy in force: [`set_stale_wal_policy`]'s, else [`POLICY_ENV`]'s, else set aside.
+pub fn stale_wal_policy() -> StaleWalPolicy {
+    match POLICY.load(Ordering::Acquire) {
+        1 => StaleWalPolicy::SetAside,
+        2 => StaleWalPolicy::Refuse,
+        _ => match std::env::var_os(POLICY_ENV) {
+            Some(v) if v == "refuse" || v == "strict" => StaleWalPolicy::Refuse,
+            _ => StaleWalPolicy::SetAside,
+        },
+    }
+}
+
+/// Whether this process maps the file `id` (a connection of its own uses that `-shm`).
+pub(crate) fn mapped_here(id: FileId) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return true;
+    };
+    maps.lines().any(|line| {
+        let mut f = line.split_whitespace();
+        let (Some(_), Some(_), Some(_), Some(dev), Some(ino)) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return false;
+        };
+        let Some((major, minor)) = dev.split_once(':') else {
+            return false;
+        };
+        let (Ok(major), Ok(minor), Ok(ino)) = (
+            u32::from_str_radix(major, 16),
+            u32::from_str_radix(minor, 16),
+            ino.parse::<u64>(),
+        ) else {
+            return false;
+        };
+        ino == id.ino && rustix::fs::makedev(major, minor) as u64 == id.dev
+    })
+}
+
+/// Moves the stale WAL (which `wal` has open) and the `-shm` (if any) of `database` into a new
+/// capture beside it, with a manifest of reason `stale-wal`. On failure everything moved is put
+/// back and the staging directory removed.
+pub(crate) fn set_aside(
+    database: &Path,
+    wal: &File,
+    main_now: Option<FileId>,
+    main_header: &[u8],
+    mismatch: &Mismatch,
+) -> Result<PathBuf, CaptureError> {
+    let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
+        database: database.to_path_buf(),
+        artifact: artifact.to_path_buf(),
+        source,
+    };
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().ok_or_else(|| {
+        io_err(
+            database,
+            io::Error::new(io::ErrorKind::InvalidInput, "no file name"),
+        )
+    })?;
+    let dir = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+    let side = |suffix: &str| {
+        let mut s = name.as_bytes().to_vec();
+        s.extend_from_slice(suffix.as_bytes());
+        PathBuf::from(OsStr::from_bytes(&s))
+    };
+    let (wal_src, shm_src) = (side("-wal"), side("-shm"));
+    let stem = capture::capture_dir_stem(name);
+    let file_name = capture::capture_file_name(name);
+    let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));
+    let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem)
+        .map_err(|(staging, e)| io_err(&parent.join(staging), e))?;
+    let staging_path = parent.join(&staging_name);
+    let final_path = parent.join(&final_name);
+
+    let wal_id = identity_of_fd(wal).map_err(|e| io_err(&wal_src, e))?;
+    let mut moved: Vec<(&Path, &str)> = Vec::new();
+    let result = (|| -> io::Result<()> {
+        let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
+        rustix::fs::renameat(&dir, &wal_src, &staging, wal_name.as_str())?;
+        moved.push((&wal_src, &wal_name));
+        let st = rustix::fs::statat(&staging, wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        if st.st_ino as u64 != wal_id.ino {
+            return Err(io::Error::other(
+                "the WAL at the path changed while it was being set aside",
+            ));
+        }
+        let shm_id = identity_of_path(&parent.join(&shm_src)).ok().flatten();
+        if shm_id.is_some() {
+            match rustix::fs::renameat(&dir, &shm_src, &staging, shm_name.as_str()) {
+                Ok(()) => moved.push((&shm_src, &shm_name)),
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let manifest = manifest(
+            database,
+            wal,
+            wal_id,
+            &wal_name,
+            shm_id,
+            main_now,
+            main_header,
+            mismatch,
+        )?;
+        let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
+        capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, |f| {
+            io::Write::write_all(f, &json)
+        })?;
+        rustix::fs::fsync(&staging)?;
+        rustix::fs::renameat(&dir, staging_name.as_str(), &dir, final_name.as_str())?;
+        rustix::fs::fsync(&dir)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            crate::sqlite_log::captured(database, &final_path);
+            Ok(final_path)
+        }
+        Err(e) => {
+            if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&staging_name)) {
+                for (src, inside) in moved.iter().rev() {
+                    let _ = rustix::fs::renameat(&staging, *inside, &dir, *src);
+                }
+                let _ = rustix::fs::unlinkat(&staging, capture::MANIFEST_NAME, AtFlags::empty());
+            }
+            let _ = rustix::fs::unlinkat(&dir, staging_name.as_str(), AtFlags::REMOVEDIR);
+            Err(io_err(&staging_path, e))
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn manifest(
+    database: &Path,
+    wal: &File,
+    wal_id: FileId,
+    wal_name: &str,
+    shm_id: Option<FileId>,
+    main_now: Option<FileId>,
+    main_header: &[u8],
+    mismatch: &Mismatch,
+) -> io::Result<Manifest> {
+    let mut scanner = WalScanner::new();
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut r = At { file: wal, pos: 0 };
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        scanner.feed(&buf[..n]);
+        bytes += n as u64;
+    }
+    let summary = scanner.finish();
+    Ok(Manifest {
+        version: 1,
+        database: path_display(database),
+        database_hex: path_hex(database),
+        trigger: Trigger::Open,
+        reason: Some(RetireReason::StaleWal),
+        pid: std::process::id(),
+        captured_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        sqlite: rusqlite::version().to_owned(),
+        wal: WalEntry {
+            identity: wal_id,
+            file: wal_name.to_owned(),
+            bytes,
+            sha256: paths::hex(&hash.finalize()),
+            header: summary.header,
+            frames: summary.frames,
+            commits: summary.commits,
+            last_commit_frame: summary.last_commit_frame,
+        },
+        shm: shm_id.map(|identity| ShmEntry { identity }),
+        main: MainEntry {
+            identity: main_now,
+            size: 0,
+            header: parse_main_header(main_header),
+            mode: ImageMode::Absent,
+            file: String::new(),
+            bytes: 0,
+            sha256: String::new(),
+        },
+        path_generation_at_capture: PathGeneration {
+            main: identity_of_path(database).ok().flatten(),
+            wal: None,
+            shm: None,
+        },
+        backfill_at_loss: None,
+        main_torn: false,
+        stale_wal: Some(mismatch.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stamp(size: u64, t: i64) -> MainStamp {
+        MainStamp {
+            identity: FileId { dev: 1, ino: 2 },
+            size,
+            mtime: [t, 0],
+        }
+    }
+
+    fn record(pages: &[&[u8]]) -> WalBaseRecord {
+        WalBaseRecord::new([7, 9], 4, stamp(4 * pages.len() as u64, 10), |p| {
+            Some(pages[p as usize - 1].to_vec())
+        })
+        .unwrap()
+    }
+
+    fn look(frames: &[(u32, &[u8])], min_commit_size: Option<u32>) -> WalLook {
+        let mut header = parse_wal_header(&[]);
+        header.valid = true;
+        header.salts = [7, 9];
+        header.page_size = 4;
+        let mut frames_of: HashMap<u32, Vec<String>> = HashMap::new();
+        for (p, bytes) in frames {
+            frames_of.entry(*p).or_default().push(sha_hex(bytes));
+        }
+        WalLook {
+            header,
+            frames: 1,
+            frames_of,
+            min_commit_size,
+        }
+    }
+
+    #[test]
+    fn samples_are_page_one_the_last_and_some_between() {
+        assert_eq!(sample_pages(0, 4096), Vec::<u32>::new());
+        assert_eq!(sample_pages(4096, 4096), vec![1]);
+        assert_eq!(sample_pages(2 * 4096, 4096), vec![1, 2]);
+        let many = sample_pages(1000 * 4096, 4096);
+        assert_eq!(many.first(), Some(&1));
+        assert_eq!(many.last(), Some(&1000));
+        assert_eq!(many.len(), 9);
+    }
+
+    #[test]
+    fn a_record_round_trips() {
+        let r = record(&[b"abcd", b"efgh"]);
+        assert_eq!(WalBaseRecord::decode(&r.encode()), Some(r));
+        assert_eq!(WalBaseRecord::decode(b"{}"), None);
+    }
+
+    #[test]
+    fn no_record_and_another_generation_are_no_judgement() {
+        let l = look(&[], None);
+        assert_eq!(judge_generation(&l, None), Err(Verdict::NoRecord));
+        let mut other = record(&[b"abcd"]);
+        other.salts = [8, 1];
+        assert!(matches!(
+            judge_generation(&l, Some(other)),
+            Err(Verdict::OtherGeneration { .. })
+        ));
+        let mut empty = look(&[], None);
+        empty.frames = 0;
+        assert_eq!(
+            judge_generation(&empty, Some(record(&[b"abcd"]))),
+            Err(Verdict::NothingToReplay)
+        );
+    }
+
+    #[test]
+    fn the_same_stamp_continues_even_elsewhere() {
+        let r = record(&[b"abcd"]);
+        let mut moved = stamp(4, 10);
+        moved.identity.ino = 99;
+        assert!(same_stamp(&r, Some(&moved)));
+        assert!(!same_stamp(&r, Some(&stamp(4, 11))));
+        assert!(!same_stamp(&r, None));
+    }
+
+    #[test]
+    fn pages_recorded_or_copied_from_a_frame_continue_anything_else_is_stale() {
+        let r = record(&[b"abcd", b"efgh"]);
+        let l = look(&[(1, b"wxyz"), (2, b"ijkl")], Some(1));
+        let of = |pages: [&'static [u8]; 2]| move |p: u32| Some(sha_hex(pages[p as usize - 1]));
+        assert_eq!(
+            judge_pages(&r, None, of([b"abcd", b"efgh"]), &l),
+            Verdict::Continues { by_pages: true }
+        );
+        assert_eq!(
+            judge_pages(&r, None, of([b"wxyz", b"ijkl"]), &l),
+            Verdict::Continues { by_pages: true }
+        );
+        match judge_pages(&r, None, of([b"abcd", b"zzzz"]), &l) {
+            Verdict::Stale(m) => assert_eq!(m.page, 2),
+            v => panic!("{v:?}"),
+        }
+        // Beyond the end: only if a commit truncated below it.
+        let one = |p: u32| (p == 1).then(|| sha_hex(b"abcd"));
+        assert_eq!(
+            judge_pages(&r, None, one, &l),
+            Verdict::Continues { by_pages: true }
+        );
+        let no_trunc = look(&[], None);
+        assert!(matches!(
+            judge_pages(&r, None, one, &no_trunc),
+            Verdict::Stale(_)
+        ));
+    }
+}
