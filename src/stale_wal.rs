@@ -623,6 +623,55 @@ fn manifest(
     })
 }
 
+/// For `recover --main`: copies `main` (the database file a stale WAL was written on, as the
+/// operator gives it) to `copy`, and checks it against the record in the capture's manifest,
+/// by the open's rule: every sampled page the recorded content or one of the WAL's frames.
+pub(crate) fn check_main_for_capture(
+    dir: &Path,
+    manifest: &Manifest,
+    main: &Path,
+    copy: &Path,
+) -> Result<(), crate::recover::RecoverError> {
+    use crate::recover::RecoverError;
+    let wrong = |why: String| RecoverError::NotACapture {
+        path: main.to_path_buf(),
+        why,
+    };
+    std::fs::copy(main, copy).map_err(|e| RecoverError::io(main, "copy the --main file", e))?;
+    let Some(m) = &manifest.stale_wal else {
+        return Err(wrong(
+            "the capture's manifest has no stale_wal record".into(),
+        ));
+    };
+    let record = &m.recorded;
+    let wal_path = dir.join(&manifest.wal.file);
+    let wal = File::open(&wal_path).map_err(|e| RecoverError::io(&wal_path, "open", e))?;
+    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
+    let full =
+        look_at_wal(&wal, Some(&pages)).map_err(|e| RecoverError::io(&wal_path, "read", e))?;
+    let image = File::open(copy).map_err(|e| RecoverError::io(copy, "open", e))?;
+    let size = image
+        .metadata()
+        .map_err(|e| RecoverError::io(copy, "stat", e))?
+        .len();
+    let read = |p: u32| {
+        let offset = u64::from(p - 1) * u64::from(record.page_size);
+        if offset + u64::from(record.page_size) > size {
+            return None;
+        }
+        let mut buf = vec![0u8; record.page_size as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&image, &mut buf, offset).ok()?;
+        Some(sha_hex(&buf))
+    };
+    match judge_pages(record, MainStamp::of(main), read, &full) {
+        Verdict::Stale(m) => Err(wrong(format!(
+            "it is not the database file the captured WAL was written on: {}",
+            m.detail
+        ))),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
