@@ -234,7 +234,8 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, RecoverError> {
     }
     let absent = manifest.main.mode == crate::capture::ImageMode::Absent;
     for name in [&manifest.main.file, &manifest.wal.file] {
-        if !is_plain_name(name) && !(absent && name.is_empty()) {
+        let allowed = is_plain_name(name) || (absent && name.is_empty());
+        if !allowed {
             return Err(not(&format!(
                 "the manifest names {name:?}, which is not a file name inside the capture"
             )));
