@@ -24,7 +24,7 @@
 //! generation than the recorded one (an unguarded process restarted it) — the guard says so at
 //! INFO and lets SQLite do what it always does.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, BufReader, Read};
@@ -52,51 +52,51 @@ use crate::walfile::{
 /// The extended attribute of a WAL inode that holds its [`WalBaseRecord`].
 pub(crate) const RECORD_XATTR: &str = "user.hermes-guard.wal-base";
 
-/// Pages sampled between page 1 and the last page.
-const SAMPLES_BETWEEN: u64 = 7;
+/// The pages a record covers: the first [`RECORDED_PAGES`] (page 1 whole, where every growth,
+/// schema change and freelist change shows; the next ones by their first [`FRAGMENT`] bytes,
+/// the b-tree page header and cell pointers, where every row added or removed shows).
+pub(crate) const RECORDED_PAGES: u32 = 4;
+/// Bytes of pages 2.. a record hashes.
+const FRAGMENT: usize = 512;
 
-/// The main file as `stat` shows it: what a record keeps and the open compares first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct MainStamp {
-    /// `(dev, ino)`.
-    pub identity: FileId,
-    /// Size in bytes.
-    pub size: u64,
-    /// Modification time: seconds and nanoseconds.
-    pub mtime: [i64; 2],
-}
-
-impl MainStamp {
-    /// `stat` of `path`.
-    pub(crate) fn of(path: &Path) -> Option<MainStamp> {
-        let st = rustix::fs::stat(path).ok()?;
-        #[allow(clippy::unnecessary_cast)]
-        Some(MainStamp {
-            identity: FileId {
-                dev: st.st_dev as u64,
-                ino: st.st_ino as u64,
-            },
-            size: st.st_size as u64,
-            mtime: [st.st_mtime as i64, st.st_mtime_nsec as i64],
-        })
-    }
-
-    /// Same content as far as `stat` can tell: the size and the modification time (not the
-    /// identity: a copy of the pair elsewhere is the same database).
-    fn same_content(&self, other: &MainStamp) -> bool {
-        self.size == other.size && self.mtime == other.mtime
+/// The bytes of page `page` a record hashes.
+pub(crate) fn fragment_len(page: u32, page_size: u32) -> usize {
+    if page == 1 {
+        page_size as usize
+    } else {
+        FRAGMENT.min(page_size as usize)
     }
 }
 
-/// One sampled page of the main file.
+/// A 64-bit hash of `bytes` (a splitmix64 finaliser over 8-byte words): a page that changed by
+/// accident, not by design, is told apart; cheap enough for the write path's budget.
+pub(crate) fn page_hash(bytes: &[u8]) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    let (words, rest) = bytes.as_chunks::<8>();
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ bytes.len() as u64;
+    for w in words {
+        h = (h ^ u64::from_le_bytes(*w))
+            .wrapping_mul(0x100_0000_01b3)
+            .rotate_left(29);
+    }
+    for &b in rest {
+        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+    }
+    mix(h)
+}
+
+/// One recorded page of the main file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PageHash {
     /// 1-based page number.
     pub page: u32,
-    /// sha256 of the page, hex.
-    pub sha256: String,
+    /// [`page_hash`] of its first [`fragment_len`] bytes, hex.
+    pub hash: String,
 }
 
 /// What a guarded writer records on its WAL when a generation starts.
@@ -109,46 +109,77 @@ pub struct WalBaseRecord {
     pub salts: [u32; 2],
     /// The page size.
     pub page_size: u32,
-    /// The main file when the generation started.
-    pub main: MainStamp,
-    /// Sampled pages of it.
+    /// The main file the writer had open.
+    pub main: Option<FileId>,
+    /// Its first pages (fewer when the file is shorter).
     pub pages: Vec<PageHash>,
     /// The recording process.
     pub pid: u32,
 }
 
-/// The pages sampled in a main file of `size` bytes: page 1, the last page and up to
-/// [`SAMPLES_BETWEEN`] evenly between.
-pub(crate) fn sample_pages(size: u64, page_size: u32) -> Vec<u32> {
-    let n = size / u64::from(page_size.max(1));
-    if n == 0 {
-        return Vec::new();
-    }
-    let mut set = BTreeSet::new();
-    set.insert(1u64);
-    set.insert(n);
-    for k in 1..=SAMPLES_BETWEEN {
-        set.insert((n * k / (SAMPLES_BETWEEN + 1)).max(1));
-    }
-    set.into_iter()
-        .map(|p| p.min(u64::from(u32::MAX)) as u32)
-        .collect()
-}
-
 impl WalBaseRecord {
-    /// The record of generation `salts` on the main file `main`, whose page `p` `read` returns.
+    /// The record of generation `salts` on a main file whose first whole pages are `first`.
     pub(crate) fn new(
         salts: [u32; 2],
         page_size: u32,
-        main: MainStamp,
-        mut read: impl FnMut(u32) -> Option<Vec<u8>>,
-    ) -> Option<WalBaseRecord> {
-        let pages = sample_pages(main.size, page_size)
-            .into_iter()
-            .map(|page| {
-                read(page).map(|bytes| PageHash {
-                    page,
-                    sha256: sha_hex(&bytes),
+        main: Option<FileId>,
+        first: &[u8],
+    ) -> WalBaseRecord {
+        let pages = first
+            .chunks_exact(page_size as usize)
+            .zip(1u32..)
+            .map(|(bytes, page)| PageHash {
+                page,
+                hash: format!(
+                    "{:016x}",
+                    page_hash(&bytes[..fragment_len(page, page_size)])
+                ),
+            })
+            .collect();
+        WalBaseRecord {
+            v: 1,
+            salts,
+            page_size,
+            main,
+            pages,
+            pid: std::process::id(),
+        }
+    }
+
+    /// The attribute's value: one line of text, `hgwb1 <salt-1> <salt-2> <page size> <dev>
+    /// <ino> <pid> <page>:<hash>...` (no JSON on the write path).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        use std::fmt::Write;
+        let (dev, ino) = self.main.map_or((0, 0), |m| (m.dev, m.ino));
+        let mut s = format!(
+            "hgwb1 {:08x} {:08x} {} {dev} {ino} {}",
+            self.salts[0], self.salts[1], self.page_size, self.pid
+        );
+        for p in &self.pages {
+            let _ = write!(s, " {}:{}", p.page, p.hash);
+        }
+        s.into_bytes()
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<WalBaseRecord> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut f = text.split(' ');
+        if f.next()? != "hgwb1" {
+            return None;
+        }
+        let salts = [
+            u32::from_str_radix(f.next()?, 16).ok()?,
+            u32::from_str_radix(f.next()?, 16).ok()?,
+        ];
+        let page_size = f.next()?.parse().ok()?;
+        let (dev, ino): (u64, u64) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
+        let pid = f.next()?.parse().ok()?;
+        let pages = f
+            .map(|p| {
+                let (page, hash) = p.split_once(':')?;
+                Some(PageHash {
+                    page: page.parse().ok()?,
+                    hash: hash.to_owned(),
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -156,20 +187,10 @@ impl WalBaseRecord {
             v: 1,
             salts,
             page_size,
-            main,
+            main: (dev, ino).ne(&(0, 0)).then_some(FileId { dev, ino }),
             pages,
-            pid: std::process::id(),
+            pid,
         })
-    }
-
-    pub(crate) fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Option<WalBaseRecord> {
-        serde_json::from_slice::<WalBaseRecord>(bytes)
-            .ok()
-            .filter(|r| r.v == 1)
     }
 }
 
@@ -189,10 +210,6 @@ pub(crate) fn write_record(file: BorrowedFd<'_>, record: &WalBaseRecord) -> io::
         rustix::fs::XattrFlags::empty(),
     )
     .map_err(io::Error::from)
-}
-
-pub(crate) fn sha_hex(bytes: &[u8]) -> String {
-    paths::hex(&Sha256::digest(bytes))
 }
 
 /// A WAL as SQLite's recovery would read it: its header, the valid frames, and for the pages
@@ -252,7 +269,9 @@ pub(crate) fn look_at_wal(file: &File, pages: Option<&[u32]>) -> io::Result<WalL
             look.min_commit_size = Some(look.min_commit_size.map_or(be(4), |m| m.min(be(4))));
         }
         if pages.contains(&pgno) {
-            look.frames_of.entry(pgno).or_default().push(sha_hex(&page));
+            let len = fragment_len(pgno, look.header.page_size);
+            let hash = format!("{:016x}", page_hash(&page[..len]));
+            look.frames_of.entry(pgno).or_default().push(hash);
         }
     }
     Ok(look)
@@ -312,11 +331,11 @@ pub struct Mismatch {
     /// The salts of the WAL found at the path.
     pub wal_salts: [u32; 2],
     /// The main file now at the path.
-    pub main_now: Option<MainStamp>,
-    /// The first sampled page that is neither the recorded content nor one of the WAL's frames.
+    pub main_now: Option<FileId>,
+    /// The first recorded page that is neither the recorded content nor one of the WAL's frames.
     pub page: u32,
-    /// Its sha256 now (`None`: beyond the end of the file).
-    pub page_sha256_now: Option<String>,
+    /// Its hash now (`None`: beyond the end of the file).
+    pub page_hash_now: Option<String>,
     /// Frames of that page in the WAL it was compared with.
     pub page_frames_in_wal: usize,
     /// For a person.
@@ -342,23 +361,18 @@ pub(crate) fn judge_generation(
     Ok(record)
 }
 
-/// Whether the main file's stamp alone shows it is the recorded one.
-pub(crate) fn same_stamp(record: &WalBaseRecord, now: Option<&MainStamp>) -> bool {
-    now.is_some_and(|now| now.same_content(&record.main))
-}
-
-/// The decision page by page: `now` gives the sha256 of a page of the main file now (`None`
-/// beyond its end); `full` is a look at every frame of the recorded pages.
+/// The decision page by page: `now` gives the hash (as recorded) of a page of the main file now
+/// (`None` beyond its end); `full` is a look at every frame of the recorded pages.
 pub(crate) fn judge_pages(
     record: &WalBaseRecord,
-    main_now: Option<MainStamp>,
+    main_now: Option<FileId>,
     mut now: impl FnMut(u32) -> Option<String>,
     full: &WalLook,
 ) -> Verdict {
     for recorded in &record.pages {
         let sha = now(recorded.page);
         let consistent = match &sha {
-            Some(sha) if *sha == recorded.sha256 => true,
+            Some(sha) if *sha == recorded.hash => true,
             Some(sha) => full
                 .frames_of
                 .get(&recorded.page)
@@ -375,17 +389,17 @@ pub(crate) fn judge_pages(
                 page: recorded.page,
                 detail: format!(
                     "the WAL's generation (salts {:08x} {:08x}) was started on a database file \
-                     whose page {} had sha256 {}; page {} of the file now at the path is {}, \
-                     which none of the WAL's {frames} frame(s) of that page is: the file was \
+                     whose page {} hashed {}; page {} of the file now at the path hashes {}, \
+                     and none of the WAL's {frames} frame(s) of that page does: the file was \
                      replaced (a restore?) after the WAL was written",
                     record.salts[0],
                     record.salts[1],
                     recorded.page,
-                    recorded.sha256,
+                    recorded.hash,
                     recorded.page,
                     sha.as_deref().unwrap_or("beyond the end of the file"),
                 ),
-                page_sha256_now: sha,
+                page_hash_now: sha,
                 page_frames_in_wal: frames,
             }));
         }
@@ -659,11 +673,11 @@ pub(crate) fn check_main_for_capture(
         if offset + u64::from(record.page_size) > size {
             return None;
         }
-        let mut buf = vec![0u8; record.page_size as usize];
+        let mut buf = vec![0u8; fragment_len(p, record.page_size)];
         std::os::unix::fs::FileExt::read_exact_at(&image, &mut buf, offset).ok()?;
-        Some(sha_hex(&buf))
+        Some(format!("{:016x}", page_hash(&buf)))
     };
-    match judge_pages(record, MainStamp::of(main), read, &full) {
+    match judge_pages(record, identity_of_path(main).ok().flatten(), read, &full) {
         Verdict::Stale(m) => Err(wrong(format!(
             "it is not the database file the captured WAL was written on: {}",
             m.detail
@@ -676,29 +690,28 @@ pub(crate) fn check_main_for_capture(
 mod tests {
     use super::*;
 
-    fn stamp(size: u64, t: i64) -> MainStamp {
-        MainStamp {
-            identity: FileId { dev: 1, ino: 2 },
-            size,
-            mtime: [t, 0],
-        }
+    const PS: u32 = 512;
+
+    fn page(fill: u8) -> Vec<u8> {
+        vec![fill; PS as usize]
     }
 
-    fn record(pages: &[&[u8]]) -> WalBaseRecord {
-        WalBaseRecord::new([7, 9], 4, stamp(4 * pages.len() as u64, 10), |p| {
-            Some(pages[p as usize - 1].to_vec())
-        })
-        .unwrap()
+    fn hash_of(p: u32, bytes: &[u8]) -> String {
+        format!("{:016x}", page_hash(&bytes[..fragment_len(p, PS)]))
     }
 
-    fn look(frames: &[(u32, &[u8])], min_commit_size: Option<u32>) -> WalLook {
+    fn record(pages: &[Vec<u8>]) -> WalBaseRecord {
+        WalBaseRecord::new([7, 9], PS, None, &pages.concat())
+    }
+
+    fn look(frames: &[(u32, Vec<u8>)], min_commit_size: Option<u32>) -> WalLook {
         let mut header = parse_wal_header(&[]);
         header.valid = true;
         header.salts = [7, 9];
-        header.page_size = 4;
+        header.page_size = PS;
         let mut frames_of: HashMap<u32, Vec<String>> = HashMap::new();
         for (p, bytes) in frames {
-            frames_of.entry(*p).or_default().push(sha_hex(bytes));
+            frames_of.entry(*p).or_default().push(hash_of(*p, bytes));
         }
         WalLook {
             header,
@@ -709,19 +722,19 @@ mod tests {
     }
 
     #[test]
-    fn samples_are_page_one_the_last_and_some_between() {
-        assert_eq!(sample_pages(0, 4096), Vec::<u32>::new());
-        assert_eq!(sample_pages(4096, 4096), vec![1]);
-        assert_eq!(sample_pages(2 * 4096, 4096), vec![1, 2]);
-        let many = sample_pages(1000 * 4096, 4096);
-        assert_eq!(many.first(), Some(&1));
-        assert_eq!(many.last(), Some(&1000));
-        assert_eq!(many.len(), 9);
+    fn the_hash_tells_pages_apart() {
+        assert_ne!(page_hash(&page(1)), page_hash(&page(2)));
+        let mut a = page(0);
+        a[300] = 1;
+        assert_ne!(page_hash(&a), page_hash(&page(0)));
+        assert_eq!(page_hash(&a), page_hash(&a.clone()));
     }
 
     #[test]
-    fn a_record_round_trips() {
-        let r = record(&[b"abcd", b"efgh"]);
+    fn a_record_round_trips_through_its_attribute_text() {
+        let mut r = record(&[page(1), page(2)]);
+        r.main = Some(FileId { dev: 3, ino: 4 });
+        assert_eq!(r.pages.len(), 2);
         assert_eq!(WalBaseRecord::decode(&r.encode()), Some(r));
         assert_eq!(WalBaseRecord::decode(b"{}"), None);
     }
@@ -730,7 +743,7 @@ mod tests {
     fn no_record_and_another_generation_are_no_judgement() {
         let l = look(&[], None);
         assert_eq!(judge_generation(&l, None), Err(Verdict::NoRecord));
-        let mut other = record(&[b"abcd"]);
+        let mut other = record(&[page(1)]);
         other.salts = [8, 1];
         assert!(matches!(
             judge_generation(&l, Some(other)),
@@ -739,47 +752,36 @@ mod tests {
         let mut empty = look(&[], None);
         empty.frames = 0;
         assert_eq!(
-            judge_generation(&empty, Some(record(&[b"abcd"]))),
+            judge_generation(&empty, Some(record(&[page(1)]))),
             Err(Verdict::NothingToReplay)
         );
     }
 
     #[test]
-    fn the_same_stamp_continues_even_elsewhere() {
-        let r = record(&[b"abcd"]);
-        let mut moved = stamp(4, 10);
-        moved.identity.ino = 99;
-        assert!(same_stamp(&r, Some(&moved)));
-        assert!(!same_stamp(&r, Some(&stamp(4, 11))));
-        assert!(!same_stamp(&r, None));
-    }
-
-    #[test]
     fn pages_recorded_or_copied_from_a_frame_continue_anything_else_is_stale() {
-        let r = record(&[b"abcd", b"efgh"]);
-        let l = look(&[(1, b"wxyz"), (2, b"ijkl")], Some(1));
-        let of = |pages: [&'static [u8]; 2]| move |p: u32| Some(sha_hex(pages[p as usize - 1]));
+        let r = record(&[page(1), page(2)]);
+        let l = look(&[(1, page(5)), (2, page(6))], Some(1));
+        let of = |pages: [Vec<u8>; 2]| move |p: u32| Some(hash_of(p, &pages[p as usize - 1]));
         assert_eq!(
-            judge_pages(&r, None, of([b"abcd", b"efgh"]), &l),
+            judge_pages(&r, None, of([page(1), page(2)]), &l),
             Verdict::Continues { by_pages: true }
         );
         assert_eq!(
-            judge_pages(&r, None, of([b"wxyz", b"ijkl"]), &l),
+            judge_pages(&r, None, of([page(5), page(6)]), &l),
             Verdict::Continues { by_pages: true }
         );
-        match judge_pages(&r, None, of([b"abcd", b"zzzz"]), &l) {
+        match judge_pages(&r, None, of([page(1), page(9)]), &l) {
             Verdict::Stale(m) => assert_eq!(m.page, 2),
             v => panic!("{v:?}"),
         }
         // Beyond the end: only if a commit truncated below it.
-        let one = |p: u32| (p == 1).then(|| sha_hex(b"abcd"));
+        let one = |p: u32| (p == 1).then(|| hash_of(1, &page(1)));
         assert_eq!(
             judge_pages(&r, None, one, &l),
             Verdict::Continues { by_pages: true }
         );
-        let no_trunc = look(&[], None);
         assert!(matches!(
-            judge_pages(&r, None, one, &no_trunc),
+            judge_pages(&r, None, one, &look(&[], None)),
             Verdict::Stale(_)
         ));
     }

@@ -1508,6 +1508,8 @@ unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
                     .after_write(state, || MainImage(sub_of::<HEAP>(t, f)));
                 state.end_of_transaction();
             } else {
+                // Issue 19: a checkpoint that copied the whole WAL makes a record due.
+                state.stale_wal().after_checkpoint();
                 state.end_of_main_write();
             }
         }

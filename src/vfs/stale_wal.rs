@@ -3,18 +3,19 @@
 //! has the record, the rules and the capture; this file the hooks, the wal-index reads and the
 //! `-shm` probe).
 //!
-//! Costs: the record is looked at when the WAL write lock is released (the end of every write
-//! transaction): two atomic loads of the salts in the mapped wal-index header and a compare,
-//! no system call. Only a new generation (a WAL restart, or the first write of a connection)
-//! reads page 1 (one `pread`) and writes the record (one `fsetxattr`). The judgement runs at the
-//! WAL's open, and reads files only when a WAL with frames is there.
+//! Costs: a record is due after this connection's first write and after each checkpoint of its
+//! that copied the whole WAL (the next write restarts it): one atomic load per write
+//! transaction says whether one is due. When it is, the salts in the mapped wal-index header
+//! tell whether the generation changed; if so the first pages of the main file are read (one
+//! `pread`) and the record written (one `fsetxattr`). The judgement runs at the WAL's open, and
+//! reads files only when a WAL with frames is there.
 
 use std::ffi::c_int;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use rusqlite::ffi;
@@ -25,9 +26,9 @@ use crate::capture::{sidecar, ImageSource};
 use crate::identity::{identity_of_fd, identity_of_path};
 use crate::paths::path_display;
 use crate::stale_wal::{
-    judge_generation, judge_pages, look_at_wal, mapped_here, read_record, same_stamp, set_aside,
-    sha_hex, stale_wal_policy, write_record, MainStamp, Mismatch, StaleWalPolicy, Verdict,
-    WalBaseRecord,
+    fragment_len, judge_generation, judge_pages, look_at_wal, mapped_here, page_hash, read_record,
+    set_aside, stale_wal_policy, write_record, Mismatch, StaleWalPolicy, Verdict, WalBaseRecord,
+    RECORDED_PAGES,
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
 
@@ -43,6 +44,9 @@ pub(crate) struct StaleWalSlot {
     /// The salts (as the wal-index stores them, both words) of the generation this connection
     /// last recorded (or found unrecordable); 0: none yet.
     recorded: AtomicU64,
+    /// No record is due at the next release of the write lock (`false`, the default, makes the
+    /// first write's record due).
+    not_due: AtomicBool,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
 }
@@ -62,21 +66,49 @@ impl StaleWalSlot {
         self.report.lock().clone()
     }
 
-    /// At the release of the WAL write lock (still held): a generation this connection has not
-    /// recorded gets its record. The common case is two loads and a compare.
+    /// At the release of the WAL write lock (still held): when a record is due and the
+    /// generation is not the one this connection recorded last, the record. The common case is
+    /// one load.
     #[inline]
     pub(crate) fn after_write<I: ImageSource>(&self, state: &DbState, main: impl FnOnce() -> I) {
+        if self.not_due.load(Ordering::Relaxed) {
+            return;
+        }
+        let image = main();
+        ffi_guard((), || self.due(state, &image));
+    }
+
+    #[cold]
+    fn due(&self, state: &DbState, main: &dyn ImageSource) {
         let p = self.region0.load(Ordering::Acquire);
         if p.is_null() {
             return;
         }
+        self.not_due.store(true, Ordering::Relaxed);
         // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before the
         // connection's xShmUnmap, which SQLite never runs concurrently with this connection's
         // xShmLock; the header is 4-byte aligned at the start of a page.
         let word = unsafe { salts_word(p) };
         if word != self.recorded.load(Ordering::Relaxed) {
-            let image = main();
-            ffi_guard((), || self.record(state, p, word, &image));
+            self.record(state, p, word, main);
+        }
+    }
+
+    /// At the release of the checkpoint lock: a checkpoint that copied the whole WAL makes the
+    /// next write restart it (a new generation), and a RESTART or TRUNCATE checkpoint restarted
+    /// it already: a record is due at the next write.
+    pub(crate) fn after_checkpoint(&self) {
+        let p = self.region0.load(Ordering::Acquire);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: as in `due`: `mxFrame` at 16, `nBackfill` at 96 of the mapped region 0.
+        let (frames, backfilled, word) =
+            unsafe { (load_u32(p, 16), load_u32(p, 96), salts_word(p)) };
+        // Complete, or restarted already (a RESTART or TRUNCATE checkpoint restarts the WAL
+        // itself, under the write lock).
+        if (frames > 0 && backfilled == frames) || word != self.recorded.load(Ordering::Relaxed) {
+            self.not_due.store(false, Ordering::Relaxed);
         }
     }
 
@@ -86,25 +118,30 @@ impl StaleWalSlot {
         if state.is_retired() {
             return;
         }
-        // SAFETY: as in `after_write`: offset 12 of the mapped header, aligned.
+        // SAFETY: as in `due`: offset 12 of the mapped header, aligned.
         let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
         let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
         if is_init == 0 {
             return;
         }
         let page_size = if sz == 1 { 65536 } else { u32::from(sz) };
-        let Some(stamp) = MainStamp::of(state.db_path()) else {
-            return;
-        };
         let salts = [
             u32::from_be_bytes((word as u32).to_ne_bytes()),
             u32::from_be_bytes(((word >> 32) as u32).to_ne_bytes()),
         ];
-        let Some(record) =
-            WalBaseRecord::new(salts, page_size, stamp, |p| read_page(main, p, page_size))
-        else {
-            return;
-        };
+        // The first pages in one read; a shorter file (a short read) is measured and read again.
+        let mut first = vec![0u8; (RECORDED_PAGES * page_size) as usize];
+        if main.read_at(&mut first, 0).is_err() {
+            let Ok(size) = main.size() else {
+                return;
+            };
+            let whole = (size / u64::from(page_size)).min(u64::from(RECORDED_PAGES));
+            first.truncate((whole * u64::from(page_size)) as usize);
+            if main.read_at(&mut first, 0).is_err() {
+                return;
+            }
+        }
+        let record = WalBaseRecord::new(salts, page_size, state.main_id(), &first);
         match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), &record)) {
             Some(Err(e)) => log::debug!(
                 "hermes-guard: cannot record the main file {}-wal was started on ({e}): a WAL \
@@ -289,18 +326,18 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File) -> Verdict {
         Ok(record) => record,
         Err(verdict) => return verdict,
     };
-    let main_now = MainStamp::of(db);
-    if same_stamp(&record, main_now.as_ref()) {
+    let main_now = identity_of_path(db).ok().flatten();
+    let now = |p: u32| read_page(main, p, record.page_size);
+    if record
+        .pages
+        .iter()
+        .all(|r| now(r.page).as_ref() == Some(&r.hash))
+    {
         return Verdict::Continues { by_pages: false };
     }
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     match look_at_wal(wal, Some(&pages)) {
-        Ok(full) => judge_pages(
-            &record,
-            main_now,
-            |p| read_page(main, p, record.page_size).map(|b| sha_hex(&b)),
-            &full,
-        ),
+        Ok(full) => judge_pages(&record, main_now, now, &full),
         Err(e) => {
             log::info!(
                 "hermes-guard: cannot read the WAL of {} ({e})",
@@ -311,15 +348,16 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File) -> Verdict {
     }
 }
 
-/// Page `page` (1-based) of the main file, `None` beyond its end or unreadable.
-fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<Vec<u8>> {
+/// The recorded hash of page `page` (1-based) of the main file, `None` beyond its end or
+/// unreadable.
+fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<String> {
     let offset = u64::from(page - 1) * u64::from(page_size);
     if offset + u64::from(page_size) > main.size().ok()? {
         return None;
     }
-    let mut buf = vec![0u8; page_size as usize];
+    let mut buf = vec![0u8; fragment_len(page, page_size)];
     main.read_at(&mut buf, offset).ok()?;
-    Some(buf)
+    Some(format!("{:016x}", page_hash(&buf)))
 }
 
 /// The verdicts that let SQLite go on, said at the level they deserve.
