@@ -113,8 +113,6 @@ pub struct WalBaseRecord {
     pub main: Option<FileId>,
     /// Its first pages (fewer when the file is shorter).
     pub pages: Vec<PageHash>,
-    /// The recording process.
-    pub pid: u32,
 }
 
 impl WalBaseRecord {
@@ -142,18 +140,17 @@ impl WalBaseRecord {
             page_size,
             main,
             pages,
-            pid: std::process::id(),
         }
     }
 
     /// The attribute's value: one line of text, `hgwb1 <salt-1> <salt-2> <page size> <dev>
-    /// <ino> <pid> <page>:<hash>...` (no JSON on the write path).
+    /// <ino> <page>:<hash>...` (no JSON on the write path).
     pub(crate) fn encode(&self) -> Vec<u8> {
         use std::fmt::Write;
         let (dev, ino) = self.main.map_or((0, 0), |m| (m.dev, m.ino));
         let mut s = format!(
-            "hgwb1 {:08x} {:08x} {} {dev} {ino} {}",
-            self.salts[0], self.salts[1], self.page_size, self.pid
+            "hgwb1 {:08x} {:08x} {} {dev} {ino}",
+            self.salts[0], self.salts[1], self.page_size
         );
         for p in &self.pages {
             let _ = write!(s, " {}:{}", p.page, p.hash);
@@ -173,7 +170,6 @@ impl WalBaseRecord {
         ];
         let page_size = f.next()?.parse().ok()?;
         let (dev, ino): (u64, u64) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
-        let pid = f.next()?.parse().ok()?;
         let pages = f
             .map(|p| {
                 let (page, hash) = p.split_once(':')?;
@@ -189,7 +185,6 @@ impl WalBaseRecord {
             page_size,
             main: (dev, ino).ne(&(0, 0)).then_some(FileId { dev, ino }),
             pages,
-            pid,
         })
     }
 }

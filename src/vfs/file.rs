@@ -1148,6 +1148,8 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
         state.end_of_main_write();
+        // Issue 19: a restart may follow (or just happened): a WAL-base record is due.
+        state.stale_wal().checkpoint_synced();
     }
     rc
 }
@@ -1502,14 +1504,8 @@ unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
             // (until it returns this connection writes nothing), so the call below is a tail
             // call.
             if ofst == 0 {
-                // Issue 19: a new WAL generation gets its record (otherwise two loads).
-                state
-                    .stale_wal()
-                    .after_write(state, || MainImage(sub_of::<HEAP>(t, f)));
                 state.end_of_transaction();
             } else {
-                // Issue 19: a checkpoint that copied the whole WAL makes a record due.
-                state.stale_wal().after_checkpoint();
                 state.end_of_main_write();
             }
         }
@@ -1550,6 +1546,11 @@ unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
     let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, OFST, 1, LOCK_EXCLUSIVE);
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
+        // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
+        if rc == ffi::SQLITE_OK && state.stale_wal().record_due() {
+            let main = MainImage(sub_of::<HEAP>(t, f));
+            state.stale_wal().at_write_lock(state, &main);
+        }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
     }

@@ -3,9 +3,9 @@
 //! has the record, the rules and the capture; this file the hooks, the wal-index reads and the
 //! `-shm` probe).
 //!
-//! Costs: a record is due after this connection's first write and after each checkpoint of its
-//! that copied the whole WAL (the next write restarts it): one atomic load per write
-//! transaction says whether one is due. When it is, the salts in the mapped wal-index header
+//! Costs: a record is due at this connection's first write and after each checkpoint (the main
+//! file's sync that ends it; the WAL restarts then or at the next write): one atomic load per
+//! write transaction, as the WAL write lock is taken, says whether one is due. When it is, the salts in the mapped wal-index header
 //! tell whether the generation changed; if so the first pages of the main file are read (one
 //! `pread`) and the record written (one `fsetxattr`). The judgement runs at the WAL's open, and
 //! reads files only when a WAL with frames is there.
@@ -15,7 +15,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 use rusqlite::ffi;
@@ -32,6 +32,9 @@ use crate::stale_wal::{
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
 
+/// Write transactions a due record waits for the restart that follows a checkpoint.
+const DUE_TRIES: u8 = 4;
+
 /// `UNIX_SHM_DMS` of the unix VFS: the `-shm` byte every connection that maps it holds a read
 /// lock on (`(22 + SQLITE_SHM_NLOCK) * 4 + SQLITE_SHM_NLOCK`).
 const UNIX_SHM_DMS: i64 = 128;
@@ -44,9 +47,11 @@ pub(crate) struct StaleWalSlot {
     /// The salts (as the wal-index stores them, both words) of the generation this connection
     /// last recorded (or found unrecordable); 0: none yet.
     recorded: AtomicU64,
-    /// No record is due at the next release of the write lock (`false`, the default, makes the
+    /// No record is due when the write lock is next taken (`false`, the default, makes the
     /// first write's record due).
     not_due: AtomicBool,
+    /// Write transactions that found a due record's generation unchanged.
+    tries: AtomicU8,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
 }
@@ -66,50 +71,46 @@ impl StaleWalSlot {
         self.report.lock().clone()
     }
 
-    /// At the release of the WAL write lock (still held): when a record is due and the
-    /// generation is not the one this connection recorded last, the record. The common case is
-    /// one load.
-    #[inline]
-    pub(crate) fn after_write<I: ImageSource>(&self, state: &DbState, main: impl FnOnce() -> I) {
-        if self.not_due.load(Ordering::Relaxed) {
-            return;
-        }
-        let image = main();
-        ffi_guard((), || self.due(state, &image));
+    /// Whether a record is due as the WAL write lock is taken (one load).
+    #[inline(always)]
+    pub(crate) fn record_due(&self) -> bool {
+        !self.not_due.load(Ordering::Relaxed)
     }
 
+    /// The WAL write lock was just taken and [`Self::record_due`]: the record, if the generation
+    /// (the salts in the mapped wal-index header) is not the one this connection recorded
+    /// last. A restart happens inside a write transaction, after its lock: so while the salts
+    /// are unchanged the record stays due, for a few transactions (a reader can hold the
+    /// restart back indefinitely; the generation then goes on and its record stands).
+    #[inline(never)]
     #[cold]
-    fn due(&self, state: &DbState, main: &dyn ImageSource) {
-        let p = self.region0.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        self.not_due.store(true, Ordering::Relaxed);
-        // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before the
-        // connection's xShmUnmap, which SQLite never runs concurrently with this connection's
-        // xShmLock; the header is 4-byte aligned at the start of a page.
-        let word = unsafe { salts_word(p) };
-        if word != self.recorded.load(Ordering::Relaxed) {
-            self.record(state, p, word, main);
-        }
+    pub(crate) fn at_write_lock(&self, state: &DbState, main: &dyn ImageSource) {
+        ffi_guard((), || {
+            let p = self.region0.load(Ordering::Acquire);
+            if p.is_null() {
+                return;
+            }
+            // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before
+            // the connection's xShmUnmap, which SQLite never runs concurrently with this
+            // connection's xShmLock; the header is 4-byte aligned at the start of a page.
+            let word = unsafe { salts_word(p) };
+            if word != self.recorded.load(Ordering::Relaxed) {
+                self.not_due.store(true, Ordering::Relaxed);
+                self.tries.store(0, Ordering::Relaxed);
+                self.record(state, p, word, main);
+            } else if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
+                self.not_due.store(true, Ordering::Relaxed);
+                self.tries.store(0, Ordering::Relaxed);
+            }
+        });
     }
 
-    /// At the release of the checkpoint lock: a checkpoint that copied the whole WAL makes the
-    /// next write restart it (a new generation), and a RESTART or TRUNCATE checkpoint restarted
-    /// it already: a record is due at the next write.
-    pub(crate) fn after_checkpoint(&self) {
-        let p = self.region0.load(Ordering::Acquire);
-        if p.is_null() {
-            return;
-        }
-        // SAFETY: as in `due`: `mxFrame` at 16, `nBackfill` at 96 of the mapped region 0.
-        let (frames, backfilled, word) =
-            unsafe { (load_u32(p, 16), load_u32(p, 96), salts_word(p)) };
-        // Complete, or restarted already (a RESTART or TRUNCATE checkpoint restarts the WAL
-        // itself, under the write lock).
-        if (frames > 0 && backfilled == frames) || word != self.recorded.load(Ordering::Relaxed) {
-            self.not_due.store(false, Ordering::Relaxed);
-        }
+    /// The main file was synced: the end of a checkpoint, after which the WAL restarts (a
+    /// RESTART or TRUNCATE checkpoint restarts it itself, a complete one at the next write):
+    /// a record is due.
+    #[inline]
+    pub(crate) fn checkpoint_synced(&self) {
+        self.not_due.store(false, Ordering::Relaxed);
     }
 
     #[cold]
@@ -118,7 +119,7 @@ impl StaleWalSlot {
         if state.is_retired() {
             return;
         }
-        // SAFETY: as in `due`: offset 12 of the mapped header, aligned.
+        // SAFETY: as in `at_write_lock`: offset 12 of the mapped header, aligned.
         let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
         let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
         if is_init == 0 {
