@@ -3,26 +3,24 @@
 //! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal.rs`) hands it
 //! plain values.
 //!
-//! **The record.** Each time a guarded writer sees its WAL start a new generation (the salts in
-//! the wal-index header differ from the ones it recorded last), it writes, as the extended
-//! attribute [`RECORD_XATTR`] of the WAL inode, the generation's salts, the main file's size and
-//! modification time, and the sha256 of a few of its pages (page 1, the last page and up to
-//! seven between) as they are then. A new generation starts only on a fully checkpointed WAL, so
-//! these are pages of the file every frame of the generation is written on. The record is bound
-//! to the WAL inode, so it travels with the WAL: another database's WAL left beside this one
-//! carries the other database's record.
+//! **The record.** When a guarded writer sees its WAL start a new generation (the salts in the
+//! wal-index header differ from the ones it recorded last), it writes, as the extended attribute
+//! [`RECORD_XATTR`] of the WAL inode, the generation's salts and a hash of each of the main
+//! file's first [`RECORDED_PAGES`] pages as they are then. A new generation starts only on a
+//! fully checkpointed WAL, so these are pages of the file every frame of the generation is
+//! written on. The record is bound to the WAL inode, so it travels with the WAL: another
+//! database's WAL left beside this one carries the other database's record.
 //!
 //! **The judgement.** Within one generation the main file changes only by checkpoints, which
 //! copy frames of that same generation (frames a generation has committed are never rewritten
 //! until it restarts, and then the salts change), and at their end may truncate the file to a
-//! committed size. So while the WAL at the path carries the recorded salts: a main file with the
-//! recorded size and modification time is the one the WAL was written on (`cp -a` and snapshots
-//! keep both); otherwise each recorded page must be the recorded content, or the content of one
-//! of the WAL's own frames of that page, or beyond a size some commit of the WAL truncated to.
-//! Anything else is a main file the WAL was not written on. Where there is nothing to judge by —
-//! no record (an unguarded writer, a filesystem without extended attributes), another
-//! generation than the recorded one (an unguarded process restarted it) — the guard says so at
-//! INFO and lets SQLite do what it always does.
+//! committed size. So while the WAL at the path carries the recorded salts, each recorded page
+//! must be the recorded content, or the content of one of the WAL's own frames of that page, or
+//! beyond a size some commit of the WAL truncated to. Anything else is a main file the WAL was
+//! not written on. Where there is nothing to judge by — no record (an unguarded writer, a
+//! filesystem without extended attributes), another generation than the recorded one (an
+//! unguarded process restarted it) — the guard says so at INFO and lets SQLite do what it
+//! always does.
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
