@@ -50,20 +50,34 @@ use crate::walfile::{
 /// The extended attribute of a WAL inode that holds its [`WalBaseRecord`].
 pub(crate) const RECORD_XATTR: &str = "user.hermes-guard.wal-base";
 
-/// The pages a record covers: the first [`RECORDED_PAGES`] (page 1 whole, where every growth,
-/// schema change and freelist change shows; the next ones by their first [`FRAGMENT`] bytes,
-/// the b-tree page header and cell pointers, where every row added or removed shows).
+/// The pages a record covers: the first [`RECORDED_PAGES`], each by its first [`FRAGMENT`]
+/// bytes — on page 1 the database header (page count, change counter, schema cookie, freelist)
+/// and the schema's b-tree header, on the next the b-tree page header and cell pointers, where
+/// every row added or removed shows.
 pub(crate) const RECORDED_PAGES: u32 = 4;
-/// Bytes of pages 2.. a record hashes.
+/// Bytes of each recorded page a record hashes.
 const FRAGMENT: usize = 512;
 
-/// The bytes of page `page` a record hashes.
-pub(crate) fn fragment_len(page: u32, page_size: u32) -> usize {
-    if page == 1 {
-        page_size as usize
-    } else {
-        FRAGMENT.min(page_size as usize)
+/// The bytes of a recorded page a record hashes (the whole page when it is smaller).
+pub(crate) fn fragment_len(_page: u32, page_size: u32) -> usize {
+    FRAGMENT.min(page_size as usize)
+}
+
+/// How many bytes from offset 0 hold the recorded fragments of the first `pages` pages.
+pub(crate) fn recorded_span(pages: u32, page_size: u32) -> usize {
+    match pages {
+        0 => 0,
+        n => (n as usize - 1) * page_size as usize + fragment_len(n, page_size),
     }
+}
+
+/// `h` as 16 lowercase hex digits.
+pub(crate) fn hex16(h: u64) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    (0..16)
+        .rev()
+        .map(|i| DIGITS[((h >> (i * 4)) & 0xf) as usize] as char)
+        .collect()
 }
 
 /// A 64-bit hash of `bytes` (a splitmix64 finaliser over 8-byte words): a page that changed by
@@ -114,22 +128,25 @@ pub struct WalBaseRecord {
 }
 
 impl WalBaseRecord {
-    /// The record of generation `salts` on a main file whose first whole pages are `first`.
+    /// (Tests: the write path builds the attribute with [`encode_record`].) The record of
+    /// generation `salts` on a main file of `pages` pages (at most
+    /// [`RECORDED_PAGES`] count) whose first bytes, [`recorded_span`] of them, are `first`.
+    #[cfg(test)]
     pub(crate) fn new(
         salts: [u32; 2],
         page_size: u32,
         main: Option<FileId>,
         first: &[u8],
+        pages: u32,
     ) -> WalBaseRecord {
-        let pages = first
-            .chunks_exact(page_size as usize)
-            .zip(1u32..)
-            .map(|(bytes, page)| PageHash {
-                page,
-                hash: format!(
-                    "{:016x}",
-                    page_hash(&bytes[..fragment_len(page, page_size)])
-                ),
+        let pages = (1..=pages.min(RECORDED_PAGES))
+            .filter_map(|page| {
+                let at = (page as usize - 1) * page_size as usize;
+                let bytes = first.get(at..at + fragment_len(page, page_size))?;
+                Some(PageHash {
+                    page,
+                    hash: hex16(page_hash(bytes)),
+                })
             })
             .collect();
         WalBaseRecord {
@@ -141,42 +158,48 @@ impl WalBaseRecord {
         }
     }
 
-    /// The attribute's value: one line of text, `hgwb1 <salt-1> <salt-2> <page size> <dev>
-    /// <ino> <page>:<hash>...` (no JSON on the write path).
+    /// The attribute's value, binary: `hgwb` 1, the salts and the page size (`u32`s), the main
+    /// file's dev and ino (`u64`s), the number of pages (`u8`), then per page its number
+    /// (`u32`) and hash (`u64`); little-endian. No formatting on the write path.
+    #[cfg(test)]
     pub(crate) fn encode(&self) -> Vec<u8> {
-        use std::fmt::Write;
         let (dev, ino) = self.main.map_or((0, 0), |m| (m.dev, m.ino));
-        let mut s = format!(
-            "hgwb1 {:08x} {:08x} {} {dev} {ino}",
-            self.salts[0], self.salts[1], self.page_size
-        );
-        for p in &self.pages {
-            let _ = write!(s, " {}:{}", p.page, p.hash);
+        let mut v = Vec::with_capacity(38 + 12 * self.pages.len());
+        v.extend_from_slice(b"hgwb\x01");
+        for w in [self.salts[0], self.salts[1], self.page_size] {
+            v.extend_from_slice(&w.to_le_bytes());
         }
-        s.into_bytes()
+        v.extend_from_slice(&dev.to_le_bytes());
+        v.extend_from_slice(&ino.to_le_bytes());
+        v.push(self.pages.len() as u8);
+        for p in &self.pages {
+            v.extend_from_slice(&p.page.to_le_bytes());
+            let h = u64::from_str_radix(&p.hash, 16).unwrap_or(0);
+            v.extend_from_slice(&h.to_le_bytes());
+        }
+        v
     }
 
     pub(crate) fn decode(bytes: &[u8]) -> Option<WalBaseRecord> {
-        let text = std::str::from_utf8(bytes).ok()?;
-        let mut f = text.split(' ');
-        if f.next()? != "hgwb1" {
-            return None;
-        }
-        let salts = [
-            u32::from_str_radix(f.next()?, 16).ok()?,
-            u32::from_str_radix(f.next()?, 16).ok()?,
-        ];
-        let page_size = f.next()?.parse().ok()?;
-        let (dev, ino): (u64, u64) = (f.next()?.parse().ok()?, f.next()?.parse().ok()?);
-        let pages = f
-            .map(|p| {
-                let (page, hash) = p.split_once(':')?;
+        let rest = bytes.strip_prefix(b"hgwb\x01")?;
+        let u32_at = |o: usize| Some(u32::from_le_bytes(rest.get(o..o + 4)?.try_into().ok()?));
+        let u64_at = |o: usize| Some(u64::from_le_bytes(rest.get(o..o + 8)?.try_into().ok()?));
+        let salts = [u32_at(0)?, u32_at(4)?];
+        let page_size = u32_at(8)?;
+        let (dev, ino) = (u64_at(12)?, u64_at(20)?);
+        let n = *rest.get(28)? as usize;
+        let pages = (0..n)
+            .map(|i| {
+                let o = 29 + 12 * i;
                 Some(PageHash {
-                    page: page.parse().ok()?,
-                    hash: hash.to_owned(),
+                    page: u32_at(o)?,
+                    hash: hex16(u64_at(o + 4)?),
                 })
             })
             .collect::<Option<Vec<_>>>()?;
+        if rest.len() != 29 + 12 * n {
+            return None;
+        }
         Some(WalBaseRecord {
             v: 1,
             salts,
@@ -187,6 +210,49 @@ impl WalBaseRecord {
     }
 }
 
+/// The longest encoded record.
+pub(crate) const ENCODED_MAX: usize = 34 + 12 * RECORDED_PAGES as usize;
+
+/// The attribute's value (as [`WalBaseRecord::encode`]) of the record of generation `salts` on a
+/// main file of `pages` pages whose first [`recorded_span`] bytes are `first`, built on the
+/// stack: the write path allocates nothing. Returns the buffer and its length.
+pub(crate) fn encode_record(
+    salts: [u32; 2],
+    page_size: u32,
+    main: Option<FileId>,
+    first: &[u8],
+    pages: u32,
+) -> ([u8; ENCODED_MAX], usize) {
+    let (dev, ino) = main.map_or((0, 0), |m| (m.dev, m.ino));
+    let mut v = [0u8; ENCODED_MAX];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        v[n..n + bytes.len()].copy_from_slice(bytes);
+        n += bytes.len();
+    };
+    put(b"hgwb\x01");
+    put(&salts[0].to_le_bytes());
+    put(&salts[1].to_le_bytes());
+    put(&page_size.to_le_bytes());
+    put(&dev.to_le_bytes());
+    put(&ino.to_le_bytes());
+    let mut hashes = [(0u32, 0u64); RECORDED_PAGES as usize];
+    let mut count = 0;
+    for page in 1..=pages.min(RECORDED_PAGES) {
+        let at = (page as usize - 1) * page_size as usize;
+        if let Some(bytes) = first.get(at..at + fragment_len(page, page_size)) {
+            hashes[count] = (page, page_hash(bytes));
+            count += 1;
+        }
+    }
+    put(&[count as u8]);
+    for (page, hash) in &hashes[..count] {
+        put(&page.to_le_bytes());
+        put(&hash.to_le_bytes());
+    }
+    (v, n)
+}
+
 /// The record on the WAL `file`, if any (a filesystem without extended attributes has none).
 pub(crate) fn read_record(file: BorrowedFd<'_>) -> Option<WalBaseRecord> {
     let mut buf = [0u8; 4096];
@@ -194,15 +260,10 @@ pub(crate) fn read_record(file: BorrowedFd<'_>) -> Option<WalBaseRecord> {
     WalBaseRecord::decode(buf.get(..n)?)
 }
 
-/// Writes `record` on the WAL `file`.
-pub(crate) fn write_record(file: BorrowedFd<'_>, record: &WalBaseRecord) -> io::Result<()> {
-    rustix::fs::fsetxattr(
-        file,
-        RECORD_XATTR,
-        &record.encode(),
-        rustix::fs::XattrFlags::empty(),
-    )
-    .map_err(io::Error::from)
+/// Writes an encoded record ([`encode_record`]) on the WAL `file`.
+pub(crate) fn write_record(file: BorrowedFd<'_>, encoded: &[u8]) -> io::Result<()> {
+    rustix::fs::fsetxattr(file, RECORD_XATTR, encoded, rustix::fs::XattrFlags::empty())
+        .map_err(io::Error::from)
 }
 
 /// A WAL as SQLite's recovery would read it: its header, the valid frames, and for the pages
@@ -263,7 +324,7 @@ pub(crate) fn look_at_wal(file: &File, pages: Option<&[u32]>) -> io::Result<WalL
         }
         if pages.contains(&pgno) {
             let len = fragment_len(pgno, look.header.page_size);
-            let hash = format!("{:016x}", page_hash(&page[..len]));
+            let hash = hex16(page_hash(&page[..len]));
             look.frames_of.entry(pgno).or_default().push(hash);
         }
     }
@@ -668,7 +729,7 @@ pub(crate) fn check_main_for_capture(
         }
         let mut buf = vec![0u8; fragment_len(p, record.page_size)];
         std::os::unix::fs::FileExt::read_exact_at(&image, &mut buf, offset).ok()?;
-        Some(format!("{:016x}", page_hash(&buf)))
+        Some(hex16(page_hash(&buf)))
     };
     match judge_pages(record, identity_of_path(main).ok().flatten(), read, &full) {
         Verdict::Stale(m) => Err(wrong(format!(
@@ -690,11 +751,11 @@ mod tests {
     }
 
     fn hash_of(p: u32, bytes: &[u8]) -> String {
-        format!("{:016x}", page_hash(&bytes[..fragment_len(p, PS)]))
+        hex16(page_hash(&bytes[..fragment_len(p, PS)]))
     }
 
     fn record(pages: &[Vec<u8>]) -> WalBaseRecord {
-        WalBaseRecord::new([7, 9], PS, None, &pages.concat())
+        WalBaseRecord::new([7, 9], PS, None, &pages.concat(), pages.len() as u32)
     }
 
     fn look(frames: &[(u32, Vec<u8>)], min_commit_size: Option<u32>) -> WalLook {
@@ -728,8 +789,12 @@ mod tests {
         let mut r = record(&[page(1), page(2)]);
         r.main = Some(FileId { dev: 3, ino: 4 });
         assert_eq!(r.pages.len(), 2);
-        assert_eq!(WalBaseRecord::decode(&r.encode()), Some(r));
+        assert_eq!(WalBaseRecord::decode(&r.encode()), Some(r.clone()));
         assert_eq!(WalBaseRecord::decode(b"{}"), None);
+        assert_eq!(hex16(0xab), "00000000000000ab");
+        let bytes = [page(1), page(2)].concat();
+        let (stack, n) = encode_record([7, 9], PS, r.main, &bytes, 2);
+        assert_eq!(&stack[..n], &r.encode()[..]);
     }
 
     #[test]

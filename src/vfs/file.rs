@@ -1547,9 +1547,9 @@ unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
         // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
-        if rc == ffi::SQLITE_OK && state.stale_wal().record_due() {
+        if state.stale_wal().record_due() {
             let main = MainImage(sub_of::<HEAP>(t, f));
-            state.stale_wal().at_write_lock(state, &main);
+            state.stale_wal().at_write_lock(rc, state, &main);
         }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);

@@ -26,9 +26,9 @@ use crate::capture::{sidecar, ImageSource};
 use crate::identity::{identity_of_fd, identity_of_path};
 use crate::paths::path_display;
 use crate::stale_wal::{
-    fragment_len, judge_generation, judge_pages, look_at_wal, mapped_here, page_hash, read_record,
-    set_aside, stale_wal_policy, write_record, Mismatch, StaleWalPolicy, Verdict, WalBaseRecord,
-    RECORDED_PAGES,
+    encode_record, fragment_len, hex16, judge_generation, judge_pages, look_at_wal, mapped_here,
+    page_hash, read_record, recorded_span, set_aside, stale_wal_policy, write_record, Mismatch,
+    StaleWalPolicy, Verdict, RECORDED_PAGES,
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
 
@@ -52,6 +52,8 @@ pub(crate) struct StaleWalSlot {
     not_due: AtomicBool,
     /// Write transactions that found a due record's generation unchanged.
     tries: AtomicU8,
+    /// The bytes a record hashes, read into the same buffer each time.
+    buf: Mutex<Vec<u8>>,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
 }
@@ -77,14 +79,18 @@ impl StaleWalSlot {
         !self.not_due.load(Ordering::Relaxed)
     }
 
-    /// The WAL write lock was just taken and [`Self::record_due`]: the record, if the generation
+    /// The WAL write lock was just asked for (`rc`: taken when `SQLITE_OK`) and
+    /// [`Self::record_due`]: the record, if the generation
     /// (the salts in the mapped wal-index header) is not the one this connection recorded
     /// last. A restart happens inside a write transaction, after its lock: so while the salts
     /// are unchanged the record stays due, for a few transactions (a reader can hold the
     /// restart back indefinitely; the generation then goes on and its record stands).
     #[inline(never)]
     #[cold]
-    pub(crate) fn at_write_lock(&self, state: &DbState, main: &dyn ImageSource) {
+    pub(crate) fn at_write_lock(&self, rc: c_int, state: &DbState, main: &dyn ImageSource) {
+        if rc != ffi::SQLITE_OK {
+            return;
+        }
         ffi_guard((), || {
             let p = self.region0.load(Ordering::Acquire);
             if p.is_null() {
@@ -130,20 +136,26 @@ impl StaleWalSlot {
             u32::from_be_bytes((word as u32).to_ne_bytes()),
             u32::from_be_bytes(((word >> 32) as u32).to_ne_bytes()),
         ];
-        // The first pages in one read; a shorter file (a short read) is measured and read again.
-        let mut first = vec![0u8; (RECORDED_PAGES * page_size) as usize];
-        if main.read_at(&mut first, 0).is_err() {
+        // The recorded fragments of the first pages in one read, into the connection's buffer
+        // (zeroed once); a shorter file (a short read) is measured and read again.
+        let mut buf = self.buf.lock();
+        let span = recorded_span(RECORDED_PAGES, page_size);
+        if buf.len() != span {
+            *buf = vec![0u8; span];
+        }
+        let mut pages = RECORDED_PAGES;
+        if main.read_at(&mut buf[..], 0).is_err() {
             let Ok(size) = main.size() else {
                 return;
             };
-            let whole = (size / u64::from(page_size)).min(u64::from(RECORDED_PAGES));
-            first.truncate((whole * u64::from(page_size)) as usize);
-            if main.read_at(&mut first, 0).is_err() {
+            pages = (size / u64::from(page_size)).min(u64::from(RECORDED_PAGES)) as u32;
+            let span = recorded_span(pages, page_size);
+            if main.read_at(&mut buf[..span], 0).is_err() {
                 return;
             }
         }
-        let record = WalBaseRecord::new(salts, page_size, state.main_id(), &first);
-        match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), &record)) {
+        let (encoded, len) = encode_record(salts, page_size, state.main_id(), &buf, pages);
+        match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), &encoded[..len])) {
             Some(Err(e)) => log::debug!(
                 "hermes-guard: cannot record the main file {}-wal was started on ({e}): a WAL \
                  left beside another database file after a crash will not be recognised",
@@ -358,7 +370,7 @@ fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<String
     }
     let mut buf = vec![0u8; fragment_len(page, page_size)];
     main.read_at(&mut buf, offset).ok()?;
-    Some(format!("{:016x}", page_hash(&buf)))
+    Some(hex16(page_hash(&buf)))
 }
 
 /// The verdicts that let SQLite go on, said at the level they deserve.
