@@ -36,6 +36,10 @@ pub enum Role {
     Gateway,
     /// Another process writing a newer generation at the same path.
     Second,
+    /// A session store (`SessionDb`) that appends `--wal-rows` messages to session `st-0`
+    /// (automatic checkpoints off), prints `{"event":"ready"}` and waits to be killed (or for
+    /// stdin to close).
+    Store,
 }
 
 /// Arguments of the writer child.
@@ -94,6 +98,7 @@ pub fn run(args: WriterArgs) -> Result<()> {
     match args.role {
         Role::Gateway => gateway(&args),
         Role::Second => second(&args),
+        Role::Store => store(&args),
     }
 }
 
@@ -214,4 +219,27 @@ fn second(args: &WriterArgs) -> Result<()> {
     let total: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
     conn.close().map_err(|(_, e)| e)?;
     emit(json!({"event": "done", "rows": total}))
+}
+
+fn store(args: &WriterArgs) -> Result<()> {
+    use hermes_guard::store::{NewMessage, NewSession};
+    let db = hermes_guard::SessionDb::open_with(
+        &args.db,
+        hermes_guard::StoreOptions {
+            wal_autocheckpoint: Some(0),
+            ..hermes_guard::StoreOptions::default()
+        },
+    )?;
+    if db.get_session("st-0")?.is_none() {
+        db.create_session(&NewSession::new("st-0", "store writer"))?;
+    }
+    for i in 0..args.wal_rows {
+        db.append_message(
+            "st-0",
+            &NewMessage::new("user", format!("dead generation {i}")),
+        )?;
+    }
+    emit(json!({"event": "ready", "pid": std::process::id()}))?;
+    for _ in io::stdin().lock().lines() {}
+    Ok(())
 }

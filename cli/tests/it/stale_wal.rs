@@ -235,3 +235,68 @@ test_alone! {
         assert!(artifacts(db.parent().unwrap()).is_empty());
     }
 }
+
+/// The session store: a store process killed with messages in its WAL, an older copy of the
+/// store restored over the file; the next `SessionDb::open` opens it as restored and reports the
+/// stale WAL in its status; it does not self-heal from that capture (a restore is the operator's
+/// decision).
+#[test]
+fn the_store_opens_a_restored_database_as_restored_and_reports_it() {
+    use hermes_guard::store::{NewMessage, NewSession};
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    {
+        let store = hermes_guard::SessionDb::open(&db).unwrap();
+        store
+            .create_session(&NewSession::new("st-0", "before"))
+            .unwrap();
+        for i in 0..5 {
+            store
+                .append_message("st-0", &NewMessage::new("user", format!("restored {i}")))
+                .unwrap();
+        }
+        assert!(store.close().is_ok());
+    }
+    let backup = dir.path().join("backup.db");
+    fs::copy(&db, &backup).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
+        .args([
+            "writer",
+            "--role",
+            "store",
+            "--vfs",
+            "guard",
+            "--wal-rows",
+            "200",
+            "--db",
+        ])
+        .arg(&db)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert!(line.contains("ready"), "{line}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let wal = fs::read(sidecar(&db, "-wal")).unwrap();
+    fs::copy(&backup, &db).unwrap();
+
+    let store = hermes_guard::SessionDb::open(&db).unwrap();
+    assert_eq!(store.get_messages("st-0").unwrap().len(), 5);
+    let stale = store.guard_status().unwrap().stale_wal.expect("reported");
+    assert_eq!(stale.action, StaleWalAction::SetAside);
+    assert!(store.healed().is_empty(), "no self-heal from a stale WAL");
+    let capture = stale.capture_path().unwrap();
+    assert!(store.close().is_ok());
+    common::assert_same_bytes(
+        &fs::read(capture.join("state.db-wal")).unwrap(),
+        &wal,
+        "the store's stale WAL in the capture",
+    );
+}
