@@ -50,17 +50,17 @@ use crate::walfile::{
 /// The extended attribute of a WAL inode that holds its [`WalBaseRecord`].
 pub(crate) const RECORD_XATTR: &str = "user.hermes-guard.wal-base";
 
-/// The pages a record covers: the first [`RECORDED_PAGES`], each by its first [`FRAGMENT`]
-/// bytes — on page 1 the database header (page count, change counter, schema cookie, freelist)
-/// and the schema's b-tree header, on the next the b-tree page header and cell pointers, where
-/// every row added or removed shows.
-pub(crate) const RECORDED_PAGES: u32 = 4;
-/// Bytes of each recorded page a record hashes.
-const FRAGMENT: usize = 512;
+/// The pages a record covers: the first [`RECORDED_PAGES`], each by its header — on page 1 the
+/// database header (page count, change counter, schema cookie, freelist: every growth shows)
+/// and the schema's b-tree page header, on the others the first 12 bytes: a b-tree page's header
+/// (its cell count and content offset change with every row added or removed there), an
+/// overflow or freelist page's link.
+pub(crate) const RECORDED_PAGES: u32 = 16;
 
 /// The bytes of a recorded page a record hashes (the whole page when it is smaller).
-pub(crate) fn fragment_len(_page: u32, page_size: u32) -> usize {
-    FRAGMENT.min(page_size as usize)
+pub(crate) fn fragment_len(page: u32, page_size: u32) -> usize {
+    let header = if page == 1 { 100 + 12 } else { 12 };
+    header.min(page_size as usize)
 }
 
 /// How many bytes from offset 0 hold the recorded fragments of the first `pages` pages.

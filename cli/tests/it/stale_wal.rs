@@ -259,6 +259,16 @@ fn the_store_opens_a_restored_database_as_restored_and_reports_it() {
     }
     let backup = dir.path().join("backup.db");
     fs::copy(&db, &backup).unwrap();
+    // Life goes on after the backup (checkpointed at the close), then a writer dies.
+    {
+        let store = hermes_guard::SessionDb::open(&db).unwrap();
+        for i in 0..20 {
+            store
+                .append_message("st-0", &NewMessage::new("user", format!("later {i}")))
+                .unwrap();
+        }
+        assert!(store.close().is_ok());
+    }
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
         .args([
             "writer",
