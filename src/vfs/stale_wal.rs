@@ -6,7 +6,7 @@
 //! Costs: a record is due at this connection's first write and after each checkpoint (the main
 //! file's sync that ends it; the WAL restarts then or at the next write): one atomic load per
 //! write transaction, as the WAL write lock is taken, says whether one is due. When it is, the salts in the mapped wal-index header
-//! tell whether the generation changed; if so the first pages of the main file are read (one
+//! tell whether the generation changed; if so the first 16 pages of the main file are read (one
 //! `pread`) and the record written (one `fsetxattr`). The judgement runs at the WAL's open, and
 //! reads files only when a WAL with frames is there.
 
