@@ -81,6 +81,14 @@ pub fn assert_set_aside(db: &Path, wal: &[u8], rows: i64) -> PathBuf {
 fn assert_verified_and_recovered(capture: &Path, db: &Path, pre_restore: &Path, rows: i64) {
     let (code, out, err) = common::hermes_guard_cli(&["verify".as_ref(), capture.as_os_str()]);
     assert_eq!(code, 0, "verify: {out}{err}");
+    let (code, out, err) =
+        common::hermes_guard_cli(&["captures".as_ref(), db.as_os_str(), "--json".as_ref()]);
+    assert_eq!(code, 0, "captures: {out}{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let row = &listed.as_array().unwrap()[0];
+    assert_eq!(row["reason"], "stale-wal", "{row}");
+    assert_eq!(row["trigger"], "open", "{row}");
+    assert_eq!(row["verified"], true, "{row}");
     let (code, _, err) = common::hermes_guard_cli(&[
         "recover".as_ref(),
         capture.as_os_str(),
