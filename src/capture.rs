@@ -54,6 +54,8 @@ pub enum Trigger {
     Halt,
     /// At close, when the loss was first seen there.
     Close,
+    /// At the open: a WAL left beside a database it was not written on (reason `stale-wal`).
+    Open,
 }
 
 /// A capture that could not be made. Nothing is left behind but, at worst, a `.partial` directory.
@@ -248,6 +250,10 @@ pub struct Manifest {
     /// The loss left the live main file torn (see [`Backfill::tears_main`]): it needs repair.
     #[serde(default)]
     pub main_torn: bool,
+    /// Reason `stale-wal` only: what the WAL's record said and what the main file at the path
+    /// was instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_wal: Option<crate::stale_wal::Mismatch>,
 }
 
 impl Manifest {
@@ -342,6 +348,9 @@ pub struct MainEntry {
 pub enum ImageMode {
     /// The whole image is copied into the artifact.
     Copied,
+    /// No image: a stale WAL set aside at the open (reason `stale-wal`). The main file it was
+    /// written on is not the one at the path; `recover --main <file>` takes it from the operator.
+    Absent,
 }
 
 /// What the pathnames resolved to at capture time.
@@ -624,7 +633,7 @@ fn sha256_of(file: &File, len: u64) -> io::Result<String> {
 
 /// Picks the first free `<stem>.retired-wal-<UTC>-<pid>[-n]` in `dir` and creates its
 /// `.partial` staging directory; returns (final name, staging name).
-fn reserve_staging(
+pub(crate) fn reserve_staging(
     dir: BorrowedFd<'_>,
     stem: &str,
 ) -> Result<(String, String), (String, io::Error)> {
@@ -662,7 +671,7 @@ fn utc_stamp(t: SystemTime) -> String {
 }
 
 /// Creates `name` in the directory `dir` (it must not exist), fills it and fsyncs it.
-fn write_synced(
+pub(crate) fn write_synced(
     dir: BorrowedFd<'_>,
     name: &str,
     body: impl FnOnce(&mut File) -> io::Result<()>,
@@ -756,6 +765,7 @@ fn fill_staging(
         },
         backfill_at_loss: input.backfill_at_loss,
         main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
+        stale_wal: None,
         path_generation_at_capture: PathGeneration {
             main: identity_of_path(input.database).ok().flatten(),
             wal: identity_of_path(&sidecar(input.database, "-wal"))

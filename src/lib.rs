@@ -50,6 +50,7 @@ pub mod recover;
 #[cfg(feature = "store")]
 pub mod registry;
 mod sqlite_log;
+mod stale_wal;
 mod status;
 #[cfg(feature = "store")]
 pub mod store;
@@ -70,7 +71,10 @@ use rusqlite::Connection;
 pub use capture::CaptureError;
 pub use error::GuardError;
 pub use identity::FileId;
-pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason};
+pub use stale_wal::{
+    set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
+};
+pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;
@@ -84,6 +88,7 @@ pub mod manifest {
     pub use crate::capture::{
         ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
     };
+    pub use crate::stale_wal::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};
 }
 

@@ -22,6 +22,10 @@ pub enum RetireReason {
     ShmLost,
     /// `<db>` no longer resolves to the main file this connection opened.
     MainReplaced,
+    /// A WAL found at the open was not written on the main file now at the path (a restore
+    /// after a crash): set aside, never replayed (manifest only; a connection is never retired
+    /// for it).
+    StaleWal,
 }
 
 impl RetireReason {
@@ -31,6 +35,9 @@ impl RetireReason {
             RetireReason::WalLost => "the -wal file was unlinked or replaced under the connection",
             RetireReason::ShmLost => "the -shm file was unlinked or replaced under the connection",
             RetireReason::MainReplaced => "the database file was replaced under the connection",
+            RetireReason::StaleWal => {
+                "the -wal found at the open was written on another database file"
+            }
         }
     }
 }
@@ -92,6 +99,48 @@ pub struct GuardStatus {
     pub generations_let_go: u64,
     /// Process-wide: capture-failure and let-go log lines left out by the rate limits.
     pub log_lines_suppressed: u64,
+    /// A WAL found at the open that was not written on this database (issue 19): set aside
+    /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
+    pub stale_wal: Option<StaleWalStatus>,
+}
+
+/// What the guard did with a WAL found at the open that was not written on the main file at
+/// the path (`stale_wal` in the status).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct StaleWalStatus {
+    /// `set-aside` (moved into a capture, the database opened as it is) or `refused` (the strict
+    /// mode: nothing moved, the open failed with `SQLITE_CANTOPEN_DIRTYWAL`).
+    pub action: StaleWalAction,
+    /// The capture holding the stale WAL and `-shm` (display string; `capture_hex` has its
+    /// exact bytes when they are not UTF-8).
+    pub capture: Option<String>,
+    /// Exact bytes of the capture's path in hex, only when not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture_hex: Option<String>,
+    /// The stale WAL's identity.
+    pub wal: FileId,
+    /// What did not match, for a person.
+    pub detail: String,
+}
+
+impl StaleWalStatus {
+    /// The capture's exact path.
+    pub fn capture_path(&self) -> Option<PathBuf> {
+        let display = self.capture.clone()?;
+        path_from_parts(display, self.capture_hex.as_deref()).ok()
+    }
+}
+
+/// See [`StaleWalStatus::action`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum StaleWalAction {
+    /// Moved into a capture; the database opened as it is at the path.
+    SetAside,
+    /// The open was refused; nothing was moved.
+    Refused,
 }
 
 /// A WAL's checkpoint progress, read from the wal-index header and checkpoint info in the `-shm`.
@@ -160,6 +209,8 @@ struct StatusJson {
     generations_let_go: u64,
     #[serde(default)]
     log_lines_suppressed: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    stale_wal: Option<StaleWalStatus>,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -188,6 +239,7 @@ impl From<GuardStatus> for StatusJson {
             held_descriptors: s.held_descriptors,
             generations_let_go: s.generations_let_go,
             log_lines_suppressed: s.log_lines_suppressed,
+            stale_wal: s.stale_wal,
         }
     }
 }
@@ -223,6 +275,7 @@ impl TryFrom<StatusJson> for GuardStatus {
             held_descriptors: j.held_descriptors,
             generations_let_go: j.generations_let_go,
             log_lines_suppressed: j.log_lines_suppressed,
+            stale_wal: j.stale_wal,
         })
     }
 }
@@ -237,6 +290,9 @@ pub enum ErrorClass {
     /// The main file was replaced ([`RetireReason::MainReplaced`], e.g. a snapshot restore):
     /// reopen to see the new database.
     MainReplaced,
+    /// The open was refused in the strict stale-WAL mode (`SQLITE_CANTOPEN_DIRTYWAL`): the WAL
+    /// beside the database was not written on it ([`GuardStatus::stale_wal`] says what).
+    StaleWal,
     /// Anything else.
     Other,
 }
@@ -253,6 +309,9 @@ impl ErrorClass {
         let Some(e) = err.sqlite_error() else {
             return ErrorClass::Other;
         };
+        if e.extended_code == ffi::SQLITE_CANTOPEN_DIRTYWAL {
+            return ErrorClass::StaleWal;
+        }
         let refused = e.extended_code == ffi::SQLITE_READONLY_DBMOVED;
         let file_level = matches!(
             e.extended_code & 0xff,
@@ -301,6 +360,7 @@ mod tests {
             main_torn: true,
             shield_active: true,
             shield_shm_active: true,
+            stale_wal: None,
             shield_off_reason: None,
             capture_attempts: 0,
             let_go: None,
@@ -339,6 +399,7 @@ mod tests {
             held_descriptors: 4,
             generations_let_go: 7,
             log_lines_suppressed: 11,
+            stale_wal: None,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

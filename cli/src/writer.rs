@@ -7,7 +7,9 @@
 //!
 //! Roles:
 //! - `gateway`: seeds and checkpoints history, commits `--wal-rows` rows that live only in its
-//!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`.
+//!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`,
+//!   `checkpoint` (TRUNCATE), `bulk N` (N rows of 400 bytes in one transaction) and
+//!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
 
@@ -34,6 +36,10 @@ pub enum Role {
     Gateway,
     /// Another process writing a newer generation at the same path.
     Second,
+    /// A session store (`SessionDb`) that appends `--wal-rows` messages to session `st-0`
+    /// (automatic checkpoints off), prints `{"event":"ready"}` and waits to be killed (or for
+    /// stdin to close).
+    Store,
 }
 
 /// Arguments of the writer child.
@@ -92,6 +98,7 @@ pub fn run(args: WriterArgs) -> Result<()> {
     match args.role {
         Role::Gateway => gateway(&args),
         Role::Second => second(&args),
+        Role::Store => store(&args),
     }
 }
 
@@ -157,6 +164,35 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                 };
                 emit(json!({"event": "closed", "error": error}))?;
             }
+            "checkpoint" => {
+                let c = conn.as_ref().ok_or("checkpoint after close")?;
+                let r = c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+                    r.get::<_, i64>(0)
+                });
+                emit(json!({"event": "checkpoint", "error": r.err().map(|e| e.to_string())}))?;
+            }
+            cmd if cmd.starts_with("bulk ") => {
+                // `bulk N`: N rows of 400 bytes in one transaction (the file grows: page 1 changes).
+                let c = conn.as_ref().ok_or("bulk after close")?;
+                let n: u32 = cmd["bulk ".len()..].trim().parse()?;
+                let tx = c.unchecked_transaction()?;
+                for i in 0..n {
+                    tx.execute(
+                        "INSERT INTO messages (session, content) VALUES ('gw-0', ?1)",
+                        [format!("bulk {i} {}", "b".repeat(400))],
+                    )?;
+                }
+                tx.commit()?;
+                emit(json!({"event": "bulk"}))?;
+            }
+            cmd if cmd.starts_with("backup-from ") => {
+                // `backup-from PATH`: the backup API copies PATH over this live database.
+                let c = conn.as_mut().ok_or("backup after close")?;
+                let src = Connection::open(cmd["backup-from ".len()..].trim())?;
+                let r = rusqlite::backup::Backup::new(&src, c)
+                    .and_then(|b| b.run_to_completion(1000, std::time::Duration::ZERO, None));
+                emit(json!({"event": "backup", "error": r.err().map(|e| e.to_string())}))?;
+            }
             "quit" => break,
             other => {
                 emit(json!({"event": "error", "error": format!("unknown command {other:?}")}))?
@@ -183,4 +219,27 @@ fn second(args: &WriterArgs) -> Result<()> {
     let total: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
     conn.close().map_err(|(_, e)| e)?;
     emit(json!({"event": "done", "rows": total}))
+}
+
+fn store(args: &WriterArgs) -> Result<()> {
+    use hermes_guard::store::{NewMessage, NewSession};
+    let db = hermes_guard::SessionDb::open_with(
+        &args.db,
+        hermes_guard::StoreOptions {
+            wal_autocheckpoint: Some(0),
+            ..hermes_guard::StoreOptions::default()
+        },
+    )?;
+    if db.get_session("st-0")?.is_none() {
+        db.create_session(&NewSession::new("st-0", "store writer"))?;
+    }
+    for i in 0..args.wal_rows {
+        db.append_message(
+            "st-0",
+            &NewMessage::new("user", format!("dead generation {i}")),
+        )?;
+    }
+    emit(json!({"event": "ready", "pid": std::process::id()}))?;
+    for _ in io::stdin().lock().lines() {}
+    Ok(())
 }

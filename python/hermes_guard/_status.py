@@ -14,6 +14,8 @@ from ._loader import HermesGuardError
 
 #: `SQLITE_READONLY_DBMOVED`: the extended result code of every write the guard refuses.
 READONLY_DBMOVED = 1032
+#: `SQLITE_CANTOPEN_DIRTYWAL`: an open refused in the strict stale-WAL mode.
+CANTOPEN_DIRTYWAL = 1294
 
 FileId = Tuple[int, int]
 """`(st_dev, st_ino)` of a file, as the guard pinned it."""
@@ -38,6 +40,9 @@ class RetireReason(str, enum.Enum):
     """`<db>-shm` no longer resolves to the shared memory this connection maps."""
     MAIN_REPLACED = "main-replaced"
     """`<db>` no longer resolves to the main file this connection opened."""
+    STALE_WAL = "stale-wal"
+    """A WAL found at the open was written on another database file (a restore after a crash):
+    set aside at the open, never replayed (manifests only)."""
 
 
 class ErrorClass(enum.Enum):
@@ -48,6 +53,9 @@ class ErrorClass(enum.Enum):
     captured next to the database (:attr:`GuardStatus.capture`)."""
     MAIN_REPLACED = "main-replaced"
     """The main file was replaced (a snapshot restore): reopen to see the new database."""
+    STALE_WAL = "stale-wal"
+    """The open was refused in the strict stale-WAL mode (`SQLITE_CANTOPEN_DIRTYWAL`, 1294): the
+    WAL beside the database was not written on it (:attr:`GuardStatus.stale_wal`)."""
     OTHER = "other"
     """Anything else: handle it as usual."""
 
@@ -127,6 +135,10 @@ class GuardStatus:
     """Process-wide: capture-failure and let-go log lines left out by the rate limits."""
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The JSON document itself, with any key this version does not know."""
+    stale_wal: Optional[Dict[str, Any]] = None
+    """A WAL found at the open that was not written on this database: `action` (`set-aside` or
+    `refused`), `capture` (where the WAL and `-shm` went), `wal`, `detail`. None: nothing of the
+    kind."""
 
     @classmethod
     def from_json(cls, document: str) -> "GuardStatus":
@@ -156,6 +168,7 @@ class GuardStatus:
             generations_let_go=int(j.get("generations_let_go", 0)),
             log_lines_suppressed=int(j.get("log_lines_suppressed", 0)),
             raw=j,
+            stale_wal=j.get("stale_wal"),
         )
 
 
@@ -283,6 +296,8 @@ def classify(conn: Any, error: BaseException) -> ErrorClass:
     except Exception:  # not guarded, or closed: no reason to go by
         reason = None
     code = _extended_code(error)
+    if code == CANTOPEN_DIRTYWAL:
+        return ErrorClass.STALE_WAL
     refused = code == READONLY_DBMOVED
     if code is None:  # Python < 3.11: the exception class stands in for the code
         file_level = not isinstance(error, (sqlite3.IntegrityError, sqlite3.ProgrammingError))

@@ -51,8 +51,9 @@ pub(crate) fn heal_store(conn: &Connection, path: &Path) -> Vec<Healed> {
         let Some(manifest) = &entry.manifest else {
             continue;
         };
-        if manifest.is_main_replaced() || manifest.reason.is_none() {
-            continue; // a restore is an operator's decision
+        let stale_wal = manifest.reason == Some(crate::RetireReason::StaleWal);
+        if manifest.is_main_replaced() || manifest.reason.is_none() || stale_wal {
+            continue; // a restore (a stale WAL is one too) is an operator's decision
         }
         // An accident leaves the main file in place: the capture must be of this very file. A
         // restore that also removed the sidecars may be reported as a lost -wal; it replaced the

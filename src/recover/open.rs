@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
 use super::{RecoverError, WalCheck};
-use crate::capture::{capture_dir_stem, ARTIFACT_MARKER, MANIFEST_NAME};
+use crate::capture::{capture_dir_stem, ImageMode, ARTIFACT_MARKER, MANIFEST_NAME};
 use crate::Manifest;
 
 const PARTIAL_SUFFIX: &[u8] = b".partial";
@@ -63,6 +63,18 @@ impl Capture {
     /// attached as `pre`, and runs `PRAGMA integrity_check` on it.
     /// A capture whose own check fails still opens: see [`Capture::integrity`].
     pub fn open(dir: impl AsRef<Path>) -> Result<Capture, RecoverError> {
+        Capture::open_with_main(dir, None)
+    }
+
+    /// [`Capture::open`], for a capture of reason `stale-wal` too: its WAL was written on a main
+    /// file that is not in the capture (`main.mode` `absent`), and `main` is that file (the copy
+    /// taken before the restore). It is checked against the WAL's record: each page the record
+    /// sampled must be the recorded content or one of the WAL's own frames of it. For any other
+    /// capture `main` must be `None`.
+    pub fn open_with_main(
+        dir: impl AsRef<Path>,
+        main: Option<&Path>,
+    ) -> Result<Capture, RecoverError> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = read_manifest(&dir)?;
         let work = tempfile::Builder::new()
@@ -72,13 +84,35 @@ impl Capture {
                 RecoverError::io(std::env::temp_dir(), "create a private work directory", e)
             })?;
         let copy = work.path().join(COPY_NAME);
-        copy_verified(
-            &dir,
-            &manifest.main.file,
-            manifest.main.bytes,
-            &manifest.main.sha256,
-            &copy,
-        )?;
+        match (manifest.main.mode, main) {
+            (ImageMode::Absent, Some(main)) => {
+                crate::stale_wal::check_main_for_capture(&dir, &manifest, main, &copy)?
+            }
+            (ImageMode::Absent, None) => {
+                return Err(RecoverError::NotACapture {
+                    path: dir.clone(),
+                    why: "it holds a stale WAL (reason stale-wal) without the database file it \
+                          was written on: give that file (the copy taken before the restore) \
+                          with --main"
+                        .into(),
+                })
+            }
+            (_, Some(_)) => {
+                return Err(RecoverError::NotACapture {
+                    path: dir.clone(),
+                    why: "--main is only for a capture of a stale WAL (reason stale-wal): this \
+                          one holds its main image"
+                        .into(),
+                })
+            }
+            (_, None) => copy_verified(
+                &dir,
+                &manifest.main.file,
+                manifest.main.bytes,
+                &manifest.main.sha256,
+                &copy,
+            )?,
+        }
         let image = work.path().join(IMAGE_NAME);
         fs::copy(&copy, &image).map_err(|e| RecoverError::io(&image, "copy the main image", e))?;
         let wal_copy = work.path().join(format!("{COPY_NAME}-wal"));
@@ -268,8 +302,10 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, RecoverError> {
             manifest.version
         )));
     }
+    let absent = manifest.main.mode == crate::capture::ImageMode::Absent;
     for name in [&manifest.main.file, &manifest.wal.file] {
-        if !is_plain_name(name) {
+        let allowed = is_plain_name(name) || (absent && name.is_empty());
+        if !allowed {
             return Err(not(&format!(
                 "the manifest names {name:?}, which is not a file name inside the capture"
             )));

@@ -70,6 +70,9 @@ fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
 /// [`CaptureCheck::problems`].
 pub fn verify_capture(dir: &Path) -> Result<CaptureCheck, RecoverError> {
     let manifest = read_manifest(dir)?;
+    if manifest.main.mode == crate::capture::ImageMode::Absent {
+        return verify_stale_wal(dir, manifest);
+    }
     let (main, header_bytes) = read_main(dir, &manifest.main.file)?;
     let main_header = parse_main_header(&header_bytes);
     let (wal, wal_check) = read_wal(dir, &manifest.wal.file)?;
@@ -115,6 +118,45 @@ pub fn verify_capture(dir: &Path) -> Result<CaptureCheck, RecoverError> {
         capture: dir.to_path_buf(),
         main,
         main_header,
+        wal,
+        wal_check,
+        problems,
+        unreadable_commits,
+        manifest,
+    })
+}
+
+/// A capture of reason `stale-wal`: the WAL alone (the main file it was written on is not in
+/// it); `main` is empty and `main_header` the one the manifest records.
+fn verify_stale_wal(dir: &Path, manifest: Manifest) -> Result<CaptureCheck, RecoverError> {
+    let (wal, wal_check) = read_wal(dir, &manifest.wal.file)?;
+    let w = &manifest.wal;
+    let mut problems = Vec::new();
+    if wal.bytes != w.bytes {
+        problems.push(format!(
+            "{} is {} bytes, the manifest says {}",
+            w.file, wal.bytes, w.bytes
+        ));
+    }
+    if !wal.sha256.eq_ignore_ascii_case(&w.sha256) {
+        problems.push(format!(
+            "the sha256 of {} is {}, the manifest says {}",
+            w.file, wal.sha256, w.sha256
+        ));
+    }
+    if manifest.stale_wal.is_none() {
+        problems.push("a capture without a main image must record stale_wal".into());
+    }
+    problems.extend(wal_problems(&wal_check, w));
+    let unreadable_commits = unreadable_commits(&wal_check, w);
+    Ok(CaptureCheck {
+        capture: dir.to_path_buf(),
+        main: FileFound {
+            file: String::new(),
+            bytes: 0,
+            sha256: String::new(),
+        },
+        main_header: manifest.main.header.clone(),
         wal,
         wal_check,
         problems,

@@ -370,7 +370,7 @@ impl SessionDb {
                 capture_error,
                 reason: Some(reason),
             },
-            RetireReason::MainReplaced => StoreError::MainReplaced {
+            RetireReason::MainReplaced | RetireReason::StaleWal => StoreError::MainReplaced {
                 database: self.path.clone(),
                 reason: Some(reason),
             },

@@ -749,6 +749,14 @@ pub(super) unsafe fn open(
         }
     };
     let sub = heap.as_ref().map_or(f, |h| h.ptr);
+    if flags & ffi::SQLITE_OPEN_WAL != 0 {
+        // Issue 19: an existing WAL is judged before SQLite opens (and replays) it.
+        // SAFETY: `z_name` is the WAL name SQLite passes to xOpen.
+        let rc = unsafe { stale_wal_gate(z_name) };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
     // SAFETY: SQLite's own arguments, with a zeroed file object of the wrapped VFS's size.
     let rc = unsafe { x_open(sub_vfs, z_name, sub, flags, out_flags) };
     // SAFETY: `sub` is the zeroed object; xOpen set pMethods or left it NULL.
@@ -1208,6 +1216,8 @@ unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
             // checkpoint): what a heal at close compares with (`state/healing.rs`).
             shield_slow(|| state.stamp_main());
         }
+        // Issue 19: a restart may follow (or just happened): a WAL-base record is due.
+        state.stale_wal().checkpoint_synced();
     }
     rc
 }
@@ -1479,6 +1489,8 @@ unsafe extern "C" fn x_shm_map(
                     },
                     Box::new(WalIndexView(addr)),
                 );
+                // Issue 19: the record reads the generation's salts from this mapping.
+                state.stale_wal().mapped(addr);
                 if state.shield().enabled() {
                     // SAFETY: an armed shield means the wrapped file's unix layout was verified
                     // at the open; xShmMap just mapped region 0.
@@ -1602,6 +1614,11 @@ unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
     let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, OFST, 1, LOCK_EXCLUSIVE);
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
+        // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
+        if state.stale_wal().record_due() {
+            let main = MainImage(sub_of::<HEAP>(t, f));
+            state.stale_wal().at_write_lock(rc, state, &main);
+        }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
     }
@@ -1630,6 +1647,8 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
             // check first, while the wal-index still shows how far the WAL was checkpointed.
             state.check_at_close();
             state.shm_unmapping();
+            // Issue 19: the record stops reading this mapping.
+            state.stale_wal().unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's
             // descriptor): the DMS lock goes with the node's last guarded connection.
             left = state.shield().leave_shm();
@@ -1645,4 +1664,25 @@ unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_
         }
         rc
     })
+}
+
+/// Issue 19's judgement of an existing WAL, before SQLite opens it (`stale_wal.rs`).
+///
+/// # Safety
+/// `z_name` is the name SQLite passes to `xOpen` for a WAL.
+unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
+    // SAFETY: a WAL's name is derived from its main file's, as sqlite3_database_file_object
+    // expects.
+    let main = unsafe { ffi::sqlite3_database_file_object(z_name) };
+    // SAFETY: `main` is NULL or the main database's file object, open while its WAL opens.
+    let Some(state) = (unsafe { guard_state(main) }) else {
+        return ffi::SQLITE_OK;
+    };
+    // SAFETY: a main file of ours (it has a state), open.
+    let sub = unsafe { table(main) }.sub_ptr(main);
+    // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the call.
+    let Some(path) = (unsafe { cstr_path(z_name) }) else {
+        return ffi::SQLITE_OK;
+    };
+    super::stale_wal::before_wal_open(&state, &MainImage(sub), &path)
 }

@@ -10,6 +10,7 @@ mod locked_fds;
 mod methods;
 mod retry;
 mod shield;
+mod stale_wal;
 pub(crate) mod state;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use super::retry::{self, Backoff};
 use super::shield::Shield;
+use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{sidecar, Captured, ImageSource};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, FileStamp, PinnedWal};
@@ -111,6 +112,8 @@ pub(crate) struct DbState {
     dir: Option<Arc<DirHandle>>,
     /// The lock shield of this connection (`shield.rs`).
     shield: Shield,
+    /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
+    stale_wal: StaleWalSlot,
     inner: Mutex<Inner>,
 }
 
@@ -288,6 +291,7 @@ impl DbState {
             fast_watch,
             dir,
             shield: Shield::new(),
+            stale_wal: StaleWalSlot::default(),
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -297,6 +301,16 @@ impl DbState {
 
     pub(crate) fn db_path(&self) -> &Path {
         &self.db_path
+    }
+
+    /// Issue 19's slot (`stale_wal.rs`).
+    pub(crate) fn stale_wal(&self) -> &StaleWalSlot {
+        &self.stale_wal
+    }
+
+    /// Runs `f` on the pinned WAL (issue 19: its WAL-base record is written through it).
+    pub(crate) fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R> {
+        self.inner.lock().wal.as_ref().map(f)
     }
 
     pub(crate) fn shield(&self) -> &Shield {
@@ -769,6 +783,7 @@ impl DbState {
             held_descriptors,
             generations_let_go: retry::let_go_total(),
             log_lines_suppressed: retry::suppressed_lines(),
+            stale_wal: self.stale_wal.report(),
         }
     }
 

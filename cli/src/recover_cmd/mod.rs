@@ -58,6 +58,10 @@ pub struct RecoverArgs {
     /// The live database to merge into.
     #[arg(long)]
     into: PathBuf,
+    /// For a capture of a stale WAL (reason `stale-wal`): the database file the WAL was written
+    /// on (the copy taken before the restore). Checked against the WAL's record.
+    #[arg(long, value_name = "FILE")]
+    main: Option<PathBuf>,
     /// Merge (one transaction through the guard). Without it, only the plan is printed.
     #[arg(long)]
     apply: bool,
@@ -131,7 +135,7 @@ fn wal_findings(capture: &Capture) -> Result<WalFindings, RecoverError> {
 
 /// `hermes-guard recover <CAPTURE> --into <DB> [--apply] [--json]`.
 pub fn recover(args: RecoverArgs) -> ExitCode {
-    let capture = match Capture::open(&args.capture) {
+    let capture = match Capture::open_with_main(&args.capture, args.main.as_deref()) {
         Ok(c) => c,
         Err(e) => return fail(args.json, &e),
     };

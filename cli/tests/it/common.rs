@@ -265,6 +265,12 @@ impl Gateway {
         self.stdin.flush().unwrap();
     }
 
+    /// Kills the child with SIGKILL (a crash: its WAL and `-shm` stay as they were) and reaps it.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
     /// Sends `quit` and waits for a normal exit.
     pub fn quit(mut self) -> std::process::ExitStatus {
         self.send("quit");

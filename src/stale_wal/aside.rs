@@ -1,0 +1,234 @@
+//! Setting a stale WAL aside (reason `stale-wal`) and checking `recover --main`'s file against
+//! the record.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rustix::fs::AtFlags;
+use sha2::{Digest, Sha256};
+
+use super::{fragment_len, hex16, judge_pages, look_at_wal, page_hash, At, Mismatch, Verdict};
+use crate::capture::{
+    self, CaptureError, ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
+};
+use crate::identity::{identity_of_fd, identity_of_path, FileId};
+use crate::paths::{self, open_dir, path_display, path_hex};
+use crate::status::RetireReason;
+use crate::walfile::{parse_main_header, WalScanner};
+
+/// Moves the stale WAL (which `wal` has open) and the `-shm` (if any) of `database` into a new
+/// capture beside it, with a manifest of reason `stale-wal`. On failure everything moved is put
+/// back and the staging directory removed.
+pub(crate) fn set_aside(
+    database: &Path,
+    wal: &File,
+    main_now: Option<FileId>,
+    main_header: &[u8],
+    mismatch: &Mismatch,
+) -> Result<PathBuf, CaptureError> {
+    let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
+        database: database.to_path_buf(),
+        artifact: artifact.to_path_buf(),
+        source,
+    };
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().ok_or_else(|| {
+        io_err(
+            database,
+            io::Error::new(io::ErrorKind::InvalidInput, "no file name"),
+        )
+    })?;
+    let dir = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+    let side = |suffix: &str| {
+        let mut s = name.as_bytes().to_vec();
+        s.extend_from_slice(suffix.as_bytes());
+        PathBuf::from(OsStr::from_bytes(&s))
+    };
+    let (wal_src, shm_src) = (side("-wal"), side("-shm"));
+    let stem = capture::capture_dir_stem(name);
+    let file_name = capture::capture_file_name(name);
+    let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));
+    let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem)
+        .map_err(|(staging, e)| io_err(&parent.join(staging), e))?;
+    let staging_path = parent.join(&staging_name);
+    let final_path = parent.join(&final_name);
+
+    let wal_id = identity_of_fd(wal).map_err(|e| io_err(&wal_src, e))?;
+    let mut moved: Vec<(&Path, &str)> = Vec::new();
+    let result = (|| -> io::Result<()> {
+        let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
+        rustix::fs::renameat(&dir, &wal_src, &staging, wal_name.as_str())?;
+        moved.push((&wal_src, &wal_name));
+        let st = rustix::fs::statat(&staging, wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        if st.st_ino as u64 != wal_id.ino {
+            return Err(io::Error::other(
+                "the WAL at the path changed while it was being set aside",
+            ));
+        }
+        let shm_id = identity_of_path(&parent.join(&shm_src)).ok().flatten();
+        if shm_id.is_some() {
+            match rustix::fs::renameat(&dir, &shm_src, &staging, shm_name.as_str()) {
+                Ok(()) => moved.push((&shm_src, &shm_name)),
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let manifest = manifest(
+            database,
+            wal,
+            wal_id,
+            &wal_name,
+            shm_id,
+            main_now,
+            main_header,
+            mismatch,
+        )?;
+        let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
+        capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, |f| {
+            io::Write::write_all(f, &json)
+        })?;
+        rustix::fs::fsync(&staging)?;
+        rustix::fs::renameat(&dir, staging_name.as_str(), &dir, final_name.as_str())?;
+        rustix::fs::fsync(&dir)?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            crate::sqlite_log::captured(database, &final_path);
+            Ok(final_path)
+        }
+        Err(e) => {
+            if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&staging_name)) {
+                for (src, inside) in moved.iter().rev() {
+                    let _ = rustix::fs::renameat(&staging, *inside, &dir, *src);
+                }
+                let _ = rustix::fs::unlinkat(&staging, capture::MANIFEST_NAME, AtFlags::empty());
+            }
+            let _ = rustix::fs::unlinkat(&dir, staging_name.as_str(), AtFlags::REMOVEDIR);
+            Err(io_err(&staging_path, e))
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn manifest(
+    database: &Path,
+    wal: &File,
+    wal_id: FileId,
+    wal_name: &str,
+    shm_id: Option<FileId>,
+    main_now: Option<FileId>,
+    main_header: &[u8],
+    mismatch: &Mismatch,
+) -> io::Result<Manifest> {
+    let mut scanner = WalScanner::new();
+    let mut hash = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut r = At { file: wal, pos: 0 };
+    loop {
+        let n = r.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hash.update(&buf[..n]);
+        scanner.feed(&buf[..n]);
+        bytes += n as u64;
+    }
+    let summary = scanner.finish();
+    Ok(Manifest {
+        version: 1,
+        database: path_display(database),
+        database_hex: path_hex(database),
+        trigger: Trigger::Open,
+        reason: Some(RetireReason::StaleWal),
+        pid: std::process::id(),
+        captured_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        sqlite: rusqlite::version().to_owned(),
+        wal: WalEntry {
+            identity: wal_id,
+            file: wal_name.to_owned(),
+            bytes,
+            sha256: paths::hex(&hash.finalize()),
+            header: summary.header,
+            frames: summary.frames,
+            commits: summary.commits,
+            last_commit_frame: summary.last_commit_frame,
+        },
+        shm: shm_id.map(|identity| ShmEntry { identity }),
+        main: MainEntry {
+            identity: main_now,
+            size: 0,
+            header: parse_main_header(main_header),
+            mode: ImageMode::Absent,
+            file: String::new(),
+            bytes: 0,
+            sha256: String::new(),
+        },
+        path_generation_at_capture: PathGeneration {
+            main: identity_of_path(database).ok().flatten(),
+            wal: None,
+            shm: None,
+        },
+        backfill_at_loss: None,
+        main_torn: false,
+        stale_wal: Some(mismatch.clone()),
+    })
+}
+
+/// For `recover --main`: copies `main` (the database file a stale WAL was written on, as the
+/// operator gives it) to `copy`, and checks it against the record in the capture's manifest,
+/// by the open's rule: every sampled page the recorded content or one of the WAL's frames.
+pub(crate) fn check_main_for_capture(
+    dir: &Path,
+    manifest: &Manifest,
+    main: &Path,
+    copy: &Path,
+) -> Result<(), crate::recover::RecoverError> {
+    use crate::recover::RecoverError;
+    let wrong = |why: String| RecoverError::NotACapture {
+        path: main.to_path_buf(),
+        why,
+    };
+    std::fs::copy(main, copy).map_err(|e| RecoverError::io(main, "copy the --main file", e))?;
+    let Some(m) = &manifest.stale_wal else {
+        return Err(wrong(
+            "the capture's manifest has no stale_wal record".into(),
+        ));
+    };
+    let record = &m.recorded;
+    let wal_path = dir.join(&manifest.wal.file);
+    let wal = File::open(&wal_path).map_err(|e| RecoverError::io(&wal_path, "open", e))?;
+    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
+    let full =
+        look_at_wal(&wal, Some(&pages)).map_err(|e| RecoverError::io(&wal_path, "read", e))?;
+    let image = File::open(copy).map_err(|e| RecoverError::io(copy, "open", e))?;
+    let size = image
+        .metadata()
+        .map_err(|e| RecoverError::io(copy, "stat", e))?
+        .len();
+    let read = |p: u32| {
+        let offset = u64::from(p - 1) * u64::from(record.page_size);
+        if offset + u64::from(record.page_size) > size {
+            return None;
+        }
+        let mut buf = vec![0u8; fragment_len(p, record.page_size)];
+        std::os::unix::fs::FileExt::read_exact_at(&image, &mut buf, offset).ok()?;
+        Some(hex16(page_hash(&buf)))
+    };
+    match judge_pages(record, identity_of_path(main).ok().flatten(), read, &full) {
+        Verdict::Stale(m) => Err(wrong(format!(
+            "it is not the database file the captured WAL was written on: {}",
+            m.detail
+        ))),
+        _ => Ok(()),
+    }
+}
