@@ -74,7 +74,7 @@ impl CostWorkload {
             (CostWorkload::R1, false) => (2_000, 12_000),
             // Past the page cache's growth (2,000 pages, about 25 of these transactions), whose
             // `brk` calls would otherwise differ between the two runs by a few.
-            (CostWorkload::W2, false) => (30, 90),
+            (CostWorkload::W2, false) => (60, 180),
             (CostWorkload::W1, true) => (5, 15),
             (CostWorkload::R1, true) => (10, 30),
             (CostWorkload::W2, true) => (1, 2),
