@@ -1,0 +1,124 @@
+//! `xClose`: the checks and captures a close owes, the held main file, the heal.
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::Ordering;
+
+use rusqlite::ffi;
+
+use super::*;
+use crate::vfs::ffi_guard;
+use crate::vfs::state::MainFile;
+
+pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_CLOSE, || {
+        // SAFETY: SQLite closes each file it opened exactly once: the table is ours again (it
+        // clears pMethods after this call and never reads the table afterwards).
+        let t = unsafe { Box::from_raw((*f).pMethods as *mut FileTable) };
+        let sub = t.sub_ptr(f);
+        let heap = (!t.heap.is_null()).then_some(HeapFile {
+            ptr: t.heap,
+            layout: t.sub_layout,
+            path: None,
+            leak_at_close: false,
+        });
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+            // Before SQLite's descriptor is closed or parked for reuse.
+            state.shield().close();
+        }
+        let rc = match (t.kind, &t.state) {
+            (Kind::Main, Some(state)) if state.must_hold_main() => {
+                // Locks go (nobody may wait on a retired handle) but the descriptor stays.
+                sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
+                // SAFETY: `f` is the open file SQLite is closing, this table's.
+                match unsafe { t.hold(f, heap) } {
+                    Ok(held) => {
+                        state.set_main_image(Some(Box::new(MainImage(held.ptr))));
+                        log::error!(
+                            "hermes-guard: {} closed with its retired generation uncaptured; its \
+                             descriptor is held and the capture is retried at the next open or \
+                             close (or hermes_guard::retry_pending_captures)",
+                            state.db_path().display()
+                        );
+                        let mut pending = PENDING.lock();
+                        pending.push((state.clone(), held));
+                        PENDING_COUNT.store(pending.len(), Ordering::Release);
+                        ffi::SQLITE_OK
+                    }
+                    Err(why) => {
+                        log::error!(
+                            "hermes-guard: {} closed with its retired generation uncaptured, and \
+                             its main file cannot be held past the close ({why}): the retired \
+                             generation can no longer be captured",
+                            state.db_path().display()
+                        );
+                        state.main_closed();
+                        sub_call!(&t, sub, xClose)
+                    }
+                }
+            }
+            (Kind::Main, Some(state)) => {
+                // Its capture is written (or nothing was at stake): when nothing newer exists,
+                // the retired generation goes back into the main file (`state/healing.rs`).
+                state.heal_at_close(&Unlocked { t: &t, sub });
+                state.main_closed();
+                close_sub(&t, sub, heap)
+            }
+            (Kind::Wal, Some(state)) => {
+                // SQLite lets go of the WAL here whatever it asked before: with
+                // `SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE` it never sent `SQLITE_FCNTL_HAS_MOVED`. A WAL
+                // retired since the last check is found now, while its descriptor and the main
+                // file are still open, and captured (or held, see `wal_closed`).
+                state.check_at_close();
+                // Before the table goes (at the end of this call).
+                state.detach_wal_gate();
+                let rc = close_sub(&t, sub, heap);
+                state.wal_closed();
+                rc
+            }
+            _ => close_sub(&t, sub, heap),
+        };
+        if t.kind == Kind::Main {
+            retry_pending_captures(Caller::Sqlite);
+        }
+        rc
+    })
+}
+
+/// The wrapped main file at its close, for a heal: its own methods, through the guard's table
+/// (the calls SQLite would make for a checkpoint).
+pub(super) struct Unlocked<'a> {
+    pub(super) t: &'a FileTable,
+    pub(super) sub: *mut ffi::sqlite3_file,
+}
+
+impl MainFile for Unlocked<'_> {
+    fn lock(&self, level: c_int) -> c_int {
+        sub_call!(self.t, self.sub, xLock, level)
+    }
+
+    fn unlock(&self, level: c_int) -> c_int {
+        sub_call!(self.t, self.sub, xUnlock, level)
+    }
+
+    fn write_at(&self, bytes: &[u8], offset: i64) -> c_int {
+        let Ok(len) = c_int::try_from(bytes.len()) else {
+            return ffi::SQLITE_IOERR_WRITE;
+        };
+        sub_call!(
+            self.t,
+            self.sub,
+            xWrite,
+            bytes.as_ptr() as *const c_void,
+            len,
+            offset
+        )
+    }
+
+    fn truncate(&self, size: i64) -> c_int {
+        sub_call!(self.t, self.sub, xTruncate, size)
+    }
+
+    fn sync(&self) -> c_int {
+        sub_call!(self.t, self.sub, xSync, ffi::SQLITE_SYNC_NORMAL)
+    }
+}

@@ -1,0 +1,163 @@
+//! The file controls the guard answers or acts on (`VFSNAME`, `SIZE_HINT`, `HAS_MOVED`, the
+//! commit boundary) and its pragmas.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use rusqlite::ffi;
+
+use super::*;
+use crate::capture::{self, Trigger};
+use crate::vfs::state::DbState;
+use crate::vfs::{cstr_text, ffi_guard, sqlite_string};
+
+/// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
+/// (SQLite sends several per transaction) passes straight down: neither can panic.
+pub(super) const ANSWERED: u32 = 1 << ffi::SQLITE_FCNTL_VFSNAME
+    | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
+    | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
+    | 1 << ffi::SQLITE_FCNTL_PRAGMA;
+
+/// `xFileControl` of a guarded main file: as `x_file_control`, and the commit boundary, which
+/// only stores atomics.
+pub(super) unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO {
+        // SAFETY: a guarded main file's `main_state` points into the state its table holds.
+        let state = unsafe { &*t.main_state };
+        // Sent after every commit, in every locking mode: the transaction is over.
+        state.end_of_transaction();
+    } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { file_control_answered(f, op, arg) };
+    }
+    sub_call!(t, sub_of::<HEAP>(t, f), xFileControl, op, arg)
+}
+
+/// `xFileControl` of every other file: the controls in [`ANSWERED`] go to
+/// `file_control_answered`, the rest straight down.
+pub(super) unsafe extern "C" fn x_file_control(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { file_control_answered(f, op, arg) };
+    }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    sub_call!(t, t.sub_ptr(f), xFileControl, op, arg)
+}
+
+/// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
+/// caller's arguments, for a tail call (see `shm_lock_watched`).
+///
+/// # Safety
+/// `f` is one of our live files.
+#[cold]
+#[inline(never)]
+pub(super) unsafe extern "C" fn file_control_answered(
+    f: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    ffi_guard(ffi::SQLITE_ERROR, || {
+        match (op, t.kind, &t.state) {
+            (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
+                let rc = sub_call!(t, sub, xFileControl, op, arg);
+                // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
+                unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
+            }
+            (ffi::SQLITE_FCNTL_SIZE_HINT, Kind::Main, Some(state))
+                if state.wal_pinned() || state.is_retired() =>
+            {
+                // A checkpoint's size hint may grow the main file before its first write.
+                if let Err(code) = state.before_main_write() {
+                    return code;
+                }
+                sub_call!(t, sub, xFileControl, op, arg)
+            }
+            (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
+                let rc = sub_call!(t, sub, xFileControl, op, arg);
+                // SQLite asks this just before its close-time checkpoint: a retired generation
+                // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
+                if state.check_pins().is_some() {
+                    let _ = state.ensure_captured(Trigger::Close);
+                    // SAFETY: for HAS_MOVED, `arg` is an `int *`.
+                    unsafe { *(arg as *mut c_int) = 1 };
+                    return ffi::SQLITE_OK;
+                }
+                rc
+            }
+            (ffi::SQLITE_FCNTL_PRAGMA, Kind::Main, Some(state)) => {
+                // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
+                match unsafe { pragma(state, arg as *mut *mut c_char) } {
+                    Some(rc) => rc,
+                    None => sub_call!(t, sub, xFileControl, op, arg),
+                }
+            }
+            _ => sub_call!(t, sub, xFileControl, op, arg),
+        }
+    })
+}
+
+/// `hermes-guard/<wrapped VFS's answer>`, the convention of shims such as cksumvfs.
+///
+/// # Safety
+/// `out` is the `char **` of a VFSNAME file control.
+pub(super) unsafe fn chain_vfs_name(out: *mut *mut c_char, rc: c_int) -> c_int {
+    // SAFETY: as the caller promises; the old string came from sqlite3_malloc.
+    unsafe {
+        let below = if rc == ffi::SQLITE_OK {
+            cstr_text(*out)
+        } else {
+            None
+        };
+        if rc == ffi::SQLITE_OK && !(*out).is_null() {
+            ffi::sqlite3_free(*out as *mut c_void);
+        }
+        let name = match below {
+            Some(b) => format!("{}/{b}", crate::vfs::VFS_NAME),
+            None => crate::vfs::VFS_NAME.to_string(),
+        };
+        *out = sqlite_string(&name);
+    }
+    ffi::SQLITE_OK
+}
+
+/// `PRAGMA hermes_guard_status` and `PRAGMA hermes_guard_capture`; `None` for any other pragma.
+///
+/// # Safety
+/// `az` is SQLite's `char *azArg[3]` for a PRAGMA file control.
+pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
+    // SAFETY: azArg[1] is the pragma's name, NUL-terminated.
+    let name = unsafe { CStr::from_ptr(*az.add(1)) }.to_bytes();
+    let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
+        Ok(())
+    } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
+        // The typed error stays on this thread for the library call that ran the pragma.
+        state
+            .ensure_captured(Trigger::Close)
+            .map(|_| ())
+            .map_err(capture::hand_over)
+    } else {
+        return None;
+    };
+    let (rc, text) = match reply
+        .and_then(|()| serde_json::to_string(&state.status()).map_err(|e| e.to_string()))
+    {
+        Ok(json) => (ffi::SQLITE_OK, json),
+        Err(message) => (ffi::SQLITE_ERROR, message),
+    };
+    // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees it.
+    unsafe { *az = sqlite_string(&text) };
+    Some(rc)
+}

@@ -1,0 +1,175 @@
+//! The trampolines of the hot path: writes, truncates, syncs and the main file's locks.
+
+use std::ffi::{c_int, c_void};
+
+use rusqlite::ffi;
+
+use super::*;
+use crate::vfs::ffi_guard;
+use crate::vfs::state::{DbState, Gate, Site};
+
+io_pass_through! {
+    x_read => xRead(buf: *mut c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
+    x_write => xWrite(buf: *const c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
+    x_file_size => xFileSize(size: *mut ffi::sqlite3_int64) -> c_int;
+    x_check_reserved_lock => xCheckReservedLock(out: *mut c_int) -> c_int;
+    x_sector_size => xSectorSize() -> c_int;
+    x_device_characteristics => xDeviceCharacteristics() -> c_int;
+    x_shm_barrier => xShmBarrier() -> ();
+    x_fetch => xFetch(ofst: ffi::sqlite3_int64, amt: c_int, pp: *mut *mut c_void) -> c_int;
+    x_unfetch => xUnfetch(ofst: ffi::sqlite3_int64, p: *mut c_void) -> c_int;
+}
+
+/// The `xWrite` of a guarded main file, and of a WAL while its write gate is closed: the gate
+/// (no `catch_unwind`: it is decided by panic-free code and only its slow verdicts enter
+/// `ffi_guard`, see `gate_rc`), then the write.
+pub(super) unsafe extern "C" fn write_gated(
+    f: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let Some(state) = &t.state else {
+        return sub_call!(t, sub, xWrite, buf, amt, ofst);
+    };
+    let gate = match t.kind {
+        Kind::Wal => state.wal_write_gate(ofst),
+        // In WAL mode the main file is written only by checkpoints; in rollback mode the
+        // RESERVED lock before any write was checked.
+        _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
+        _ => Gate::Go,
+    };
+    let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_WRITE);
+    if rc != ffi::SQLITE_OK {
+        return rc;
+    }
+    sub_call!(t, sub, xWrite, buf, amt, ofst)
+}
+
+pub(super) unsafe extern "C" fn x_truncate(
+    f: *mut ffi::sqlite3_file,
+    size: ffi::sqlite3_int64,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
+        if let Some(state) = &t.state {
+            let allowed = if t.kind == Kind::Wal {
+                // Below any write: a truncate outside a checked transaction always checks.
+                state.before_wal_write(i64::MIN)
+            } else {
+                state.before_main_write()
+            };
+            if let Err(code) = allowed {
+                return code;
+            }
+        }
+        sub_call!(t, sub, xTruncate, size)
+    })
+}
+
+pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let rc = sub_call!(t, sub, xSync, flags);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+        // A checkpoint ends with a sync of the main file: the next one checks afresh.
+        state.end_of_main_write();
+        if rc == ffi::SQLITE_OK && state.stamp_due() {
+            // The main file as this connection's checkpoint left it (one `stat` per
+            // checkpoint): what a heal at close compares with (`state/healing.rs`).
+            shield_slow(|| state.stamp_main());
+        }
+        // Issue 19: a restart may follow (or just happened): a WAL-base record is due.
+        state.stale_wal().checkpoint_synced();
+    }
+    rc
+}
+
+/// No `catch_unwind` on the way through (see `x_write`).
+pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+        // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
+        // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
+        // EXCLUSIVE straight from SHARED to roll back a hot journal (which writes the main
+        // file and deletes the journal by pathname): both are checked, once per lock.
+        let gate = if state.wal_pinned() {
+            if level == ffi::SQLITE_LOCK_EXCLUSIVE {
+                Gate::Check(Site::MainWrite)
+            } else {
+                Gate::Go
+            }
+        } else if level >= ffi::SQLITE_LOCK_RESERVED {
+            state.main_write_gate()
+        } else {
+            Gate::Go
+        };
+        let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_LOCK);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        return lock_shielded(t, sub, state, level);
+    }
+    sub_call!(t, sub, xLock, level)
+}
+
+/// `xLock` of a guarded main file, with the lock shield around it: it steps aside before an
+/// EXCLUSIVE attempt (its OFD locks would conflict with this process's own write lock) and takes
+/// back what the new level allows. Outside WAL mode the shield holds nothing and this is two
+/// atomic loads and a store around the call.
+#[inline(always)]
+pub(super) fn lock_shielded(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+    level: c_int,
+) -> c_int {
+    let shield = state.shield();
+    let engaged = shield.engaged();
+    let stepping_aside = engaged && level == ffi::SQLITE_LOCK_EXCLUSIVE;
+    if stepping_aside {
+        shield_slow(|| shield.before_exclusive());
+    }
+    let rc = sub_call!(t, sub, xLock, level);
+    if rc == ffi::SQLITE_OK {
+        shield.set_level(level);
+        state.main_lock_level(level > ffi::SQLITE_LOCK_SHARED);
+    }
+    if stepping_aside {
+        shield_slow(|| shield.after_exclusive());
+    } else if engaged && rc == ffi::SQLITE_OK {
+        shield_slow(|| shield.reconcile());
+    }
+    rc
+}
+
+pub(super) unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    let sub = t.sub_ptr(f);
+    let rc = sub_call!(t, sub, xUnlock, level);
+    if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+        let shield = state.shield();
+        if rc == ffi::SQLITE_OK {
+            shield.set_level(level);
+            state.main_lock_level(level > ffi::SQLITE_LOCK_SHARED);
+            if shield.engaged() {
+                // Back to SHARED after EXCLUSIVE: the shield takes its locks back.
+                shield_slow(|| shield.reconcile());
+            }
+        }
+        if level <= ffi::SQLITE_LOCK_SHARED {
+            // A rollback-mode write (or hot-journal rollback) is over.
+            state.end_of_main_write();
+        }
+    }
+    rc
+}

@@ -1,0 +1,220 @@
+//! The shared-memory methods: the mapping (pins and the shield's node), the watched locks (the
+//! WAL write lock and the checkpoint lock), the unmap.
+
+use std::ffi::{c_int, c_void};
+
+use rusqlite::ffi;
+
+use super::*;
+use crate::identity::{identity_of_mapping, path_of_mapping};
+use crate::vfs::ffi_guard;
+use crate::vfs::state::{Gate, Site};
+
+pub(super) unsafe extern "C" fn x_shm_map(
+    f: *mut ffi::sqlite3_file,
+    region: c_int,
+    size: c_int,
+    extend: c_int,
+    pp: *mut *mut c_void,
+) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
+        let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (t.kind, &t.state, rc) {
+            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
+            let addr = unsafe { *pp } as usize;
+            if region > 0 && addr != 0 {
+                state
+                    .shield()
+                    .mapped_region(region, size, addr, state.db_path());
+            }
+        }
+        if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (t.kind, &t.state, rc, region) {
+            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
+            let addr = unsafe { *pp } as *const u8;
+            if !addr.is_null() {
+                state.pin_shm(
+                    || {
+                        let id = identity_of_mapping(addr as usize)?;
+                        Some((id, path_of_mapping(addr as usize)))
+                    },
+                    Box::new(WalIndexView(addr)),
+                );
+                // Issue 19: the record reads the generation's salts from this mapping.
+                state.stale_wal().mapped(addr);
+                if state.shield().enabled() {
+                    // SAFETY: an armed shield means the wrapped file's unix layout was verified
+                    // at the open; xShmMap just mapped region 0.
+                    match unsafe { shm_descriptor(sub, state) } {
+                        Ok((fd, id)) => {
+                            let region0 = (addr as usize, size.max(0) as usize);
+                            state.shield().join_shm(fd, id, Some(region0))
+                        }
+                        Err(reason) => state.shield().disable(reason, state.db_path()),
+                    }
+                }
+            }
+        }
+        rc
+    })
+}
+
+/// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
+/// around the two watched locks only atomics run outside `slow_gate`. Installed on guarded main
+/// files (and, in the heap layout, on every file: SQLite only calls it on main files).
+pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // Only the WAL write lock (0) and the checkpoint lock (1) are watched; every other lock
+    // (each read transaction's read mark, 3 and up) passes straight down after this one
+    // compare. The rest of the test is `shm_lock_watched`'s.
+    if (ofst as u32) < 2 {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { shm_lock_watched::<HEAP>(f, ofst, n, flags) };
+    }
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
+}
+
+pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
+
+/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_watched_lock`
+/// (at 0: the WAL write lock, which opens every write transaction; at 1: the checkpoint lock,
+/// every checkpoint), as a tail call; any other call at 0 or 1 (a release, above all) clears
+/// what the check of that lock allowed first (clearing only ever costs a check more); the rest
+/// passes down. Out of line so that the pass-through of every other lock stays a few
+/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
+/// reaches it with a tail call. It stores flags and tail-calls, so it pushes nothing.
+///
+/// # Safety
+/// `f` is one of our live files.
+#[inline(never)]
+pub(super) unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    // In SQLite's buffer, `x_shm_lock` is only installed on guarded main files (whose
+    // `main_state` is set); on the heap, on every file.
+    if !HEAP || !t.main_state.is_null() {
+        if flags == LOCK_EXCLUSIVE {
+            if n == 1 {
+                // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not
+                // NULL (tail calls).
+                return unsafe {
+                    if ofst == 0 {
+                        shm_watched_lock::<HEAP, 0>(f)
+                    } else {
+                        shm_watched_lock::<HEAP, 1>(f)
+                    }
+                };
+            }
+        } else {
+            // SAFETY: not NULL (above), into the state the table holds.
+            let state = unsafe { &*t.main_state };
+            // Cleared whatever the release returns, as always; before it rather than after
+            // (until it returns this connection writes nothing), so the call below is a tail
+            // call.
+            if ofst == 0 {
+                state.end_of_transaction();
+            } else {
+                state.end_of_main_write();
+            }
+        }
+    }
+    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
+}
+
+/// A watched exclusive lock, one slot, of a guarded main file: `OFST` 0, the WAL write lock,
+/// which opens every write transaction (and FULL/RESTART/TRUNCATE checkpoints), or `OFST` 1, the
+/// checkpoint lock, which opens every checkpoint. The check (its fast path inlined here: atomics
+/// and one `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside
+/// `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction or the
+/// checkpoint was checked ([`DbState::write_lock`], [`DbState::checkpoint_lock`]). The hot path
+/// of the guard: every write transaction runs it (`OFST` is a constant: one function each, no
+/// test of it at run time).
+///
+/// # Safety
+/// `f` is one of our live files and its table's `main_state` is not NULL.
+#[inline(never)]
+pub(super) unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
+    f: *mut ffi::sqlite3_file,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    // SAFETY: as the caller promises: not NULL, into the state the table holds.
+    let state = unsafe { &*t.main_state };
+    let site = if OFST == 0 {
+        Site::WalWrite
+    } else {
+        Site::MainWrite
+    };
+    if !state.vouched_fast() {
+        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
+    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, OFST, 1, LOCK_EXCLUSIVE);
+    if OFST == 0 {
+        state.write_lock(rc == ffi::SQLITE_OK);
+        // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
+        if state.stale_wal().record_due() {
+            let main = MainImage(sub_of::<HEAP>(t, f));
+            state.stale_wal().at_write_lock(rc, state, &main);
+        }
+    } else {
+        state.checkpoint_lock(rc == ffi::SQLITE_OK);
+    }
+    rc
+}
+
+pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
+        // SAFETY: SQLite calls our methods only on our live files.
+        let t = unsafe { table(f) };
+        let sub = t.sub_ptr(f);
+        let mut delete = delete;
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+            if delete != 0 && !state.may_delete_shm() {
+                log::warn!(
+                    "hermes-guard: not unlinking {}-shm at close: it is not the one this \
+                     connection mapped",
+                    state.db_path().display()
+                );
+                delete = 0;
+            }
+        }
+        let mut left = None;
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+            // The WAL is about to be let go of (a close, or a switch out of WAL mode): a full
+            // check first, while the wal-index still shows how far the WAL was checkpointed.
+            state.check_at_close();
+            state.shm_unmapping();
+            // Issue 19: the record stops reading this mapping.
+            state.stale_wal().unmapping();
+            // Before the unmap that may unlink the -shm (and, last, close the node's
+            // descriptor): the DMS lock goes with the node's last guarded connection.
+            left = state.shield().leave_shm();
+        }
+        let rc = sub_call!(t, sub, xShmUnmap, delete);
+        if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
+            if rc == ffi::SQLITE_OK {
+                state.shm_unmapped();
+            } else {
+                // Still mapped: still shielded.
+                state.shield().rejoin_shm(left);
+            }
+        }
+        rc
+    })
+}

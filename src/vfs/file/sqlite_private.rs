@@ -1,0 +1,199 @@
+//! Every read of a SQLite-private structure: the leading fields of `unixFile`, `unixShm` and
+//! `unixShmNode` (os_unix.c), and the wal-index header in the `-shm` (wal.c). Each is checked at
+//! run time before it is trusted (the fields that can be known independently, an `fstat` of a
+//! descriptor), and keyed to the SQLite versions the mirrors were verified against
+//! ([`VERIFIED`]).
+
+use std::ffi::{c_char, c_int, c_void};
+use std::mem::size_of;
+use std::ptr;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+
+use rusqlite::ffi;
+
+use crate::identity::{identity_of_fd, FileId};
+use crate::status::Backfill;
+use crate::vfs::cstr_text;
+use crate::vfs::shield;
+use crate::vfs::state::{DbState, WalIndex};
+
+/// Region 0 of a connection's shared-memory mapping: the wal-index header (two copies of 48
+/// bytes, `mxFrame` at offset 16 of the first) and the checkpoint info after them (`nBackfill` at
+/// 96, `nBackfillAttempted` at 128), native-endian `u32`s that other processes update in place.
+pub(super) struct WalIndexView(pub(super) *const u8);
+
+// SAFETY: the address is only read, through atomics, while the mapping is alive: the state drops
+// the view (under its mutex) before the connection unmaps.
+unsafe impl Send for WalIndexView {}
+
+impl WalIndexView {
+    fn u32_at(&self, offset: usize) -> u32 {
+        // SAFETY: region 0 is at least 32 KiB, mapped and 4-byte aligned at a page boundary, so
+        // `offset` (< 136, a multiple of 4) is inside it and aligned; other processes write it
+        // concurrently, hence the atomic load.
+        unsafe { (*(self.0.add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
+    }
+}
+
+impl WalIndex for WalIndexView {
+    fn backfill(&self) -> Option<Backfill> {
+        const IS_INIT: usize = 12;
+        // SAFETY: as in `u32_at`; one byte inside the mapped header.
+        let initialised =
+            unsafe { (*(self.0.add(IS_INIT) as *const AtomicU8)).load(Ordering::Acquire) } != 0;
+        initialised.then(|| Backfill {
+            frames: self.u32_at(16),
+            backfilled: self.u32_at(96),
+            attempted: self.u32_at(128),
+        })
+    }
+}
+
+/// The leading fields of the unix VFS's `unixFile` (sqlite3.c, `struct unixFile`), as far as the
+/// lock shield reads them: `h`, the descriptor, and `pShm`. The fields before them are checked
+/// against what is known independently (`pMethod`, `pVfs`, `zPath`) before `h` is trusted, and `h`
+/// is `fstat`ed against the pinned main file: an extension loaded into a host SQLite whose layout
+/// differs turns the shield off instead of locking a wrong descriptor.
+#[repr(C)]
+pub(super) struct UnixFilePrefix {
+    pub(super) p_method: *const ffi::sqlite3_io_methods,
+    pub(super) p_vfs: *mut ffi::sqlite3_vfs,
+    pub(super) p_inode: *mut c_void,
+    pub(super) h: c_int,
+    pub(super) e_file_lock: u8,
+    pub(super) ctrl_flags: u16,
+    pub(super) last_errno: c_int,
+    pub(super) locking_context: *mut c_void,
+    pub(super) p_preallocated_unused: *mut c_void,
+    pub(super) z_path: *const c_char,
+    pub(super) p_shm: *const UnixShmPrefix,
+}
+
+/// `struct unixShm`: a connection's handle on the process's shared-memory node.
+#[repr(C)]
+pub(super) struct UnixShmPrefix {
+    pub(super) p_shm_node: *const UnixShmNodePrefix,
+}
+
+/// The leading fields of `struct unixShmNode`: `pInode` (checked against the file's) and
+/// `hShm`, the node's descriptor of the `-shm`, open until the node is purged.
+#[repr(C)]
+pub(super) struct UnixShmNodePrefix {
+    pub(super) p_inode: *mut c_void,
+    pub(super) p_shm_mutex: *mut c_void,
+    pub(super) z_filename: *mut c_char,
+    pub(super) h_shm: c_int,
+}
+
+/// The wrapped file object `sub` as a `unixFile`'s leading fields, if it has them: the wrapped
+/// VFS's objects are at least that large and the fields that can be checked hold what is known
+/// independently (`pMethod` = the table its xOpen installed, `pVfs` = the VFS, `zPath` = the
+/// filename SQLite passed).
+///
+/// # Safety
+/// `sub` is a file object just opened by `sub_vfs` from `z_name`, still with the table
+/// `sub_table` its xOpen installed.
+pub(super) unsafe fn unix_prefix<'a>(
+    sub_vfs: *mut ffi::sqlite3_vfs,
+    sub: *mut ffi::sqlite3_file,
+    sub_table: *const ffi::sqlite3_io_methods,
+    z_name: ffi::sqlite3_filename,
+) -> Option<&'a UnixFilePrefix> {
+    // SAFETY: the wrapped VFS is registered for the life of the process.
+    let size = unsafe { (*sub_vfs).szOsFile };
+    if size < 0 || (size as usize) < size_of::<UnixFilePrefix>() {
+        return None;
+    }
+    // SAFETY: the object is `szOsFile` bytes (checked above to cover the prefix), 8-aligned,
+    // initialised by its xOpen.
+    let p = unsafe { &*(sub as *const UnixFilePrefix) };
+    (ptr::eq(p.p_method, sub_table) && ptr::eq(p.p_vfs, sub_vfs) && ptr::eq(p.z_path, z_name))
+        .then_some(p)
+}
+
+/// The unix VFS's descriptor of a freshly opened main file, verified, for the lock shield; the
+/// reason the shield cannot be used otherwise.
+///
+/// # Safety
+/// `sub_vfs` is the wrapped VFS; `prefix` is [`unix_prefix`] of the file object it just opened,
+/// whose descriptor is still open.
+pub(super) unsafe fn main_descriptor(
+    sub_vfs: *mut ffi::sqlite3_vfs,
+    prefix: Option<&UnixFilePrefix>,
+    state: &DbState,
+) -> Result<c_int, String> {
+    if let Some(reason) = shield::platform_off_reason() {
+        return Err(reason.into());
+    }
+    // SAFETY: the wrapped VFS is registered for the life of the process; its name is a C string.
+    let name = unsafe { cstr_text((*sub_vfs).zName) };
+    if name.as_deref() != Some("unix") {
+        return Err(format!(
+            "the VFS below the guard is {}, not the unix VFS",
+            name.as_deref().unwrap_or("unnamed")
+        ));
+    }
+    let Some(p) = prefix else {
+        return Err(format!(
+            "the unix VFS's file object does not have the layout of SQLite {} (its size, \
+             pMethod, pVfs or zPath differ)",
+            crate::vfs::running_sqlite_version()
+        ));
+    };
+    let Some(pinned) = state.main_id() else {
+        return Err("the main file is not pinned".into());
+    };
+    // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call runs.
+    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
+        .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+    if now != pinned {
+        return Err(format!(
+            "SQLite's descriptor {} is {now}, not the pinned main file {pinned}",
+            p.h
+        ));
+    }
+    if !crate::vfs::watch::local_filesystem(state.db_path()) {
+        return Err("the database is not on a local filesystem".into());
+    }
+    Ok(p.h)
+}
+
+/// The descriptor of the shared-memory node the connection just mapped (SQLite's `hShm`),
+/// verified against the pinned `-shm`.
+///
+/// # Safety
+/// `sub` is the wrapped file object of a live main file whose shield is armed (so it has the
+/// verified unix layout) and whose `xShmMap` just succeeded.
+pub(super) unsafe fn shm_descriptor(
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+) -> Result<(c_int, FileId), String> {
+    // SAFETY: as the caller promises: the layout was verified at the open, and `pShm`, its
+    // node and the node's `pInode` and `hShm` are set by xShmMap and stay until xShmUnmap.
+    let (node_inode, fd, file_inode) = unsafe {
+        let p = &*(sub as *const UnixFilePrefix);
+        if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
+            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
+        }
+        let node = &*(*p.p_shm).p_shm_node;
+        (node.p_inode, node.h_shm, p.p_inode)
+    };
+    if node_inode != file_inode {
+        return Err("the unix VFS's shared-memory node does not have the expected layout".into());
+    }
+    if fd < 0 {
+        return Err("the shared memory has no -shm file (heap memory)".into());
+    }
+    let Some(pinned) = state.shm_id() else {
+        return Err("the -shm is not pinned".into());
+    };
+    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
+    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?;
+    if now != pinned {
+        return Err(format!(
+            "SQLite's -shm descriptor {fd} is {now}, not the pinned -shm {pinned}"
+        ));
+    }
+    Ok((fd, now))
+}
