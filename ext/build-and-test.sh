@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# First checks that every identifier the docs cite in backticks exists (tests/doc-identifiers.sh).
 # Builds the loadable extension (libhermes_guard.so) on its own — its rusqlite feature
 # `loadable_extension` must never share a build with the root package's `bundled` — runs its Rust
 # unit tests, then the Python suite in tests/python against it, once per host SQLite:
@@ -27,6 +28,9 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+
+# The docs cite only identifiers that exist (about a second).
+bash tests/doc-identifiers.sh
 
 OLDEST_APSW=3.39.2.1   # the oldest apsw wheel for this Python: SQLite 3.39.2
 MINIMUM_NPM=5.0.2      # npm sqlite3@5.0.2 ships SQLite 3.34.0: MIN_SQLITE_VERSION_NUMBER (ext/src/version.rs)

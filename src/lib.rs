@@ -29,13 +29,31 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The surface: [`register`] / [`register_as_default`] and [`VFS_NAME`]; the connection-level
-//! calls of [`GuardExt`]; [`close`] and [`retry_pending_captures`]; [`set_orphan_capture_dir`]
-//! (where a generation whose directory was deleted is captured, [`ORPHAN_DIR_ENV`] for hosts);
-//! what they report
-//! ([`GuardStatus`], [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`]); a
-//! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
-//! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
+//! # The public surface
+//!
+//! This list is the one reference; the README and docs/decisions.md point here.
+//!
+//! - Turning the guard on: [`register`], [`register_as_default`], [`VFS_NAME`].
+//! - On a connection: the [`GuardExt`] trait ([`GuardExt::guard_status`],
+//!   [`GuardExt::ensure_captured`], [`GuardExt::classify`],
+//!   [`GuardExt::capture_retired_generation`]); [`close`], which settles only once a retired
+//!   generation is captured.
+//! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
+//!   whose directory was deleted is captured; [`ORPHAN_DIR_ENV`] for extension hosts);
+//!   [`set_stale_wal_policy`] / [`stale_wal_policy`] with [`StaleWalPolicy`] (set a stale WAL
+//!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts).
+//! - What they report: [`GuardStatus`] (with [`Backfill`], [`StaleWalStatus`],
+//!   [`StaleWalAction`]), [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`],
+//!   [`FileId`].
+//! - A capture's [`manifest`] ([`Manifest`] and its parts, [`Manifest::read`]).
+//! - Recovery, as the `hermes-guard` CLI runs it: the [`recover`] module.
+//! - With the default `store` feature: the session store ([`store`]: [`SessionDb`],
+//!   [`StoreOptions`], [`StoreError`]) and the shared registry ([`registry`]: [`Registry`],
+//!   [`RegistryStats`], [`SharedSessionDb`]).
+//!
+//! The enums of the guard, the manifest and the store are `#[non_exhaustive]`; those of
+//! [`recover`] ([`recover::RecoverError`], [`recover::MergeRule`], ...) are not yet. Fault injection is behind the `test-hooks` feature and
+//! is not part of the surface.
 
 // Without the shim (not Linux) the capture machinery only the shim drives is unused.
 #![cfg_attr(not(target_os = "linux"), allow(dead_code))]
