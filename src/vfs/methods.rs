@@ -45,15 +45,15 @@ pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
 
 /// # Safety
 /// `vfs` is the guard's registered VFS.
-unsafe fn sub(vfs: *mut ffi::sqlite3_vfs) -> &'static ffi::sqlite3_vfs {
+unsafe fn wrapped(vfs: *mut ffi::sqlite3_vfs) -> &'static ffi::sqlite3_vfs {
     // SAFETY: pAppData was set to the wrapped VFS at registration and never changes.
     unsafe { &*((*vfs).pAppData as *const ffi::sqlite3_vfs) }
 }
 
 /// # Safety
 /// `vfs` is the guard's registered VFS.
-unsafe fn sub_ptr(vfs: *mut ffi::sqlite3_vfs) -> *mut ffi::sqlite3_vfs {
-    // SAFETY: as in `sub`.
+unsafe fn wrapped_ptr(vfs: *mut ffi::sqlite3_vfs) -> *mut ffi::sqlite3_vfs {
+    // SAFETY: as in `wrapped`.
     unsafe { (*vfs).pAppData as *mut ffi::sqlite3_vfs }
 }
 
@@ -67,7 +67,7 @@ unsafe extern "C" fn x_open(
     ffi_guard(ffi::SQLITE_CANTOPEN, || {
         // SAFETY: SQLite passes the VFS it registered, a file buffer of szOsFile bytes and a
         // filename that is NULL or valid until the file is closed.
-        unsafe { file::open(sub_ptr(vfs), z_name, f, flags, out_flags) }
+        unsafe { file::open(wrapped_ptr(vfs), z_name, f, flags, out_flags) }
     })
 }
 
@@ -85,21 +85,21 @@ unsafe extern "C" fn x_delete(
         }
         // SAFETY: pass-through to the wrapped VFS with SQLite's own arguments.
         unsafe {
-            match sub(vfs).xDelete {
-                Some(x) => x(sub_ptr(vfs), z_name, sync_dir),
+            match wrapped(vfs).xDelete {
+                Some(x) => x(wrapped_ptr(vfs), z_name, sync_dir),
                 None => ffi::SQLITE_IOERR_DELETE,
             }
         }
     })
 }
 
-macro_rules! pass_through {
+macro_rules! vfs_pass_through {
     ($name:ident, $slot:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty, $missing:expr) => {
         unsafe extern "C" fn $name(vfs: *mut ffi::sqlite3_vfs, $($arg: $ty),*) -> $ret {
             // SAFETY: pass-through to the wrapped VFS with SQLite's own arguments.
             unsafe {
-                match sub(vfs).$slot {
-                    Some(x) => x(sub_ptr(vfs), $($arg),*),
+                match wrapped(vfs).$slot {
+                    Some(x) => x(wrapped_ptr(vfs), $($arg),*),
                     None => $missing,
                 }
             }
@@ -107,17 +107,17 @@ macro_rules! pass_through {
     };
 }
 
-pass_through!(x_access, xAccess, (z: *const c_char, flags: c_int, out: *mut c_int) -> c_int, ffi::SQLITE_IOERR_ACCESS);
-pass_through!(x_full_pathname, xFullPathname, (z: *const c_char, n: c_int, out: *mut c_char) -> c_int, ffi::SQLITE_CANTOPEN);
-pass_through!(x_dl_open, xDlOpen, (z: *const c_char) -> *mut c_void, ptr::null_mut());
-pass_through!(x_dl_error, xDlError, (n: c_int, out: *mut c_char) -> (), ());
-pass_through!(x_dl_sym, xDlSym, (h: *mut c_void, z: *const c_char) -> Option<unsafe extern "C" fn(*mut ffi::sqlite3_vfs, *mut c_void, *const c_char)>, None);
-pass_through!(x_dl_close, xDlClose, (h: *mut c_void) -> (), ());
-pass_through!(x_randomness, xRandomness, (n: c_int, out: *mut c_char) -> c_int, 0);
-pass_through!(x_sleep, xSleep, (us: c_int) -> c_int, 0);
-pass_through!(x_current_time, xCurrentTime, (out: *mut f64) -> c_int, ffi::SQLITE_ERROR);
-pass_through!(x_get_last_error, xGetLastError, (n: c_int, out: *mut c_char) -> c_int, 0);
-pass_through!(x_current_time_int64, xCurrentTimeInt64, (out: *mut ffi::sqlite3_int64) -> c_int, ffi::SQLITE_ERROR);
-pass_through!(x_set_system_call, xSetSystemCall, (z: *const c_char, p: ffi::sqlite3_syscall_ptr) -> c_int, ffi::SQLITE_NOTFOUND);
-pass_through!(x_get_system_call, xGetSystemCall, (z: *const c_char) -> ffi::sqlite3_syscall_ptr, None);
-pass_through!(x_next_system_call, xNextSystemCall, (z: *const c_char) -> *const c_char, ptr::null());
+vfs_pass_through!(x_access, xAccess, (z: *const c_char, flags: c_int, out: *mut c_int) -> c_int, ffi::SQLITE_IOERR_ACCESS);
+vfs_pass_through!(x_full_pathname, xFullPathname, (z: *const c_char, n: c_int, out: *mut c_char) -> c_int, ffi::SQLITE_CANTOPEN);
+vfs_pass_through!(x_dl_open, xDlOpen, (z: *const c_char) -> *mut c_void, ptr::null_mut());
+vfs_pass_through!(x_dl_error, xDlError, (n: c_int, out: *mut c_char) -> (), ());
+vfs_pass_through!(x_dl_sym, xDlSym, (h: *mut c_void, z: *const c_char) -> Option<unsafe extern "C" fn(*mut ffi::sqlite3_vfs, *mut c_void, *const c_char)>, None);
+vfs_pass_through!(x_dl_close, xDlClose, (h: *mut c_void) -> (), ());
+vfs_pass_through!(x_randomness, xRandomness, (n: c_int, out: *mut c_char) -> c_int, 0);
+vfs_pass_through!(x_sleep, xSleep, (us: c_int) -> c_int, 0);
+vfs_pass_through!(x_current_time, xCurrentTime, (out: *mut f64) -> c_int, ffi::SQLITE_ERROR);
+vfs_pass_through!(x_get_last_error, xGetLastError, (n: c_int, out: *mut c_char) -> c_int, 0);
+vfs_pass_through!(x_current_time_int64, xCurrentTimeInt64, (out: *mut ffi::sqlite3_int64) -> c_int, ffi::SQLITE_ERROR);
+vfs_pass_through!(x_set_system_call, xSetSystemCall, (z: *const c_char, p: ffi::sqlite3_syscall_ptr) -> c_int, ffi::SQLITE_NOTFOUND);
+vfs_pass_through!(x_get_system_call, xGetSystemCall, (z: *const c_char) -> ffi::sqlite3_syscall_ptr, None);
+vfs_pass_through!(x_next_system_call, xNextSystemCall, (z: *const c_char) -> *const c_char, ptr::null());

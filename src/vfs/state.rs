@@ -39,9 +39,11 @@ pub(crate) const REFUSED: i32 = rusqlite::ffi::SQLITE_READONLY_DBMOVED;
 /// Where a retirement check runs; decides which "already checked" flag it sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Site {
-    /// The WAL write lock or the WAL's first write of a transaction.
+    /// The WAL write lock, or the WAL's first write of a transaction.
     WalWrite,
-    /// The checkpoint lock, or a main-file write, truncate or EXCLUSIVE lock.
+    /// The checkpoint lock: every checkpoint, which writes the main file.
+    CheckpointLock,
+    /// A main-file write, truncate, size hint or EXCLUSIVE lock outside a checked checkpoint.
     MainWrite,
 }
 
@@ -469,29 +471,8 @@ impl DbState {
         }
     }
 
-    /// A main-file write, truncate or size hint is about to happen; `Err(code)` refuses it.
-    #[inline]
-    pub(crate) fn before_main_write(&self) -> Result<(), i32> {
-        self.pass(self.main_write_gate())
-    }
-
-    /// A WAL write (or truncate) at `offset` is about to happen; `Err(code)` refuses it.
-    #[inline]
-    pub(crate) fn before_wal_write(&self, offset: i64) -> Result<(), i32> {
-        self.pass(self.wal_write_gate(offset))
-    }
-
-    /// Carries out a gate's verdict: the check (fast or full), or the refusal.
-    pub(crate) fn pass(&self, gate: Gate) -> Result<(), i32> {
-        match gate {
-            Gate::Go => Ok(()),
-            Gate::Check(site) if self.check_fast(site) => Ok(()),
-            Gate::Check(site) => self.check(site),
-            Gate::Refuse => Err(self.refuse()),
-        }
-    }
-
-    /// The fast half of [`DbState::before_main_write`]. Panic-free (atomics only), so the
+    /// Whether a main-file write, truncate or size hint may go ahead: the shim carries the gate
+    /// out with `file::verdict`. Panic-free (atomics only), so the
     /// shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn main_write_gate(&self) -> Gate {
@@ -504,7 +485,8 @@ impl DbState {
         }
     }
 
-    /// The fast half of [`DbState::before_wal_write`]. Panic-free (atomics only), so the
+    /// Whether a WAL write (or truncate) at `offset` may go ahead: the shim carries the gate out
+    /// with `file::verdict`. Panic-free (atomics only), so the
     /// shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
@@ -555,7 +537,7 @@ impl DbState {
     fn checked(&self, site: Site) {
         let bit = match site {
             Site::WalWrite => WAL_CHECKED,
-            Site::MainWrite => {
+            Site::CheckpointLock | Site::MainWrite => {
                 self.main_written.store(true, Ordering::Release);
                 MAIN_CHECKED
             }

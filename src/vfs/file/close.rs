@@ -14,7 +14,7 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         // SAFETY: SQLite closes each file it opened exactly once: the table is ours again (it
         // clears pMethods after this call and never reads the table afterwards).
         let t = unsafe { Box::from_raw((*f).pMethods as *mut FileTable) };
-        let sub = t.sub_ptr(f);
+        let sub = t.sub_object(f);
         let heap = (!t.heap.is_null()).then_some(HeapFile {
             ptr: t.heap,
             layout: t.sub_layout,

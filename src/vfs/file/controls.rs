@@ -35,7 +35,7 @@ pub(super) unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { file_control_answered(f, op, arg) };
     }
-    sub_call!(t, sub_of::<HEAP>(t, f), xFileControl, op, arg)
+    sub_call!(t, sub_object_for::<HEAP>(t, f), xFileControl, op, arg)
 }
 
 /// `xFileControl` of every other file: the controls in [`ANSWERED`] go to
@@ -51,11 +51,11 @@ pub(super) unsafe extern "C" fn x_file_control(
     }
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    sub_call!(t, t.sub_ptr(f), xFileControl, op, arg)
+    sub_call!(t, t.sub_object(f), xFileControl, op, arg)
 }
 
 /// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
-/// caller's arguments, for a tail call (see `shm_lock_watched`).
+/// caller's arguments, for a tail call (see `shm_lock_write_or_checkpoint_slot`).
 ///
 /// # Safety
 /// `f` is one of our live files.
@@ -68,7 +68,7 @@ pub(super) unsafe extern "C" fn file_control_answered(
 ) -> c_int {
     // SAFETY: as the caller promises.
     let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
+    let sub = t.sub_object(f);
     ffi_guard(ffi::SQLITE_ERROR, || {
         match (op, t.kind, &t.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
@@ -80,8 +80,9 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 if state.wal_pinned() || state.is_retired() =>
             {
                 // A checkpoint's size hint may grow the main file before its first write.
-                if let Err(code) = state.before_main_write() {
-                    return code;
+                let rc = verdict(state, state.main_write_gate(), ffi::SQLITE_IOERR_WRITE);
+                if rc != ffi::SQLITE_OK {
+                    return rc;
                 }
                 sub_call!(t, sub, xFileControl, op, arg)
             }

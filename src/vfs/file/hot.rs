@@ -22,7 +22,7 @@ io_pass_through! {
 
 /// The `xWrite` of a guarded main file, and of a WAL while its write gate is closed: the gate
 /// (no `catch_unwind`: it is decided by panic-free code and only its slow verdicts enter
-/// `ffi_guard`, see `gate_rc`), then the write.
+/// `ffi_guard`, see `verdict`), then the write.
 pub(super) unsafe extern "C" fn write_gated(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
@@ -31,7 +31,7 @@ pub(super) unsafe extern "C" fn write_gated(
 ) -> c_int {
     // SAFETY: as the caller promises.
     let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
+    let sub = t.sub_object(f);
     let Some(state) = &t.state else {
         return sub_call!(t, sub, xWrite, buf, amt, ofst);
     };
@@ -42,7 +42,7 @@ pub(super) unsafe extern "C" fn write_gated(
         _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
         _ => Gate::Go,
     };
-    let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_WRITE);
+    let rc = verdict(state, gate, ffi::SQLITE_IOERR_WRITE);
     if rc != ffi::SQLITE_OK {
         return rc;
     }
@@ -56,16 +56,17 @@ pub(super) unsafe extern "C" fn x_truncate(
     ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
         // SAFETY: SQLite calls our methods only on our live files.
         let t = unsafe { table(f) };
-        let sub = t.sub_ptr(f);
+        let sub = t.sub_object(f);
         if let Some(state) = &t.state {
-            let allowed = if t.kind == Kind::Wal {
+            let gate = if t.kind == Kind::Wal {
                 // Below any write: a truncate outside a checked transaction always checks.
-                state.before_wal_write(i64::MIN)
+                state.wal_write_gate(i64::MIN)
             } else {
-                state.before_main_write()
+                state.main_write_gate()
             };
-            if let Err(code) = allowed {
-                return code;
+            let rc = verdict(state, gate, ffi::SQLITE_IOERR_TRUNCATE);
+            if rc != ffi::SQLITE_OK {
+                return rc;
             }
         }
         sub_call!(t, sub, xTruncate, size)
@@ -75,7 +76,7 @@ pub(super) unsafe extern "C" fn x_truncate(
 pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
+    let sub = t.sub_object(f);
     let rc = sub_call!(t, sub, xSync, flags);
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
@@ -95,7 +96,7 @@ pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) 
 pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
+    let sub = t.sub_object(f);
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
         // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
@@ -112,7 +113,7 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         } else {
             Gate::Go
         };
-        let rc = gate_rc(state, gate, ffi::SQLITE_IOERR_LOCK);
+        let rc = verdict(state, gate, ffi::SQLITE_IOERR_LOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
@@ -154,7 +155,7 @@ pub(super) fn lock_shielded(
 pub(super) unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    let sub = t.sub_ptr(f);
+    let sub = t.sub_object(f);
     let rc = sub_call!(t, sub, xUnlock, level);
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         let shield = state.shield();

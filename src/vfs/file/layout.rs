@@ -46,6 +46,7 @@ pub(super) fn inline_layout() -> bool {
 /// [`FileTable`]). Called once, at the registration (under its mutex): it decides the layout
 /// every `open` uses.
 pub(crate) fn os_file_size(sub_vfs: &ffi::sqlite3_vfs) -> c_int {
+    check_running_version();
     let header = size_of::<ffi::sqlite3_file>();
     let inline = unix_family(sub_vfs);
     INLINE_LAYOUT.store(inline, Ordering::Release);

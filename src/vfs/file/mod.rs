@@ -96,7 +96,7 @@ macro_rules! io_pass_through {
             pub(super) unsafe extern "C" fn $name(f: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> $ret {
                 // SAFETY: SQLite calls our methods only on our live files.
                 let t = unsafe { table(f) };
-                sub_call!(t, t.sub_ptr(f), $slot $(, $arg)*)
+                sub_call!(t, t.sub_object(f), $slot $(, $arg)*)
             }
         )*
     };
@@ -266,7 +266,7 @@ impl FileTable {
 
     /// The wrapped file object of the guarded file `f`.
     #[inline(always)]
-    fn sub_ptr(&self, f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+    fn sub_object(&self, f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
         if self.heap.is_null() {
             f
         } else {
@@ -300,7 +300,10 @@ impl WalGate for WalGateSlot {
 
 /// The wrapped file object of `f` in a wrapper compiled for one layout (`HEAP`): no test.
 #[inline(always)]
-fn sub_of<const HEAP: bool>(t: &FileTable, f: *mut ffi::sqlite3_file) -> *mut ffi::sqlite3_file {
+fn sub_object_for<const HEAP: bool>(
+    t: &FileTable,
+    f: *mut ffi::sqlite3_file,
+) -> *mut ffi::sqlite3_file {
     if HEAP {
         t.heap
     } else {
@@ -323,26 +326,26 @@ unsafe fn table<'a>(f: *mut ffi::sqlite3_file) -> &'a FileTable {
 /// they need no `catch_unwind`; only a full check or a refusal (`stat`, logging, allocation, a
 /// capture) runs inside `ffi_guard`.
 #[inline(always)]
-fn gate_rc(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
     if gate == Gate::Go {
         ffi::SQLITE_OK
     } else {
-        gate_check(state, gate, on_panic)
+        verdict_past_go(state, gate, on_panic)
     }
 }
 
-/// `gate_rc` past `Go`: out of line, so the pass-through path of the callers stays short.
+/// `verdict` past `Go`: out of line, so the pass-through path of the callers stays short.
 #[inline(never)]
-fn gate_check(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict_past_go(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
     match gate {
         Gate::Check(site) if state.check_fast(site) => ffi::SQLITE_OK,
-        _ => slow_gate(state, gate, on_panic),
+        _ => verdict_slow(state, gate, on_panic),
     }
 }
 
 #[cold]
 #[inline(never)]
-fn slow_gate(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict_slow(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
     ffi_guard(on_panic, || {
         let verdict = match gate {
             Gate::Go => Ok(()),

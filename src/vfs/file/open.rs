@@ -261,7 +261,7 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
         return ffi::SQLITE_OK;
     };
     // SAFETY: a main file of ours (it has a state), open.
-    let sub = unsafe { table(main) }.sub_ptr(main);
+    let sub = unsafe { table(main) }.sub_object(main);
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the call.
     let Some(path) = (unsafe { cstr_path(z_name) }) else {
         return ffi::SQLITE_OK;

@@ -20,7 +20,7 @@ pub(super) unsafe extern "C" fn x_shm_map(
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
         let t = unsafe { table(f) };
-        let sub = t.sub_ptr(f);
+        let sub = t.sub_object(f);
         let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
         if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (t.kind, &t.state, rc) {
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
@@ -62,7 +62,7 @@ pub(super) unsafe extern "C" fn x_shm_map(
 }
 
 /// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
-/// around the two watched locks only atomics run outside `slow_gate`. Installed on guarded main
+/// around the two watched locks only atomics run outside `verdict_slow`. Installed on guarded main
 /// files (and, in the heap layout, on every file: SQLite only calls it on main files).
 pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
@@ -72,19 +72,19 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
 ) -> c_int {
     // Only the WAL write lock (0) and the checkpoint lock (1) are watched; every other lock
     // (each read transaction's read mark, 3 and up) passes straight down after this one
-    // compare. The rest of the test is `shm_lock_watched`'s.
+    // compare. The rest of the test is `shm_lock_write_or_checkpoint_slot`'s.
     if (ofst as u32) < 2 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { shm_lock_watched::<HEAP>(f, ofst, n, flags) };
+        return unsafe { shm_lock_write_or_checkpoint_slot::<HEAP>(f, ofst, n, flags) };
     }
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
+    sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)
 }
 
 pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
-/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_watched_lock`
+/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_lock_exclusive_checked`
 /// (at 0: the WAL write lock, which opens every write transaction; at 1: the checkpoint lock,
 /// every checkpoint), as a tail call; any other call at 0 or 1 (a release, above all) clears
 /// what the check of that lock allowed first (clearing only ever costs a check more); the rest
@@ -95,7 +95,7 @@ pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_
 /// # Safety
 /// `f` is one of our live files.
 #[inline(never)]
-pub(super) unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
+pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     ofst: c_int,
     n: c_int,
@@ -112,9 +112,9 @@ pub(super) unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
                 // NULL (tail calls).
                 return unsafe {
                     if ofst == 0 {
-                        shm_watched_lock::<HEAP, 0>(f)
+                        shm_lock_exclusive_checked::<HEAP, 0>(f)
                     } else {
-                        shm_watched_lock::<HEAP, 1>(f)
+                        shm_lock_exclusive_checked::<HEAP, 1>(f)
                     }
                 };
             }
@@ -131,13 +131,13 @@ pub(super) unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
             }
         }
     }
-    sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, ofst, n, flags)
+    sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)
 }
 
 /// A watched exclusive lock, one slot, of a guarded main file: `OFST` 0, the WAL write lock,
 /// which opens every write transaction (and FULL/RESTART/TRUNCATE checkpoints), or `OFST` 1, the
 /// checkpoint lock, which opens every checkpoint. The check (its fast path inlined here: atomics
-/// and one `epoll_wait`, panic-free; a full check or a refusal in `slow_gate`, inside
+/// and one `epoll_wait`, panic-free; a full check or a refusal in `verdict_slow`, inside
 /// `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction or the
 /// checkpoint was checked ([`DbState::write_lock`], [`DbState::checkpoint_lock`]). The hot path
 /// of the guard: every write transaction runs it (`OFST` is a constant: one function each, no
@@ -146,7 +146,7 @@ pub(super) unsafe extern "C" fn shm_lock_watched<const HEAP: bool>(
 /// # Safety
 /// `f` is one of our live files and its table's `main_state` is not NULL.
 #[inline(never)]
-pub(super) unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c_int>(
+pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, const OFST: c_int>(
     f: *mut ffi::sqlite3_file,
 ) -> c_int {
     // SAFETY: as the caller promises.
@@ -156,20 +156,27 @@ pub(super) unsafe extern "C" fn shm_watched_lock<const HEAP: bool, const OFST: c
     let site = if OFST == 0 {
         Site::WalWrite
     } else {
-        Site::MainWrite
+        Site::CheckpointLock
     };
     if !state.vouched_fast() {
-        let rc = slow_gate(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+        let rc = verdict_slow(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }
     }
-    let rc = sub_call!(t, sub_of::<HEAP>(t, f), xShmLock, OFST, 1, LOCK_EXCLUSIVE);
+    let rc = sub_call!(
+        t,
+        sub_object_for::<HEAP>(t, f),
+        xShmLock,
+        OFST,
+        1,
+        LOCK_EXCLUSIVE
+    );
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
         // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
         if state.stale_wal().record_due() {
-            let main = MainImage(sub_of::<HEAP>(t, f));
+            let main = MainImage(sub_object_for::<HEAP>(t, f));
             state.stale_wal().at_write_lock(rc, state, &main);
         }
     } else {
@@ -182,7 +189,7 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
         // SAFETY: SQLite calls our methods only on our live files.
         let t = unsafe { table(f) };
-        let sub = t.sub_ptr(f);
+        let sub = t.sub_object(f);
         let mut delete = delete;
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             if delete != 0 && !state.may_delete_shm() {

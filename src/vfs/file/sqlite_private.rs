@@ -4,6 +4,28 @@
 //! descriptor), and keyed to the SQLite versions the mirrors were verified against
 //! ([`VERIFIED`]).
 
+/// The SQLite versions the mirrors below were verified against, field by field, in os_unix.c
+/// and wal.c: 3.32.0 to 3.54.1 (with every Linux compile option that moves a struct; issue 17's
+/// review). A running SQLite outside the range is said once at registration
+/// ([`check_running_version`]); the mirrors are still checked at every open against what can be
+/// known independently ([`unix_prefix`], [`shm_descriptor`]), so a layout that differs turns off
+/// what relies on it (the shield, the move of a held main file) rather than being misread.
+pub(super) const VERIFIED: std::ops::RangeInclusive<c_int> = 3_032_000..=3_054_001;
+
+/// The self-check keyed to [`VERIFIED`], run once when the guard is registered.
+pub(super) fn check_running_version() {
+    // SAFETY: returns a constant of the running library.
+    let running = unsafe { ffi::sqlite3_libversion_number() };
+    if !VERIFIED.contains(&running) {
+        log::warn!(
+            "hermes-guard: SQLite {} runs here; the guard's mirrors of its private structures \
+             were verified against 3.32.0 to 3.54.1: they are checked at every open, and what \
+             does not check out is turned off (the lock shield, moving a held main file)",
+            crate::vfs::running_sqlite_version()
+        );
+    }
+}
+
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
 use std::ptr;
