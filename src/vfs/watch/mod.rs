@@ -22,20 +22,24 @@
 //! watcher that made it, so one inherited from the parent never vouches in the child and its drop
 //! releases nothing.
 
-use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use rustix::event::epoll;
-
-use super::fork::{self, Origin};
-use rustix::event::Timespec;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+
+use super::fork::Origin;
+
+mod epoll_wait;
+mod page;
+
+pub(super) use self::page::wipe_in_child;
+use self::{epoll_wait::*, page::*};
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
 /// renamed, or the directory itself or any directory above it is moved or deleted. (A restore
@@ -310,102 +314,6 @@ unsafe impl Send for DirWatch {}
 // SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
 unsafe impl Sync for DirWatch {}
 
-/// The fast path's question to the epoll set, without waiting: the readiness of the first ready
-/// source (`INOTIFY_READY` or `MOUNTS_CHANGED`), 0 when none is, both when the call fails. One
-/// event slot (the caller's, uninitialised): a second ready source stays in the set for the
-/// drain that any readiness leads to.
-///
-/// On x86_64 Linux, the raw `epoll_pwait` system call, written out as rustix writes its own
-/// (`syscall5`: the same registers, clobbers and options), then one test of its result: rustix's
-/// general-purpose `epoll::wait` spends a dozen instructions more per transaction decoding the
-/// result and bounds-checking the slice, and carries a panic path the fast path does not want
-/// (see docs/decisions.md). Elsewhere, rustix's call. Panic-free either way.
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-#[inline(always)]
-fn epoll_first_ready(epoll: BorrowedFd<'static>, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
-    let ret: isize;
-    // SAFETY: epoll_pwait(epfd, events, maxevents = 1, timeout = 0, sigmask = NULL): `epoll` is
-    // an open epoll descriptor, and `slot` has room for the one event the kernel may write. The
-    // `syscall` instruction touches no user memory but that, no stack, restores the flags and
-    // clobbers rcx and r11, which are declared.
-    unsafe {
-        std::arch::asm!(
-            "syscall",
-            inlateout("rax") libc::SYS_epoll_pwait as isize => ret,
-            in("rdi") epoll.as_raw_fd() as usize,
-            in("rsi") slot.as_mut_ptr(),
-            in("rdx") 1usize,
-            in("r10") 0usize,
-            in("r8") 0usize,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack, preserves_flags),
-        );
-    }
-    match ret {
-        0 => 0,
-        // SAFETY: the kernel wrote the one event it reported.
-        1 => ready_bits(unsafe { slot[0].assume_init_ref() }),
-        _ => INOTIFY_READY | MOUNTS_CHANGED,
-    }
-}
-
-/// See the x86_64 Linux version above.
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
-#[inline(always)]
-fn epoll_first_ready(epoll: BorrowedFd<'static>, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
-    match epoll::wait(epoll, slot, Some(&ZERO_TIMEOUT)) {
-        Ok((ready, _)) => ready.first().map_or(0, ready_bits),
-        Err(_) => INOTIFY_READY | MOUNTS_CHANGED,
-    }
-}
-
-/// The readiness bits of a reported event.
-#[inline(always)]
-fn ready_bits(event: &epoll::Event) -> u64 {
-    // Copied out first: the event is a packed struct.
-    let data = event.data;
-    match data.u64() & (INOTIFY_READY | MOUNTS_CHANGED) {
-        // Every source is registered with its bit: not expected, assume both.
-        0 => INOTIFY_READY | MOUNTS_CHANGED,
-        bits => bits,
-    }
-}
-
-/// The timeout of a poll: none.
-#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
-const ZERO_TIMEOUT: Timespec = Timespec {
-    tv_sec: 0,
-    tv_nsec: 0,
-};
-
-/// The drain's question to the epoll set, without waiting: every ready source's bits
-/// (`INOTIFY_READY | MOUNTS_CHANGED`), all of them when the call fails (assume everything
-/// changed). Through rustix's call: the drain is off the hot path (the fast path asks with
-/// [`epoll_first_ready`]).
-#[inline]
-fn epoll_ready(epoll: RawFd) -> u64 {
-    // SAFETY: the callers pass the open epoll descriptor of a live watcher.
-    let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
-    let empty = || epoll::Event {
-        flags: epoll::EventFlags::empty(),
-        data: epoll::EventData::new_u64(0),
-    };
-    let mut ready = [empty(), empty()];
-    let zero = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    match epoll::wait(epoll, &mut ready, Some(&zero)) {
-        Ok(n) => ready.iter().take(n).fold(0, |bits, event| {
-            // Copied out first: the event is a packed struct.
-            let data = event.data;
-            bits | (data.u64() & (INOTIFY_READY | MOUNTS_CHANGED))
-        }),
-        Err(_) => INOTIFY_READY | MOUNTS_CHANGED,
-    }
-}
-
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let mut state = STATE.lock();
@@ -668,180 +576,5 @@ pub(super) fn local_filesystem(dir: &Path) -> bool {
         #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
         Ok(st) => LOCAL.contains(&(st.f_type as i64)),
         Err(_) => false,
-    }
-}
-
-/// The start of the wipe-on-fork page: what the fast path of every `DirWatch` of one watcher
-/// shares. All zero in a forked child (`MADV_WIPEONFORK`), whatever it was in the parent.
-#[repr(C)]
-struct Shared {
-    /// 1 in the process that made the page.
-    alive: AtomicU64,
-    /// The drain lock and the readiness a fast path took from the set and left for the next
-    /// drain, in one word: [`GATE_FREE`] or [`GATE_HELD`], and the pending readiness
-    /// (`INOTIFY_READY | MOUNTS_CHANGED`) shifted by [`PENDING_SHIFT`]. 0 (neither free nor
-    /// held) only in a forked child, where the page was wiped. The lock is held across every
-    /// `epoll_wait` on the set and the handling of what it returned.
-    gate: AtomicU64,
-    /// Moves whenever any watch of this watcher can vouch for less than before: a generation
-    /// moved, or an entry stopped being current. One load tells the fast path that nothing
-    /// changed anywhere since a full check, without walking a path's entries.
-    changes: AtomicU64,
-    /// The fast path's event slot: written by the kernel (and read) only by the thread holding
-    /// the drain lock in `gate`. Here rather than on the fast path's stack, so that the fast
-    /// path has no stack frame and its caller can reach the lock with a tail call.
-    slot: UnsafeCell<[MaybeUninit<epoll::Event>; 1]>,
-}
-
-// SAFETY: every field but `slot` is an atomic; `slot` is only used by the holder of the drain
-// lock (see `FastWatch::current_fast`), one thread at a time.
-unsafe impl Sync for Shared {}
-
-/// The drain lock is free (and the page is this process's).
-const GATE_FREE: u64 = 1;
-/// The drain lock is held.
-const GATE_HELD: u64 = 2;
-/// Where the pending readiness sits in the gate word.
-const PENDING_SHIFT: u32 = 2;
-
-impl Shared {
-    #[inline]
-    fn same_process(&self) -> bool {
-        self.alive.load(Ordering::Acquire) == 1
-    }
-
-    /// The fast path's lock: taken only when the lock is free and nothing is pending (and so
-    /// never in a forked child, whose word reads 0).
-    #[inline]
-    fn try_lock_fast(&self) -> bool {
-        self.gate
-            .compare_exchange(GATE_FREE, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Releases the drain lock, leaving `pending` readiness for the next drain.
-    #[inline]
-    fn unlock_drain(&self, pending: u64) {
-        self.gate
-            .store(GATE_FREE | pending << PENDING_SHIFT, Ordering::Release);
-    }
-
-    /// Waits for the drain lock (fast paths hold it for one syscall) and takes what is pending;
-    /// released when the guard drops, unwinding included. Only called by the watcher of this
-    /// process (its page is not wiped: the word is never 0 here).
-    fn lock_drain(&self) -> DrainGuard<'_> {
-        loop {
-            let word = self.gate.load(Ordering::Relaxed);
-            if word & GATE_FREE != 0
-                && self
-                    .gate
-                    .compare_exchange(word, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return DrainGuard {
-                    shared: self,
-                    pending: word >> PENDING_SHIFT,
-                };
-            }
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// The drain lock, and the readiness that was pending when it was taken (handled by the
-/// holder: the lock is released with nothing pending).
-struct DrainGuard<'a> {
-    shared: &'a Shared,
-    pending: u64,
-}
-
-impl Drop for DrainGuard<'_> {
-    fn drop(&mut self) {
-        self.shared.unlock_drain(0);
-    }
-}
-
-/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child (wiped by
-/// the kernel, and by the atfork handler, [`wipe_in_child`], whether or not the kernel did).
-struct ForkMarker {
-    page: *mut Shared,
-    /// The kernel was seen to apply `madvise` advice ([`fork::wipe_is_honoured`]), so the page
-    /// is wiped in a child made by a raw `clone` too.
-    honoured: bool,
-}
-
-/// The page of this process's current watcher, for [`wipe_in_child`].
-static CURRENT_PAGE: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
-
-/// In a forked child (the atfork handler, see `fork.rs`): wipes the current watcher's page as
-/// `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or drains here.
-/// Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
-pub(super) fn wipe_in_child() {
-    let page = CURRENT_PAGE.load(Ordering::Acquire);
-    if page.is_null() {
-        return;
-    }
-    // SAFETY: a watcher's page is never unmapped (watchers are leaked, not dropped: see
-    // `DirWatch::epoll`), and every field of `Shared` touched here is an atomic.
-    unsafe {
-        (*page).alive.store(0, Ordering::Release);
-        (*page).gate.store(0, Ordering::Release);
-    }
-}
-
-// SAFETY: the page is process-private memory accessed only through atomics.
-unsafe impl Send for ForkMarker {}
-
-impl ForkMarker {
-    const PAGE: usize = 4096;
-
-    fn new() -> Option<ForkMarker> {
-        use rustix::mm::{madvise, mmap_anonymous, Advice, MapFlags, ProtFlags};
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let page = unsafe {
-            mmap_anonymous(
-                std::ptr::null_mut(),
-                Self::PAGE,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .ok()?;
-        // SAFETY: `page` is the mapping just created, of PAGE bytes.
-        if unsafe { madvise(page, Self::PAGE, Advice::LinuxWipeOnFork) }.is_err() {
-            // SAFETY: unmapping the mapping created above, unused elsewhere.
-            let _ = unsafe { rustix::mm::munmap(page, Self::PAGE) };
-            return None;
-        }
-        let honoured = fork::wipe_is_honoured(page, Self::PAGE);
-        if !honoured {
-            log::warn!(
-                "hermes-guard: madvise(MADV_WIPEONFORK) is accepted here but not applied (an \
-                 emulator such as qemu-user?): the lock-free check at transaction start is off, \
-                 and each write transaction asks the directory watcher under its lock instead"
-            );
-        }
-        let page = page as *mut Shared;
-        // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
-        // and large enough for one; a forked child's copy reads all zero again.
-        unsafe {
-            (*page).gate.store(GATE_FREE, Ordering::Release);
-            (*page).alive.store(1, Ordering::Release);
-        }
-        Some(ForkMarker { page, honoured })
-    }
-
-    #[inline]
-    fn same_process(&self) -> bool {
-        // SAFETY: the mapping lives as long as the marker (never unmapped while in use).
-        unsafe { (*self.page).same_process() }
-    }
-}
-
-impl Drop for ForkMarker {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own page; no reference to it outlives the marker (a watcher,
-        // whose DirWatches point at it, is never dropped: only leaked).
-        let _ = unsafe { rustix::mm::munmap(self.page as *mut _, Self::PAGE) };
     }
 }

@@ -1,0 +1,265 @@
+//! The checks: the lock-free gates every write passes (what this transaction or checkpoint has
+//! already checked), the fast check the directory watch vouches for, the full check of the pins,
+//! and the retirement it may find.
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use super::{DbState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
+use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
+use crate::status::{Backfill, RetireReason};
+use crate::vfs::retry;
+use crate::vfs::watch::DirWatch;
+
+impl DbState {
+    /// Whether a main-file write, truncate or size hint may go ahead: the shim carries the gate
+    /// out with `file::verdict`. Panic-free (atomics only), so the
+    /// shim calls it outside `catch_unwind`.
+    #[inline]
+    pub(crate) fn main_write_gate(&self) -> Gate {
+        if self.is_retired() {
+            Gate::Refuse
+        } else if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
+            Gate::Go
+        } else {
+            Gate::Check(Site::MainWrite)
+        }
+    }
+
+    /// Whether a WAL write (or truncate) at `offset` may go ahead: the shim carries the gate out
+    /// with `file::verdict`. Panic-free (atomics only), so the
+    /// shim calls it outside `catch_unwind`.
+    #[inline]
+    pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
+        if self.is_retired() {
+            return Gate::Refuse;
+        }
+        let tx = self.tx.load(Ordering::Acquire);
+        if tx & LOCK_CHECKED != 0 {
+            return Gate::Go;
+        }
+        // No write lock (exclusive locking mode): the first write of a transaction checks. A
+        // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
+        // the next transaction writes at or below where the last write was.
+        let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
+        if tx & WAL_CHECKED != 0 && offset > previous {
+            return Gate::Go;
+        }
+        Gate::Check(Site::WalWrite)
+    }
+
+    /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
+    /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
+    /// with one `epoll_wait` that nothing on the path changed since the last full check that
+    /// passed. `false`: nothing was decided, run [`DbState::check`].
+    ///
+    /// "Not retired" costs no test of its own: a retirement sets `verified_changes` to
+    /// [`NEVER_VOUCHED`], which no change count equals, and a full check that records a count
+    /// re-reads `retired` after it (see [`DbState::check`]).
+    #[inline]
+    pub(crate) fn check_fast(&self, site: Site) -> bool {
+        if self.vouched_fast() {
+            self.checked(site);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// [`DbState::check_fast`] without recording anything: for the watched locks, which record
+    /// what their check allows only once the lock is taken ([`DbState::write_lock`],
+    /// [`DbState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
+    #[inline(always)]
+    pub(crate) fn vouched_fast(&self) -> bool {
+        self.fast_watch.current_fast(&self.verified_changes)
+    }
+
+    #[inline]
+    fn checked(&self, site: Site) {
+        let bit = match site {
+            Site::WalWrite => WAL_CHECKED,
+            Site::CheckpointLock | Site::MainWrite => {
+                self.main_written.store(true, Ordering::Release);
+                MAIN_CHECKED
+            }
+        };
+        self.tx.fetch_or(bit, Ordering::AcqRel);
+    }
+
+    /// A transaction or checkpoint boundary: run the check now regardless of the flags.
+    /// It skips the `stat` calls while the directory watch vouches that nothing on the path (nor
+    /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
+    /// check, through `SQLITE_FCNTL_HAS_MOVED`).
+    pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
+        // Read first: any change from here on (including one the drain below takes in) moves
+        // it, so recording it below vouches for nothing that happened after this read.
+        let changes = self.watch.as_ref().map(DirWatch::changes);
+        let generation = self.watch.as_ref().and_then(DirWatch::current);
+        let generation = match (&*self.shm_watch.lock(), generation) {
+            (None, g) => g,
+            // Both figures only grow: their sum moves when either does.
+            (Some(Some(shm)), Some(g)) => shm.current().map(|s| g.wrapping_add(s)),
+            _ => None,
+        };
+        let vouched =
+            generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
+        if !vouched || self.is_retired() {
+            if self.check_pins().is_some() {
+                return Err(self.refuse());
+            }
+            if let Some(g) = generation {
+                self.verified_generation.store(g, Ordering::Release);
+            }
+        }
+        if let (Some(_), Some(c)) = (generation, changes) {
+            // Vouched for by the path's generations, or verified by `stat` just now: the path was
+            // as pinned when `changes` was read, or `changes` has moved since.
+            self.verified_changes.store(c, Ordering::SeqCst);
+            // A retirement stores `retired` and then `NEVER_VOUCHED`, all `SeqCst`: either this
+            // load sees it, or its `NEVER_VOUCHED` lands after the store above. Either way the
+            // fast path never vouches for a retired generation (belt and braces: retirements run
+            // inside this connection's own calls).
+            if self.retired.load(Ordering::SeqCst) {
+                self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+            }
+        }
+        self.checked(site);
+        Ok(())
+    }
+
+    /// The WAL write lock was taken after its check passed (`held`), or released.
+    ///
+    /// `LOCK_CHECKED` never stays set on a retired generation, so the WAL's closed write gate
+    /// (`wal_write_gate`) could even go by it alone (it tests `retired` first anyway): a retirement stores `retired` and then clears `LOCK_CHECKED`, and
+    /// this stores `LOCK_CHECKED` and then loads `retired`, all `SeqCst`. In their single total
+    /// order, either this load comes after the retirement's store (it sees `retired` and clears
+    /// the flag again) or the retirement's clear comes after this store; either way the flag
+    /// ends cleared. (Retirements run inside this connection's own calls, so this is belt and
+    /// braces.)
+    ///
+    /// Taken, it records the check as the transaction's ([`WAL_CHECKED`] too, as a check at the
+    /// WAL's first write would).
+    #[inline]
+    pub(crate) fn write_lock(&self, held: bool) {
+        if held {
+            self.tx
+                .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
+            if self.retired.load(Ordering::SeqCst) {
+                self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+            }
+        } else {
+            self.end_of_transaction();
+        }
+    }
+
+    /// The checkpoint lock was taken after its check passed (`held`: the checkpoint's main-file
+    /// writes are checked), or not taken.
+    #[inline]
+    pub(crate) fn checkpoint_lock(&self, held: bool) {
+        if held {
+            // A checkpoint of this connection's may write the main file from here.
+            self.main_written.store(true, Ordering::Release);
+            self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
+        } else {
+            self.end_of_main_write();
+        }
+    }
+
+    /// A write transaction committed or ended: the next write checks again.
+    #[inline]
+    pub(crate) fn end_of_transaction(&self) {
+        // All three: new frames mean a later checkpoint has new pages to copy. (A retirement's
+        // concurrent clear of LOCK_CHECKED clears no more than this.)
+        self.tx.store(0, Ordering::Release);
+    }
+
+    /// A main-file write ended — a checkpoint (its lock released, or the main file synced) or a
+    /// rollback-mode write (its lock dropped to SHARED): the next one checks.
+    #[inline]
+    pub(crate) fn end_of_main_write(&self) {
+        if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
+            self.tx.fetch_and(!MAIN_CHECKED, Ordering::AcqRel);
+        }
+    }
+
+    /// Compares each pinned identity with what its pathname resolves to now; at the first
+    /// mismatch retires the generation (sticky), logs it at ERROR (and a torn main file), and
+    /// returns the reason. A retired generation returns its reason at once. Up to three `stat`
+    /// calls.
+    ///
+    /// Only from inside the connection's own calls (its VFS methods, its pragmas): a retirement
+    /// closes the WAL's write gate, a slot SQLite reads without synchronisation, which is sound
+    /// only because SQLite serialises the connection's calls (see [`WalGate`]).
+    pub(crate) fn check_pins(&self) -> Option<RetireReason> {
+        let mut inner = self.inner.lock();
+        if inner.reason.is_some() {
+            return inner.reason;
+        }
+        let moved = |pinned: Option<FileId>, path: &Path| match pinned {
+            None => false,
+            // A stat that fails for another reason (EACCES, EIO) proves nothing either way.
+            Some(id) => identity_of_path(path).is_ok_and(|now| now != Some(id)),
+        };
+        // The main file's stamp, kept when the check passes: what a heal at close compares with
+        // (`state/healing.rs`).
+        let main_now = stamp_of_path(&self.db_path);
+        let main_moved = match inner.main_id {
+            None => false,
+            Some(id) => main_now
+                .as_ref()
+                .is_ok_and(|now| now.map(|s| s.id) != Some(id)),
+        };
+        let reason = if main_moved {
+            RetireReason::MainReplaced
+        } else if moved(inner.wal.as_ref().map(PinnedWal::id), &self.wal_path) {
+            RetireReason::WalLost
+        } else if moved(inner.shm_id, self.shm_check_path(&inner)) {
+            RetireReason::ShmLost
+        } else {
+            inner.main_stamp = main_now.ok().flatten();
+            self.main_written.store(false, Ordering::Release);
+            return None;
+        };
+        inner.reason = Some(reason);
+        self.retired.store(true, Ordering::SeqCst);
+        // The WAL's writes go through the gate from now on, and it refuses them: its first
+        // test is this flag (see `write_lock`).
+        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
+        self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+        // The fast check no longer vouches (see `check_fast` and `check`).
+        self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+        if self.dir.as_deref().is_some_and(retry::directory_deleted) {
+            // Deleted on purpose, most likely: said once, at WARN, where the capture is decided
+            // (`state/capturing.rs`), not as a loss.
+            log::info!(
+                "hermes-guard: {} is retired for this connection: {}; its directory was deleted",
+                self.db_path.display(),
+                reason.describe()
+            );
+        } else {
+            log::error!(
+                "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
+                self.db_path.display(),
+                reason.describe()
+            );
+        }
+        crate::sqlite_log::retired(&self.db_path, reason);
+        if reason != RetireReason::MainReplaced {
+            inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
+            if let Some(b) = inner.backfill_at_loss.filter(Backfill::tears_main) {
+                log::error!(
+                    "hermes-guard: {} was lost while only partly checkpointed ({} of its {} frames \
+                     copied into the main file, {} attempted): the live database file now holds \
+                     a torn mix of pages that the newer generation builds on. Stop its writers, \
+                     run PRAGMA integrity_check on it, and rebuild it from the capture of this \
+                     generation (docs/recovery.md, \"A torn main file\")",
+                    self.wal_path.display(),
+                    b.backfilled,
+                    b.frames,
+                    b.attempted
+                );
+            }
+        }
+        Some(reason)
+    }
+}

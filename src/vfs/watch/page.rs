@@ -1,0 +1,185 @@
+//! The wipe-on-fork page: the fork marker, the drain lock and the change count every
+//! `DirWatch` of one watcher shares, without a mutex.
+
+use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+
+use rustix::event::epoll;
+
+use crate::vfs::fork;
+
+/// The start of the wipe-on-fork page: what the fast path of every `DirWatch` of one watcher
+/// shares. All zero in a forked child (`MADV_WIPEONFORK`), whatever it was in the parent.
+#[repr(C)]
+pub(super) struct Shared {
+    /// 1 in the process that made the page.
+    pub(super) alive: AtomicU64,
+    /// The drain lock and the readiness a fast path took from the set and left for the next
+    /// drain, in one word: [`GATE_FREE`] or [`GATE_HELD`], and the pending readiness
+    /// (`INOTIFY_READY | MOUNTS_CHANGED`) shifted by [`PENDING_SHIFT`]. 0 (neither free nor
+    /// held) only in a forked child, where the page was wiped. The lock is held across every
+    /// `epoll_wait` on the set and the handling of what it returned.
+    pub(super) gate: AtomicU64,
+    /// Moves whenever any watch of this watcher can vouch for less than before: a generation
+    /// moved, or an entry stopped being current. One load tells the fast path that nothing
+    /// changed anywhere since a full check, without walking a path's entries.
+    pub(super) changes: AtomicU64,
+    /// The fast path's event slot: written by the kernel (and read) only by the thread holding
+    /// the drain lock in `gate`. Here rather than on the fast path's stack, so that the fast
+    /// path has no stack frame and its caller can reach the lock with a tail call.
+    pub(super) slot: UnsafeCell<[MaybeUninit<epoll::Event>; 1]>,
+}
+
+// SAFETY: every field but `slot` is an atomic; `slot` is only used by the holder of the drain
+// lock (see `FastWatch::current_fast`), one thread at a time.
+unsafe impl Sync for Shared {}
+
+/// The drain lock is free (and the page is this process's).
+pub(super) const GATE_FREE: u64 = 1;
+/// The drain lock is held.
+pub(super) const GATE_HELD: u64 = 2;
+/// Where the pending readiness sits in the gate word.
+pub(super) const PENDING_SHIFT: u32 = 2;
+
+impl Shared {
+    #[inline]
+    pub(super) fn same_process(&self) -> bool {
+        self.alive.load(Ordering::Acquire) == 1
+    }
+
+    /// The fast path's lock: taken only when the lock is free and nothing is pending (and so
+    /// never in a forked child, whose word reads 0).
+    #[inline]
+    pub(super) fn try_lock_fast(&self) -> bool {
+        self.gate
+            .compare_exchange(GATE_FREE, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Releases the drain lock, leaving `pending` readiness for the next drain.
+    #[inline]
+    pub(super) fn unlock_drain(&self, pending: u64) {
+        self.gate
+            .store(GATE_FREE | pending << PENDING_SHIFT, Ordering::Release);
+    }
+
+    /// Waits for the drain lock (fast paths hold it for one syscall) and takes what is pending;
+    /// released when the guard drops, unwinding included. Only called by the watcher of this
+    /// process (its page is not wiped: the word is never 0 here).
+    pub(super) fn lock_drain(&self) -> DrainGuard<'_> {
+        loop {
+            let word = self.gate.load(Ordering::Relaxed);
+            if word & GATE_FREE != 0
+                && self
+                    .gate
+                    .compare_exchange(word, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return DrainGuard {
+                    shared: self,
+                    pending: word >> PENDING_SHIFT,
+                };
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// The drain lock, and the readiness that was pending when it was taken (handled by the
+/// holder: the lock is released with nothing pending).
+pub(super) struct DrainGuard<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) pending: u64,
+}
+
+impl Drop for DrainGuard<'_> {
+    fn drop(&mut self) {
+        self.shared.unlock_drain(0);
+    }
+}
+
+/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child (wiped by
+/// the kernel, and by the atfork handler, [`wipe_in_child`], whether or not the kernel did).
+pub(super) struct ForkMarker {
+    pub(super) page: *mut Shared,
+    /// The kernel was seen to apply `madvise` advice ([`fork::wipe_is_honoured`]), so the page
+    /// is wiped in a child made by a raw `clone` too.
+    pub(super) honoured: bool,
+}
+
+/// The page of this process's current watcher, for [`wipe_in_child`].
+pub(super) static CURRENT_PAGE: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+
+/// In a forked child (the atfork handler, see `fork.rs`): wipes the current watcher's page as
+/// `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or drains here.
+/// Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
+pub(crate) fn wipe_in_child() {
+    let page = CURRENT_PAGE.load(Ordering::Acquire);
+    if page.is_null() {
+        return;
+    }
+    // SAFETY: a watcher's page is never unmapped (watchers are leaked, not dropped: see
+    // `DirWatch::epoll`), and every field of `Shared` touched here is an atomic.
+    unsafe {
+        (*page).alive.store(0, Ordering::Release);
+        (*page).gate.store(0, Ordering::Release);
+    }
+}
+
+// SAFETY: the page is process-private memory accessed only through atomics.
+unsafe impl Send for ForkMarker {}
+
+impl ForkMarker {
+    const PAGE: usize = 4096;
+
+    pub(super) fn new() -> Option<ForkMarker> {
+        use rustix::mm::{madvise, mmap_anonymous, Advice, MapFlags, ProtFlags};
+        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+        let page = unsafe {
+            mmap_anonymous(
+                std::ptr::null_mut(),
+                Self::PAGE,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::PRIVATE,
+            )
+        }
+        .ok()?;
+        // SAFETY: `page` is the mapping just created, of PAGE bytes.
+        if unsafe { madvise(page, Self::PAGE, Advice::LinuxWipeOnFork) }.is_err() {
+            // SAFETY: unmapping the mapping created above, unused elsewhere.
+            let _ = unsafe { rustix::mm::munmap(page, Self::PAGE) };
+            return None;
+        }
+        let honoured = fork::wipe_is_honoured(page, Self::PAGE);
+        if !honoured {
+            log::warn!(
+                "hermes-guard: madvise(MADV_WIPEONFORK) is accepted here but not applied (an \
+                 emulator such as qemu-user?): the lock-free check at transaction start is off, \
+                 and each write transaction asks the directory watcher under its lock instead"
+            );
+        }
+        let page = page as *mut Shared;
+        // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
+        // and large enough for one; a forked child's copy reads all zero again.
+        unsafe {
+            (*page).gate.store(GATE_FREE, Ordering::Release);
+            (*page).alive.store(1, Ordering::Release);
+        }
+        Some(ForkMarker { page, honoured })
+    }
+
+    #[inline]
+    pub(super) fn same_process(&self) -> bool {
+        // SAFETY: the mapping lives as long as the marker (never unmapped while in use).
+        unsafe { (*self.page).same_process() }
+    }
+}
+
+impl Drop for ForkMarker {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own page; no reference to it outlives the marker (a watcher,
+        // whose DirWatches point at it, is never dropped: only leaked).
+        let _ = unsafe { rustix::mm::munmap(self.page as *mut _, Self::PAGE) };
+    }
+}
