@@ -34,8 +34,9 @@
 //! (where a generation whose directory was deleted is captured, [`ORPHAN_DIR_ENV`] for hosts);
 //! what they report
 //! ([`GuardStatus`], [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`]); a
-//! capture's [`manifest`]. With the default `store` feature, the session store ([`store`],
-//! [`SessionDb`]) and the shared registry ([`registry`]) built on it.
+//! capture's [`manifest`]; [`recover`], from a capture back into the live database. The session
+//! store (`SessionDb`) and its shared registry are an application of the guard, in their own
+//! crate: `hermes-guard-store`.
 
 // Without the shim (not Linux) the capture machinery only the shim drives is unused.
 #![cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -47,13 +48,9 @@ mod error;
 mod identity;
 mod paths;
 pub mod recover;
-#[cfg(feature = "store")]
-pub mod registry;
 mod sqlite_log;
 mod stale_wal;
 mod status;
-#[cfg(feature = "store")]
-pub mod store;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
 #[cfg(not(target_os = "linux"))]
@@ -70,7 +67,7 @@ use rusqlite::Connection;
 
 pub use capture::CaptureError;
 pub use error::GuardError;
-pub use identity::FileId;
+pub use identity::{identity_of_path, FileId};
 pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
@@ -78,10 +75,6 @@ pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;
-#[cfg(feature = "store")]
-pub use registry::{Registry, RegistryStats, SharedSessionDb};
-#[cfg(feature = "store")]
-pub use store::{SessionDb, StoreError, StoreOptions};
 
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
@@ -211,11 +204,9 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
 
 /// `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's `Connection::busy_timeout` goes
 /// through `sqlite3_set_clientdata` (SQLite 3.44), so a program calling it cannot even link
-/// against an older system SQLite (Debian 12's 3.40.1) when built without `bundled`.
-pub(crate) fn set_busy_timeout(
-    conn: &Connection,
-    timeout: std::time::Duration,
-) -> rusqlite::Result<()> {
+/// against an older system SQLite (Debian 12's 3.40.1) when built without `bundled`: use this
+/// one on a connection to be opened through the guard.
+pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusqlite::Result<()> {
     let ms = i64::try_from(timeout.as_millis())
         .unwrap_or(i64::MAX)
         .min(i64::from(i32::MAX));
