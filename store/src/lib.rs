@@ -91,7 +91,7 @@ impl From<serde_json::Error> for TxError {
 ///
 /// `Send + Sync`: threads may share one `SessionDb` (calls are serialised on its connection), or
 /// each open their own. For one shared handle per database generation, use the
-/// [registry](crate::registry).
+/// [`registry`].
 pub struct SessionDb {
     path: PathBuf,
     options: StoreOptions,

@@ -58,7 +58,7 @@ impl SessionDb {
     /// Closes the handle, which it consumes. If its generation was retired, first makes sure the
     /// retired generation is captured (trigger `close` when the loss is first seen here); if that
     /// fails, hands the handle back with [`StoreError::CaptureFailed`], still open and usable, so
-    /// `close()` can be retried: the shape of [`hermes_guard::close`](hermes_guard::close) and
+    /// `close()` can be retried: the shape of [`hermes_guard::close`] and
     /// rusqlite's `Connection::close`. A live handle gets a PASSIVE checkpoint first; a retired
     /// one is never checkpointed.
     ///

@@ -70,7 +70,7 @@ impl SharedSessionDb {
     /// when others still hold it, so the capture never waits on the last holder. On failure,
     /// notably [`StoreError::CaptureFailed`], returns the error together with the
     /// handle, still open and usable, so `close()` can be retried: the shape of
-    /// [`hermes_guard::close`](hermes_guard::close) and rusqlite's `Connection::close`. Never closes
+    /// [`hermes_guard::close`] and rusqlite's `Connection::close`. Never closes
     /// what other holders still use; the last reference's teardown does.
     ///
     /// Should that final teardown fail after all (the generation lost between the capture and
