@@ -34,7 +34,8 @@
 //! (where a generation whose directory was deleted is captured, [`ORPHAN_DIR_ENV`] for hosts);
 //! what they report
 //! ([`GuardStatus`], [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`]); a
-//! capture's [`manifest`]; [`recover`], from a capture back into the live database. The session
+//! capture's [`manifest`]; [`recover`], from a capture back into the live database; two helpers
+//! for applications built on the guard, [`identity_of_path`] and [`set_busy_timeout`]. The session
 //! store (`SessionDb`) and its shared registry are an application of the guard, in their own
 //! crate: `hermes-guard-store`.
 
