@@ -203,10 +203,10 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
     }
 }
 
-/// `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's `Connection::busy_timeout` goes
-/// through `sqlite3_set_clientdata` (SQLite 3.44), so a program calling it cannot even link
-/// against an older system SQLite (Debian 12's 3.40.1) when built without `bundled`: use this
-/// one on a connection to be opened through the guard.
+/// Sets `conn`'s busy timeout with `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's
+/// `Connection::busy_timeout` goes through `sqlite3_set_clientdata` (SQLite 3.44), so a program
+/// calling it cannot even link against an older system SQLite (Debian 12's 3.40.1) when built
+/// without `bundled`; recovery and the session store set theirs with this one.
 pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusqlite::Result<()> {
     let ms = i64::try_from(timeout.as_millis())
         .unwrap_or(i64::MAX)
