@@ -48,7 +48,8 @@ impl FileId {
     }
 }
 
-/// What `path` resolves to now; `Ok(None)` when nothing is there.
+/// The identity of the file `path` resolves to now (symbolic links followed); `Ok(None)` when
+/// nothing is there.
 pub fn identity_of_path(path: &Path) -> io::Result<Option<FileId>> {
     match rustix::fs::stat(path) {
         Ok(st) => Ok(Some(FileId::of(&st))),

@@ -47,13 +47,15 @@
 //!   [`FileId`].
 //! - A capture's [`manifest`] ([`Manifest`] and its parts, [`Manifest::read`]).
 //! - Recovery, as the `hermes-guard` CLI runs it: the [`recover`] module.
-//! - With the default `store` feature: the session store ([`store`]: [`SessionDb`],
-//!   [`StoreOptions`], [`StoreError`]) and the shared registry ([`registry`]: [`Registry`],
-//!   [`RegistryStats`], [`SharedSessionDb`]).
+//! - Two helpers for applications built on the guard: [`identity_of_path`] and
+//!   [`set_busy_timeout`].
+//!
+//! The session store (`SessionDb`) and its shared registry are an application of the guard, in
+//! their own crate, `hermes-guard-store` (`store/`).
 //!
 //! The enums of the guard, the manifest and the store are `#[non_exhaustive]`; those of
-//! [`recover`] ([`recover::RecoverError`], [`recover::MergeRule`], ...) are not yet. Fault injection is behind the `test-hooks` feature and
-//! is not part of the surface.
+//! [`recover`] ([`recover::RecoverError`], [`recover::MergeRule`], ...) are not yet. Fault
+//! injection is behind the `test-hooks` feature and is not part of the surface.
 
 // Without the shim (not Linux) the capture machinery only the shim drives is unused.
 #![cfg_attr(not(target_os = "linux"), allow(dead_code))]
@@ -65,13 +67,9 @@ mod error;
 mod identity;
 mod paths;
 pub mod recover;
-#[cfg(feature = "store")]
-pub mod registry;
 mod sqlite_log;
 mod stale_wal;
 mod status;
-#[cfg(feature = "store")]
-pub mod store;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
 #[cfg(not(target_os = "linux"))]
@@ -88,7 +86,7 @@ use rusqlite::Connection;
 
 pub use capture::CaptureError;
 pub use error::GuardError;
-pub use identity::FileId;
+pub use identity::{identity_of_path, FileId};
 pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
@@ -96,10 +94,6 @@ pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;
-#[cfg(feature = "store")]
-pub use registry::{Registry, RegistryStats, SharedSessionDb};
-#[cfg(feature = "store")]
-pub use store::{SessionDb, StoreError, StoreOptions};
 
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
@@ -227,13 +221,11 @@ fn guard_pragma(conn: &Connection, pragma: &str) -> Result<GuardStatus, GuardErr
     }
 }
 
-/// `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's `Connection::busy_timeout` goes
-/// through `sqlite3_set_clientdata` (SQLite 3.44), so a program calling it cannot even link
-/// against an older system SQLite (Debian 12's 3.40.1) when built without `bundled`.
-pub(crate) fn set_busy_timeout(
-    conn: &Connection,
-    timeout: std::time::Duration,
-) -> rusqlite::Result<()> {
+/// Sets `conn`'s busy timeout with `PRAGMA busy_timeout`, which every SQLite has. rusqlite 0.43's
+/// `Connection::busy_timeout` goes through `sqlite3_set_clientdata` (SQLite 3.44), so a program
+/// calling it cannot even link against an older system SQLite (Debian 12's 3.40.1) when built
+/// without `bundled`; recovery and the session store set theirs with this one.
+pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusqlite::Result<()> {
     let ms = i64::try_from(timeout.as_millis())
         .unwrap_or(i64::MAX)
         .min(i64::from(i32::MAX));

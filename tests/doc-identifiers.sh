@@ -3,7 +3,7 @@
 #
 # Reads the inline `code spans` (not fenced blocks: those are examples, compiled or run elsewhere)
 # of docs/*.md, README.md, ext/README.md and python/README.md, keeps the spans that look like code
-# symbols, and fails listing each one whose name appears nowhere in the source tree: src/, cli/,
+# symbols, and fails listing each one whose name appears nowhere in the source tree: src/, store/, cli/,
 # ext/, python/, tests/ (target/ and build outputs left out) and the Cargo manifests. The
 # heuristic, span by span (a trailing `(...)` call is stripped first; a span with a space, `=`,
 # `-`, `/`, `.`, `<`, `"` or `'` in it is prose, a setting, a path or a command, and is skipped,
@@ -38,7 +38,7 @@ DOCS = sorted(
     ["docs/" + f for f in os.listdir("docs") if f.endswith(".md")]
     + ["README.md", "ext/README.md", "python/README.md"]
 )
-TREES = ["src", "cli", "ext", "python", "tests"]
+TREES = ["src", "store", "cli", "ext", "python", "tests"]
 SKIP_DIRS = {"target", ".git", "__pycache__", "build", "node_modules", ".venv", "venv"}
 SRC_EXT = (".rs", ".toml", ".sh", ".py", ".c", ".h", ".txt", ".cfg", ".json")
 # Crates whose paths are not ours: their names are not checked.

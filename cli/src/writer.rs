@@ -222,12 +222,12 @@ fn second(args: &WriterArgs) -> Result<()> {
 }
 
 fn store(args: &WriterArgs) -> Result<()> {
-    use hermes_guard::store::{NewMessage, NewSession};
-    let db = hermes_guard::SessionDb::open_with(
+    use hermes_guard_store::{NewMessage, NewSession};
+    let db = hermes_guard_store::SessionDb::open_with(
         &args.db,
-        hermes_guard::StoreOptions {
+        hermes_guard_store::StoreOptions {
             wal_autocheckpoint: Some(0),
-            ..hermes_guard::StoreOptions::default()
+            ..hermes_guard_store::StoreOptions::default()
         },
     )?;
     if db.get_session("st-0")?.is_none() {

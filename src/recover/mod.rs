@@ -25,7 +25,6 @@
 //! The merge rules are in `docs/merge-rules.md`.
 
 mod error;
-mod heal;
 mod ledger;
 mod merge;
 mod objects;
@@ -44,7 +43,6 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
-pub use heal::{Healed, HEALED_MARK_PREFIX};
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
 pub use rebuild::{check_torn, rebuild_torn, RebuildReport};
 pub use report::{
@@ -54,8 +52,6 @@ pub use report::{
 pub use verify::{unreadable_commits, verify_capture, wal_problems, CaptureCheck, FileFound};
 pub use walcheck::{PrefixEnd, WalCheck};
 
-#[cfg(feature = "store")]
-pub(crate) use heal::heal_store;
 pub(crate) use merge::{foreign_key_violations, Merge};
 use merge::{BULK_CAPTURE, BULK_IMAGE};
 
@@ -140,6 +136,47 @@ pub fn apply_on(
     apply_inner(capture, conn, database, options, false, progress)
 }
 
+/// [`apply`]'s merge inside a write transaction the caller holds: `conn` is a connection the
+/// caller opened through the guard on `database` and began with `BEGIN IMMEDIATE`. Writes what
+/// is missing, records the capture in `hermes_guard_merges` and refuses new foreign-key
+/// violations, but neither commits nor rolls back: the caller adds its own writes to the same
+/// transaction (the session store marks the capture healed in it) and commits, or rolls back on
+/// an error.
+pub fn merge_in_transaction(
+    capture: &Capture,
+    conn: &Connection,
+    database: &Path,
+    options: &MergeOptions,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<MergeReport, RecoverError> {
+    merge_checked(capture, conn, database, options, false, progress)
+}
+
+/// The merge, with `PRAGMA foreign_key_check` before and after: new violations are refused.
+fn merge_checked(
+    capture: &Capture,
+    conn: &Connection,
+    database: &Path,
+    options: &MergeOptions,
+    bulk: bool,
+    progress: &mut dyn FnMut(&Progress<'_>),
+) -> Result<MergeReport, RecoverError> {
+    let before = foreign_key_violations(conn)
+        .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
+    let report = run_merge(capture, conn, database, options, true, bulk, progress)?;
+    let after = foreign_key_violations(conn)
+        .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
+    let mut new: Vec<String> = after.difference(&before).cloned().collect();
+    if !new.is_empty() {
+        new.sort();
+        return Err(RecoverError::ForeignKeys {
+            database: database.to_path_buf(),
+            violations: new,
+        });
+    }
+    Ok(report)
+}
+
 fn apply_inner(
     capture: &Capture,
     conn: &Connection,
@@ -151,19 +188,7 @@ fn apply_inner(
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(|e| RecoverError::sqlite(database, "take the write lock (BEGIN IMMEDIATE)", e))?;
     let result = (|| {
-        let before = foreign_key_violations(conn)
-            .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
-        let report = run_merge(capture, conn, database, options, true, bulk, progress)?;
-        let after = foreign_key_violations(conn)
-            .map_err(|e| RecoverError::sqlite(database, "foreign_key_check", e))?;
-        let mut new: Vec<String> = after.difference(&before).cloned().collect();
-        if !new.is_empty() {
-            new.sort();
-            return Err(RecoverError::ForeignKeys {
-                database: database.to_path_buf(),
-                violations: new,
-            });
-        }
+        let report = merge_checked(capture, conn, database, options, bulk, progress)?;
         conn.execute_batch("COMMIT")
             .map_err(|e| RecoverError::sqlite(database, "commit the merge", e))?;
         Ok(report)

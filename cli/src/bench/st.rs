@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hermes_guard::store::{NewMessage, NewSession, SessionDb};
+use hermes_guard_store::{NewMessage, NewSession, SessionDb};
 use rusqlite::{params, Connection};
 
 use super::workloads::{self, payload, BenchError, Context, Session, Stopwatch, Timed, Vfs};

@@ -300,13 +300,13 @@ pub fn write_second_generation(db: &Path, vfs: &str, rows: u32) -> i64 {
 
 /// A session store whose 20 messages of history are fully checkpointed, with automatic
 /// checkpoints off, so whatever is appended next lives only in the WAL.
-pub fn store_with_checkpointed_history(path: &Path) -> hermes_guard::SessionDb {
-    use hermes_guard::store::{NewMessage, NewSession};
-    let db = hermes_guard::SessionDb::open_with(
+pub fn store_with_checkpointed_history(path: &Path) -> hermes_guard_store::SessionDb {
+    use hermes_guard_store::{NewMessage, NewSession};
+    let db = hermes_guard_store::SessionDb::open_with(
         path,
-        hermes_guard::StoreOptions {
+        hermes_guard_store::StoreOptions {
             wal_autocheckpoint: Some(0),
-            ..hermes_guard::StoreOptions::default()
+            ..hermes_guard_store::StoreOptions::default()
         },
     )
     .unwrap();

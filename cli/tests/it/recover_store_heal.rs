@@ -8,8 +8,7 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 
 use common::*;
-use hermes_guard::store::{NewMessage, NewSession};
-use hermes_guard::{SessionDb, StoreError, StoreOptions};
+use hermes_guard_store::{NewMessage, NewSession, SessionDb, StoreError, StoreOptions};
 
 fn no_heal() -> StoreOptions {
     StoreOptions {
@@ -126,7 +125,7 @@ fn the_mark_is_not_needed_for_idempotency() {
         .unwrap()
         .execute(
             "DELETE FROM state_meta WHERE key LIKE ?1",
-            [format!("{}%", hermes_guard::recover::HEALED_MARK_PREFIX)],
+            [format!("{}%", hermes_guard_store::HEALED_MARK_PREFIX)],
         )
         .unwrap();
     let db = SessionDb::open(&path).unwrap();
@@ -264,7 +263,7 @@ fn the_registry_heals_at_acquire() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     lose_a_generation(&path);
-    let registry = hermes_guard::Registry::new();
+    let registry = hermes_guard_store::Registry::new();
     let db = registry.acquire(&path).unwrap();
     assert_eq!(db.healed().len(), 1);
     assert_eq!(db.get_messages("wal-only").unwrap().len(), 2);

@@ -18,9 +18,11 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use hermes_guard::registry::{self, Registry};
-use hermes_guard::store::{HeldBack, NewMessage, NewSession};
-use hermes_guard::{FileId, RegistryStats, SessionDb, StoreError, StoreOptions};
+use hermes_guard::FileId;
+use hermes_guard_store::registry::{self, Registry};
+use hermes_guard_store::{
+    HeldBack, NewMessage, NewSession, RegistryStats, SessionDb, StoreError, StoreOptions,
+};
 use parking_lot::Mutex;
 
 /// How long a helper thread may take before the test calls it stuck: a deadlock bound, not a

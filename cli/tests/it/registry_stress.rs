@@ -13,9 +13,8 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use hermes_guard::registry::{self, Registry};
-use hermes_guard::store::NewMessage;
-use hermes_guard::{RegistryStats, SessionDb, StoreError};
+use hermes_guard_store::registry::{self, Registry};
+use hermes_guard_store::{NewMessage, RegistryStats, SessionDb, StoreError};
 use parking_lot::Mutex;
 
 const THREADS: usize = 4;

@@ -250,11 +250,11 @@ test_alone! {
 /// decision).
 #[test]
 fn the_store_opens_a_restored_database_as_restored_and_reports_it() {
-    use hermes_guard::store::{NewMessage, NewSession};
+    use hermes_guard_store::{NewMessage, NewSession};
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     {
-        let store = hermes_guard::SessionDb::open(&db).unwrap();
+        let store = hermes_guard_store::SessionDb::open(&db).unwrap();
         store
             .create_session(&NewSession::new("st-0", "before"))
             .unwrap();
@@ -269,7 +269,7 @@ fn the_store_opens_a_restored_database_as_restored_and_reports_it() {
     fs::copy(&db, &backup).unwrap();
     // Life goes on after the backup (checkpointed at the close), then a writer dies.
     {
-        let store = hermes_guard::SessionDb::open(&db).unwrap();
+        let store = hermes_guard_store::SessionDb::open(&db).unwrap();
         for i in 0..20 {
             store
                 .append_message("st-0", &NewMessage::new("user", format!("later {i}")))
@@ -305,7 +305,7 @@ fn the_store_opens_a_restored_database_as_restored_and_reports_it() {
     let wal = fs::read(sidecar(&db, "-wal")).unwrap();
     fs::copy(&backup, &db).unwrap();
 
-    let store = hermes_guard::SessionDb::open(&db).unwrap();
+    let store = hermes_guard_store::SessionDb::open(&db).unwrap();
     assert_eq!(store.get_messages("st-0").unwrap().len(), 5);
     let stale = store.guard_status().unwrap().stale_wal.expect("reported");
     assert_eq!(stale.action, StaleWalAction::SetAside);

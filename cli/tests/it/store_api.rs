@@ -1,8 +1,7 @@
 //! The session store's API on a healthy database: round trips, upsert semantics, counters,
 //! full-text search, unicode and large content, meta, schema migration.
 
-use hermes_guard::store::{NewMessage, NewSession, SCHEMA_VERSION};
-use hermes_guard::{Registry, SessionDb, StoreError};
+use hermes_guard_store::{NewMessage, NewSession, Registry, SessionDb, StoreError, SCHEMA_VERSION};
 use rusqlite::Connection;
 use serde_json::json;
 
@@ -424,7 +423,7 @@ fn try_wal_checkpoint_copies_the_wal_into_the_database() {
     let dir = tempfile::tempdir().unwrap();
     let db = SessionDb::open_with(
         dir.path().join("state.db"),
-        hermes_guard::StoreOptions {
+        hermes_guard_store::StoreOptions {
             wal_autocheckpoint: Some(0),
             ..Default::default()
         },

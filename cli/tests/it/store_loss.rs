@@ -6,8 +6,8 @@ use crate::common;
 use std::path::Path;
 
 use common::*;
-use hermes_guard::store::{NewMessage, NewSession};
-use hermes_guard::{RetireReason, SessionDb, StoreError};
+use hermes_guard::RetireReason;
+use hermes_guard_store::{NewMessage, NewSession, SessionDb, StoreError};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
@@ -269,13 +269,13 @@ fn a_failed_capture_surfaces_at_error_through_release_or_close_and_the_generatio
     let marker = format!("no space left on device ({})", dir.path().display());
     hermes_guard::test_hooks::inject_capture_fault(dir.path(), &marker);
 
-    hermes_guard::registry::release_or_close(db); // must not fail
+    hermes_guard_store::registry::release_or_close(db); // must not fail
 
     assert!(artifacts(dir.path()).is_empty());
     // The guard logs the failed capture itself; this is release_or_close's own record.
     let logged_at_error = LOGS.lock().iter().any(|(level, target, text)| {
         *level == log::Level::Error
-            && target.starts_with("hermes_guard::registry")
+            && target.starts_with("hermes_guard_store::registry")
             && text.contains(&marker)
     });
     assert!(

@@ -14,8 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use common::*;
-use hermes_guard::store::NewMessage;
-use hermes_guard::{SessionDb, StoreError};
+use hermes_guard_store::{NewMessage, SessionDb, StoreError};
 use serde_json::{json, Value};
 
 const ROLE: &str = "HERMES_STORE_CHILD";
@@ -267,9 +266,9 @@ fn retired_rows_are_recoverable_after_the_gateway_exits_and_the_newer_generation
     );
 }
 
-fn no_self_heal() -> hermes_guard::StoreOptions {
-    hermes_guard::StoreOptions {
+fn no_self_heal() -> hermes_guard_store::StoreOptions {
+    hermes_guard_store::StoreOptions {
         self_heal: false,
-        ..hermes_guard::StoreOptions::default()
+        ..hermes_guard_store::StoreOptions::default()
     }
 }

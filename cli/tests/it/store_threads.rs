@@ -7,8 +7,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use hermes_guard::store::NewMessage;
-use hermes_guard::{SessionDb, StoreOptions};
+use hermes_guard_store::{NewMessage, SessionDb, StoreOptions};
 use parking_lot::Mutex;
 use rusqlite::{Connection, OpenFlags};
 
@@ -23,7 +22,7 @@ static RETRIED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// Keeps the names of the threads whose `append_message` retried.
 fn record_retry(record: &log::Record<'_>) {
     let text = record.args().to_string();
-    if record.target().starts_with("hermes_guard::store")
+    if record.target().starts_with("hermes_guard_store")
         && text.contains("append_message: database locked, retrying")
     {
         let name = thread::current().name().unwrap_or("").to_owned();
@@ -41,7 +40,7 @@ fn own_session(t: usize) -> String {
 
 /// Appends, alternately to its own session and to the shared one, messages each carrying a
 /// token found nowhere else (`w<t>m<i>`, `w<t>s<i>`).
-fn write(db: &SessionDb, t: usize) -> Result<(), hermes_guard::StoreError> {
+fn write(db: &SessionDb, t: usize) -> Result<(), hermes_guard_store::StoreError> {
     for i in 0..MESSAGES_EACH {
         db.append_message(
             &own_session(t),

@@ -1,4 +1,9 @@
-//! SessionDb: sessions, messages and full-text search on a guarded database.
+//! hermes-guard-store: the session store, an application of the hermes-guard VFS.
+//!
+//! [`SessionDb`]: sessions, messages and full-text search on a guarded database; the shared
+//! [`registry`] of open generations built on it; and its self-healing ([`heal`]), which merges
+//! the retired generation of a lost `-wal`/`-shm` back through the library's general merge
+//! ([`hermes_guard::recover::merge_in_transaction`]).
 //!
 //! Every connection is opened through the `hermes-guard` VFS, so a write that would land in a
 //! retired generation (the `-wal`/`-shm` taken away, or the file at the path replaced) is refused
@@ -8,6 +13,7 @@
 //! captured. `docs/store.md` has the whole story.
 
 mod error;
+pub mod heal;
 mod messages;
 mod meta;
 mod model;
@@ -15,6 +21,8 @@ mod schema;
 mod search;
 mod sessions;
 mod upkeep;
+
+pub mod registry;
 
 use std::hash::{BuildHasher, Hasher};
 use std::path::{Path, PathBuf};
@@ -25,13 +33,12 @@ use parking_lot::Mutex;
 use rusqlite::{Connection, OpenFlags, Row};
 use sha2::{Digest, Sha256};
 
-use crate::error::GuardError;
-use crate::identity::FileId;
-use crate::status::{ErrorClass, GuardStatus, RetireReason};
-use crate::GuardExt;
+use hermes_guard::{ErrorClass, FileId, GuardError, GuardExt, GuardStatus, RetireReason};
 
 pub use error::{HeldBack, StoreError};
+pub use heal::{Healed, HEALED_MARK_PREFIX};
 pub use model::{Checkpoint, Message, NewMessage, NewSession, SearchHit, Session};
+pub use registry::{Registry, RegistryStats, SharedSessionDb};
 pub use schema::SCHEMA_VERSION;
 pub use upkeep::Closed;
 
@@ -84,7 +91,7 @@ impl From<serde_json::Error> for TxError {
 ///
 /// `Send + Sync`: threads may share one `SessionDb` (calls are serialised on its connection), or
 /// each open their own. For one shared handle per database generation, use the
-/// [registry](crate::registry).
+/// [`registry`].
 pub struct SessionDb {
     path: PathBuf,
     options: StoreOptions,
@@ -96,7 +103,7 @@ pub struct SessionDb {
     /// A write was refused or the guard reported this generation retired.
     retired_seen: AtomicBool,
     /// What the self-healing merged at open.
-    healed: Vec<crate::recover::Healed>,
+    healed: Vec<Healed>,
 }
 
 impl std::fmt::Debug for SessionDb {
@@ -122,17 +129,20 @@ impl SessionDb {
         options: StoreOptions,
     ) -> Result<SessionDb, StoreError> {
         let path = path.as_ref().to_path_buf();
-        crate::register().map_err(|source| StoreError::Guard {
+        hermes_guard::register().map_err(|source| StoreError::Guard {
             database: path.clone(),
             source,
         })?;
-        let conn =
-            Connection::open_with_flags_and_vfs(&path, OpenFlags::default(), crate::VFS_NAME)
-                .map_err(|source| StoreError::Sqlite {
-                    database: path.clone(),
-                    operation: "open",
-                    source,
-                })?;
+        let conn = Connection::open_with_flags_and_vfs(
+            &path,
+            OpenFlags::default(),
+            hermes_guard::VFS_NAME,
+        )
+        .map_err(|source| StoreError::Sqlite {
+            database: path.clone(),
+            operation: "open",
+            source,
+        })?;
         let mut db = SessionDb {
             path,
             options,
@@ -150,7 +160,7 @@ impl SessionDb {
         let mode = loop {
             attempt += 1;
             let configured = db.read("open: configure", |conn| {
-                crate::set_busy_timeout(conn, db.options.busy_timeout)?;
+                hermes_guard::set_busy_timeout(conn, db.options.busy_timeout)?;
                 let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
                 conn.pragma_update(None, "foreign_keys", true)?;
                 if let Some(pages) = db.options.wal_autocheckpoint {
@@ -188,7 +198,7 @@ impl SessionDb {
         db.migrate()?;
         if db.options.self_heal {
             if let Some(conn) = db.conn.get_mut().as_ref() {
-                db.healed = crate::recover::heal_store(conn, &db.path);
+                db.healed = heal::heal_store(conn, &db.path);
             }
         }
         Ok(db)
@@ -221,7 +231,7 @@ impl SessionDb {
     /// What the self-healing merged when this handle opened: one entry per capture of a lost
     /// `-wal`/`-shm` merged back (its sessions and messages, counters recomputed). Empty when
     /// nothing was lost, or with [`StoreOptions::self_heal`] off.
-    pub fn healed(&self) -> &[crate::recover::Healed] {
+    pub fn healed(&self) -> &[Healed] {
         &self.healed
     }
 
@@ -370,7 +380,9 @@ impl SessionDb {
                 capture_error,
                 reason: Some(reason),
             },
-            RetireReason::MainReplaced | RetireReason::StaleWal => StoreError::MainReplaced {
+            // MainReplaced, StaleWal, and any reason a later guard adds (`RetireReason` is
+            // non-exhaustive): the handle's file is not the one at the path; reopen.
+            _ => StoreError::MainReplaced {
                 database: self.path.clone(),
                 reason: Some(reason),
             },

@@ -5,9 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::capture::CaptureError;
-use crate::error::GuardError;
-use crate::status::RetireReason;
+use hermes_guard::{CaptureError, GuardError, RetireReason};
 
 /// An error from [`SessionDb`](super::SessionDb) or the [registry](crate::registry).
 #[derive(Debug, thiserror::Error)]

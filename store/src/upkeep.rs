@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use crate::GuardExt;
+use hermes_guard::GuardExt;
 
 use super::{passive_checkpoint, Checkpoint, SessionDb, StoreError};
 
@@ -58,7 +58,7 @@ impl SessionDb {
     /// Closes the handle, which it consumes. If its generation was retired, first makes sure the
     /// retired generation is captured (trigger `close` when the loss is first seen here); if that
     /// fails, hands the handle back with [`StoreError::CaptureFailed`], still open and usable, so
-    /// `close()` can be retried: the shape of [`hermes_guard::close`](crate::close) and
+    /// `close()` can be retried: the shape of [`hermes_guard::close`] and
     /// rusqlite's `Connection::close`. A live handle gets a PASSIVE checkpoint first; a retired
     /// one is never checkpointed.
     ///
@@ -96,7 +96,7 @@ impl SessionDb {
                 return Err(self.capture_error(e));
             }
         }
-        match crate::close(conn) {
+        match hermes_guard::close(conn) {
             Ok(()) => {
                 // The guard may have captured at close (the loss first seen there): read it back.
                 log::debug!("{}: closed", self.path.display());

@@ -1,5 +1,7 @@
 //! The session store's self-healing: the retired generation of a lost `-wal`/`-shm` (an
-//! accident) merged back into the live store when it is next opened.
+//! accident) merged back into the live store when it is next opened, through the library's
+//! general merge ([`merge_in_transaction`]) plus what only the store knows: its
+//! `state_meta` mark and its `sessions` counters.
 //!
 //! A capture of a replaced main file (a restore: somebody's decision) is never merged here;
 //! `hermes-guard recover` merges it on purpose. A healed capture is marked in the live store's
@@ -12,9 +14,10 @@ use std::path::{Path, PathBuf};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 
-use super::merge::{foreign_key_violations, Merge};
-use super::report::MergeOptions;
-use super::{list_captures, Capture, RecoverError};
+use hermes_guard::recover::{
+    list_captures, merge_in_transaction, Capture, MergeOptions, RecoverError,
+};
+use hermes_guard::RetireReason;
 
 /// The `state_meta` key prefix marking a capture as healed (followed by its directory's name).
 pub const HEALED_MARK_PREFIX: &str = "hermes-guard.healed:";
@@ -37,7 +40,6 @@ pub struct Healed {
 /// Merges every unhealed capture of a lost `-wal`/`-shm` beside the store `path` into `conn` (the
 /// store's own guarded connection). Never fails: a capture that cannot be merged is logged at
 /// ERROR and left for `hermes-guard recover`.
-#[cfg_attr(not(feature = "store"), allow(dead_code))]
 pub(crate) fn heal_store(conn: &Connection, path: &Path) -> Vec<Healed> {
     let listed = match list_captures(path) {
         Ok(l) => l,
@@ -51,14 +53,14 @@ pub(crate) fn heal_store(conn: &Connection, path: &Path) -> Vec<Healed> {
         let Some(manifest) = &entry.manifest else {
             continue;
         };
-        let stale_wal = manifest.reason == Some(crate::RetireReason::StaleWal);
+        let stale_wal = manifest.reason == Some(RetireReason::StaleWal);
         if manifest.is_main_replaced() || manifest.reason.is_none() || stale_wal {
             continue; // a restore (a stale WAL is one too) is an operator's decision
         }
         // An accident leaves the main file in place: the capture must be of this very file. A
         // restore that also removed the sidecars may be reported as a lost -wal; it replaced the
         // main file, so it is not healed either.
-        let live_main = crate::identity::identity_of_path(path).ok().flatten();
+        let live_main = hermes_guard::identity_of_path(path).ok().flatten();
         let same_file = live_main.is_some() && manifest.main.identity == live_main;
         if !same_file {
             log::debug!(
@@ -70,7 +72,7 @@ pub(crate) fn heal_store(conn: &Connection, path: &Path) -> Vec<Healed> {
         }
         let mark = format!(
             "{HEALED_MARK_PREFIX}{}",
-            crate::paths::path_display(Path::new(entry.path.file_name().unwrap_or_default()))
+            Path::new(entry.path.file_name().unwrap_or_default()).to_string_lossy()
         );
         if marked(conn, &mark).unwrap_or(false) {
             continue;
@@ -129,7 +131,13 @@ fn heal_one(
     mark: &str,
 ) -> Result<Option<Healed>, RecoverError> {
     let capture = Capture::open(dir)?;
-    let sq = |what: &'static str| move |e| RecoverError::sqlite(path, what, e);
+    let sq = |what: &'static str| {
+        move |source| RecoverError::Sqlite {
+            path: path.to_path_buf(),
+            operation: what.into(),
+            source,
+        }
+    };
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(sq("take the write lock (BEGIN IMMEDIATE)"))?;
     let result = (|| {
@@ -137,37 +145,12 @@ fn heal_one(
         if marked(conn, mark).map_err(sq("read state_meta"))? {
             return Ok(None);
         }
-        let before = foreign_key_violations(conn).map_err(sq("foreign_key_check"))?;
-        let options = MergeOptions::default();
-        let (generation, start) = super::ledger_start(&capture, conn, path)?;
-        let source = capture.connection();
-        let (rule, rule_reason) = super::rule_for(&capture, path);
-        let merge = Merge {
-            source,
-            source_path: capture.dir(),
-            target: conn,
-            target_path: path,
-            options: &options,
-            apply: true,
-            rule,
-            rule_reason,
-            ledger: Some(generation),
-            merged_before: start.merged_before,
-            base_frames: start.base_frames,
-            bulk: false,
-        };
-        let report = merge.run(&mut |_| {})?;
+        // The general merge, in this transaction: it refuses new foreign-key violations.
+        let report =
+            merge_in_transaction(&capture, conn, path, &MergeOptions::default(), &mut |_| {})?;
         if report.inserted() > 0 {
-            reconcile_sessions(conn, source).map_err(sq("recompute the session counters"))?;
-        }
-        let after = foreign_key_violations(conn).map_err(sq("foreign_key_check"))?;
-        let mut new: Vec<String> = after.difference(&before).cloned().collect();
-        if !new.is_empty() {
-            new.sort();
-            return Err(RecoverError::ForeignKeys {
-                database: path.to_path_buf(),
-                violations: new,
-            });
+            reconcile_sessions(conn, capture.connection())
+                .map_err(sq("recompute the session counters"))?;
         }
         let inserted = |t: &str| {
             report
