@@ -29,6 +29,8 @@ use serde::{Deserialize, Serialize};
 mod encode;
 mod main_header;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 #[cfg(test)]
