@@ -25,6 +25,8 @@ mod faults;
 mod manifest;
 mod names;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 pub use error::CaptureError;
