@@ -22,6 +22,8 @@ use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 mod capturing;
 mod healing;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use healing::MainFile;
 
