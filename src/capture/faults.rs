@@ -11,13 +11,13 @@ static FAULTS: parking_lot::Mutex<Vec<(PathBuf, String)>> = parking_lot::Mutex::
 /// Test hook: make every capture of a database under `dir` fail with `message` (as a disk-full
 /// would) until [`clear_capture_fault`] is called. Scoped by directory so parallel tests do not
 /// see each other's faults.
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(feature = "test-hooks")]
 pub fn inject_capture_fault(dir: &Path, message: &str) {
     FAULTS.lock().push((dir.to_path_buf(), message.to_owned()));
 }
 
 /// Test hook: undo [`inject_capture_fault`] for `dir`.
-#[cfg(any(test, feature = "test-hooks"))]
+#[cfg(feature = "test-hooks")]
 pub fn clear_capture_fault(dir: &Path) {
     FAULTS.lock().retain(|(d, _)| d != dir);
 }
