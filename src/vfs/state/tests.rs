@@ -431,3 +431,46 @@ fn a_capture_copies_the_pinned_wal_and_the_in_memory_image() {
         "one capture per generation"
     );
 }
+
+#[test]
+fn a_live_wal_is_let_go_at_its_close_and_may_be_deleted_while_it_is_the_one_pinned() {
+    let f = Fixture::with_a_frame();
+    f.state.wal_closed();
+    assert!(!f.state.holds_wal());
+    assert!(!f.state.wal_pinned());
+    assert!(
+        may_delete(&f.path("-wal")),
+        "still the inode this connection wrote"
+    );
+}
+
+#[test]
+fn a_wal_replaced_before_its_delete_is_not_deleted() {
+    let f = Fixture::with_a_frame();
+    f.state.wal_closed();
+    replace(&f.path("-wal"));
+    assert!(!may_delete(&f.path("-wal")), "another generation's WAL now");
+    assert!(
+        may_delete(&f.path("-wal")),
+        "asked once: the next delete is not this close's"
+    );
+}
+
+#[test]
+fn a_retired_wal_is_held_past_its_close_until_captured() {
+    let f = Fixture::with_a_frame();
+    f.state
+        .set_main_image(Some(Box::new(MemImage(b"image".to_vec()))));
+    f.lose_wal();
+    f.state.wal_closed();
+    assert!(
+        f.state.holds_wal(),
+        "uncaptured: the descriptor is the only way to its frames"
+    );
+    assert!(f.state.must_hold_main());
+    let dir = f.state.ensure_captured(Trigger::Close).expect("capture");
+    assert!(dir.is_some());
+    f.state.main_closed();
+    assert!(!f.state.holds_wal());
+    assert!(!f.state.wal_pinned());
+}
