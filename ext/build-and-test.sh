@@ -13,7 +13,8 @@
 # sqlite3@5.0.1, in the distribution's Python). Then the distribution's sqlite3 shell loads the
 # extension and guards a database. Then python/run-tests.sh builds the Python package
 # (`pip install ./python`, `pip wheel ./python`) in fresh virtual environments and runs its pytest
-# suite (python/tests). Last, tests/system-sqlite.sh runs the library's integration tests
+# suite (python/tests). Then tests/loom.sh checks the loom model of the guard's lock-free protocol
+# (src/vfs/loom_protocol.rs). Last, tests/system-sqlite.sh runs the library's integration tests
 # again without `bundled`, on the system libsqlite3 (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
@@ -184,6 +185,9 @@ fi
 # missing prerequisite fails there too).
 echo "== the Python package (python/run-tests.sh)"
 HERMES_GUARD_DISTRO_PYTHON="$distro_python" bash python/run-tests.sh
+
+echo "== the loom model of the lock-free protocol (tests/loom.sh)"
+bash tests/loom.sh
 
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh

@@ -23,6 +23,8 @@ use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 mod capturing;
 mod gates;
 mod healing;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use healing::MainFile;
 

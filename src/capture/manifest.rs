@@ -1,0 +1,175 @@
+//! `manifest.json`: what a capture holds and where it came from (`docs/capture-format.md`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::MANIFEST_NAME;
+use crate::identity::FileId;
+use crate::paths;
+use crate::status::{Backfill, RetireReason};
+use crate::walfile::{MainHeader, WalHeader};
+
+/// Why a capture was taken (`trigger` in the manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Trigger {
+    /// At the first refused write.
+    Halt,
+    /// At close, when the loss was first seen there.
+    Close,
+    /// At the open: a WAL left beside a database it was not written on (reason `stale-wal`).
+    Open,
+}
+
+/// `manifest.json`, version 1 (keys compatible with the Python implementation): what a capture
+/// holds and where it came from. Read one back with [`Manifest::read`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Manifest {
+    /// Format version: 1.
+    pub version: u32,
+    /// The database's pathname as SQLite opened it, for display (invalid UTF-8 shown as U+FFFD).
+    pub database: String,
+    /// The exact bytes of that pathname in hex, present only when they are not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database_hex: Option<String>,
+    /// `halt` or `close`.
+    pub trigger: Trigger,
+    /// What retired the generation.
+    pub reason: Option<RetireReason>,
+    /// The capturing process.
+    pub pid: u32,
+    /// UTC, RFC 3339.
+    pub captured_at: String,
+    /// SQLite library version.
+    pub sqlite: String,
+    /// The retired WAL.
+    pub wal: WalEntry,
+    /// The `-shm` identity, when one was pinned (its bytes are derivable and not copied).
+    pub shm: Option<ShmEntry>,
+    /// The main image.
+    pub main: MainEntry,
+    /// What the three pathnames resolved to when the capture was taken.
+    pub path_generation_at_capture: PathGeneration,
+    /// The retired WAL's checkpoint progress when the loss was seen (from the `-shm`).
+    #[serde(default)]
+    pub backfill_at_loss: Option<Backfill>,
+    /// The loss left the live main file torn (see [`Backfill::tears_main`]): it needs repair.
+    #[serde(default)]
+    pub main_torn: bool,
+    /// Reason `stale-wal` only: what the WAL's record said and what the main file at the path
+    /// was instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale_wal: Option<crate::stale_wal::Mismatch>,
+}
+
+impl Manifest {
+    /// The manifest's file name inside a capture directory.
+    pub const FILE_NAME: &'static str = MANIFEST_NAME;
+
+    /// The database's exact pathname: from `database_hex` when the path is not UTF-8.
+    pub fn database_path(&self) -> PathBuf {
+        paths::path_from_parts(self.database.clone(), self.database_hex.as_deref())
+            .unwrap_or_else(|_| PathBuf::from(&self.database))
+    }
+
+    /// Whether the capture is of a replaced main file (a restore: an operator's decision), as
+    /// opposed to a lost `-wal`/`-shm` (an accident).
+    pub fn is_main_replaced(&self) -> bool {
+        self.reason == Some(RetireReason::MainReplaced)
+    }
+
+    /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).
+    ///
+    /// [`GuardStatus::capture`]: crate::status::GuardStatus::capture
+    pub fn read(capture: &Path) -> Result<Manifest, crate::error::GuardError> {
+        let path = capture.join(MANIFEST_NAME);
+        let bytes =
+            std::fs::read(&path).map_err(|source| crate::error::GuardError::ManifestRead {
+                manifest: path.clone(),
+                source,
+            })?;
+        serde_json::from_slice(&bytes).map_err(|source| crate::error::GuardError::ManifestParse {
+            manifest: path,
+            source,
+        })
+    }
+}
+
+/// The WAL part of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct WalEntry {
+    /// Pinned identity.
+    pub identity: FileId,
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
+    pub file: String,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// sha256 of the bytes copied, hex.
+    pub sha256: String,
+    /// The WAL header.
+    pub header: WalHeader,
+    /// Valid frames.
+    pub frames: u64,
+    /// Commit frames among them.
+    pub commits: u64,
+    /// 1-based index of the last commit frame.
+    pub last_commit_frame: Option<u64>,
+}
+
+/// The `-shm` part of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ShmEntry {
+    /// Pinned identity.
+    pub identity: FileId,
+}
+
+/// The main-image part of the manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct MainEntry {
+    /// Pinned identity.
+    pub identity: Option<FileId>,
+    /// Size of the image when the copy began.
+    pub size: u64,
+    /// The database header.
+    pub header: MainHeader,
+    /// How the image is kept: `copied`, the whole image is in the artifact.
+    pub mode: ImageMode,
+    /// File name inside the artifact (always UTF-8, at most `NAME_MAX` bytes: see
+    /// `docs/capture-format.md`).
+    pub file: String,
+    /// Bytes copied.
+    pub bytes: u64,
+    /// sha256 of the bytes copied, hex.
+    pub sha256: String,
+}
+
+/// How a capture keeps the main image (`main.mode` in the manifest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum ImageMode {
+    /// The whole image is copied into the artifact.
+    Copied,
+    /// No image: a stale WAL set aside at the open (reason `stale-wal`). The main file it was
+    /// written on is not the one at the path; `recover --main <file>` takes it from the operator.
+    Absent,
+}
+
+/// What the pathnames resolved to at capture time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct PathGeneration {
+    /// `<db>`.
+    pub main: Option<FileId>,
+    /// `<db>-wal`.
+    pub wal: Option<FileId>,
+    /// `<db>-shm`.
+    pub shm: Option<FileId>,
+}

@@ -1,0 +1,391 @@
+//! Writing a retired generation next to its database: the WAL from the pinned descriptor, the
+//! main image as the retiring connection sees it, and `manifest.json`.
+//!
+//! The artifact is staged in a `.partial` directory, every file and the directory fsynced, then
+//! renamed into place: a directory without `.partial` is complete. Memory stays bounded by one
+//! copy buffer whatever the WAL's size.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+use sha2::{Digest, Sha256};
+
+use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::paths::{self, open_dir, path_display, path_hex, DirHandle};
+use crate::status::{Backfill, RetireReason};
+use crate::walfile::{parse_main_header, WalScanner};
+
+mod error;
+mod faults;
+mod manifest;
+mod names;
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;
+
+pub use error::CaptureError;
+pub(crate) use error::{hand_over, take_handed_over};
+use faults::injected_fault;
+#[cfg(feature = "test-hooks")]
+pub use faults::{clear_capture_fault, inject_capture_fault};
+pub use manifest::{ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry};
+pub(crate) use names::reserve_staging;
+pub use names::{capture_dir_stem, capture_file_name, fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
+
+/// Name of the manifest inside an artifact directory.
+pub const MANIFEST_NAME: &str = "manifest.json";
+
+/// Marker between the database's name and the timestamp in an artifact's directory name.
+pub const ARTIFACT_MARKER: &str = ".retired-wal-";
+
+const STAGING_SUFFIX: &str = ".partial";
+const COPY_CHUNK: usize = 1 << 20;
+
+/// Where the main image comes from: the retiring connection's own file object, so no second
+/// descriptor is opened (and closed) on a file SQLite holds locks on.
+pub trait ImageSource {
+    /// Size of the image in bytes.
+    fn size(&self) -> io::Result<u64>;
+    /// Fill `buf` from `offset`; the caller never reads past `size()`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+}
+
+/// Everything a capture needs, gathered by the guard while it holds the generation.
+pub struct CaptureInput<'a> {
+    /// The database's pathname, as SQLite opened it.
+    pub database: &'a Path,
+    /// The database's directory, held open since the database was opened: the capture is
+    /// written into it wherever it is now. `None`: the directory is opened by path now.
+    pub dir: Option<&'a DirHandle>,
+    /// The pinned WAL descriptor.
+    pub wal: &'a PinnedWal,
+    /// The main image.
+    pub main: &'a dyn ImageSource,
+    /// The main file's pinned identity.
+    pub main_id: Option<FileId>,
+    /// The `-shm` pinned identity, when one was mapped.
+    pub shm_id: Option<FileId>,
+    /// Why the capture happens.
+    pub trigger: Trigger,
+    /// What retired the generation.
+    pub reason: Option<RetireReason>,
+    /// How far the retired WAL had been checkpointed when the loss was seen.
+    pub backfill_at_loss: Option<Backfill>,
+}
+
+/// Writes the artifact and returns its final directory, where it is now (when the database's
+/// directory was renamed away, that is inside the directory's new name).
+pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError> {
+    let database = input.database;
+    let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
+        database: database.to_path_buf(),
+        artifact: artifact.to_path_buf(),
+        source,
+    };
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().ok_or_else(|| {
+        io_err(
+            database,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "database path has no file name",
+            ),
+        )
+    })?;
+    if let Some(message) = injected_fault(database) {
+        return Err(io_err(parent, io::Error::other(message)));
+    }
+
+    // The directory held since the open, wherever it is now; without one, the parent by path.
+    let opened: OwnedFd;
+    let (dir_fd, dir_path) = match input.dir {
+        Some(dir) => (dir.fd(), dir.current_path()),
+        None => {
+            opened = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+            (opened.as_fd(), parent.to_path_buf())
+        }
+    };
+
+    let stem = capture_dir_stem(name);
+    let file_name = capture_file_name(name);
+    if let Some((existing, wal)) = find_identical_capture(input, dir_fd, &stem) {
+        let existing = dir_path.join(existing);
+        log::warn!(
+            "hermes-guard: the retired generation of {} is already captured, byte for byte, in {} \
+             (by another process); not writing it again",
+            database.display(),
+            existing.display()
+        );
+        crate::sqlite_log::captured(database, &existing);
+        return Ok(Captured { dir: existing, wal });
+    }
+    let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
+        .map_err(|(staging, e)| io_err(&dir_path.join(staging), e))?;
+    let final_dir = dir_path.join(&final_name);
+    let staging_dir = dir_path.join(&staging_name);
+
+    let mut staging_fd = None;
+    let result = open_dir(dir_fd, Path::new(&staging_name)).and_then(|staging| {
+        let staging = staging_fd.insert(staging);
+        let manifest = fill_staging(input, staging.as_fd(), &file_name)?;
+        let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
+        write_synced(staging.as_fd(), MANIFEST_NAME, |f| f.write_all(&json))?;
+        rustix::fs::fsync(&*staging)?;
+        rustix::fs::renameat(dir_fd, &staging_name, dir_fd, &final_name)?;
+        rustix::fs::fsync(dir_fd)?;
+        Ok(CapturedWal {
+            bytes: manifest.wal.bytes,
+            sha256: manifest.wal.sha256,
+        })
+    });
+    match result {
+        Ok(wal) => {
+            log::warn!(
+                "hermes-guard: captured the retired generation of {} into {} (trigger {:?})",
+                database.display(),
+                final_dir.display(),
+                input.trigger
+            );
+            crate::sqlite_log::captured(database, &final_dir);
+            Ok(Captured {
+                dir: final_dir,
+                wal,
+            })
+        }
+        Err(e) => {
+            if let Some(staging) = &staging_fd {
+                let wal_name = format!("{file_name}-wal");
+                for f in [MANIFEST_NAME, file_name.as_str(), wal_name.as_str()] {
+                    let _ = rustix::fs::unlinkat(staging, f, AtFlags::empty());
+                }
+            }
+            let _ = rustix::fs::unlinkat(dir_fd, &staging_name, AtFlags::REMOVEDIR);
+            Err(io_err(&staging_dir, e))
+        }
+    }
+}
+
+/// A complete capture in `dir` of exactly the WAL `input` would capture: the same main and WAL
+/// inodes, the same size and the same sha256. Another process that retired the same generation
+/// (the WAL inode is shared) has captured it already. The WAL is hashed only when a candidate's
+/// inodes and size match; anything unreadable is no match.
+fn find_identical_capture(
+    input: &CaptureInput<'_>,
+    dir: BorrowedFd<'_>,
+    stem: &str,
+) -> Option<(String, CapturedWal)> {
+    let prefix = format!("{stem}{ARTIFACT_MARKER}");
+    let size = input.wal.size().ok()?;
+    let mut our_sha256: Option<String> = None;
+    for entry in rustix::fs::Dir::read_from(dir).ok()? {
+        let Ok(entry) = entry else {
+            break;
+        };
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if !name.starts_with(&prefix) || name.ends_with(STAGING_SUFFIX) {
+            continue;
+        }
+        let Some(captured) = read_captured_wal(dir, name) else {
+            continue;
+        };
+        let same_files =
+            captured.wal.identity == input.wal.id() && captured.main.identity == input.main_id;
+        if !same_files || captured.wal.bytes != size {
+            continue;
+        }
+        if our_sha256.is_none() {
+            our_sha256 = Some(sha256_of(input.wal.file(), size).ok()?);
+        }
+        if our_sha256.as_deref() == Some(captured.wal.sha256.as_str()) {
+            let wal = CapturedWal {
+                bytes: captured.wal.bytes,
+                sha256: captured.wal.sha256,
+            };
+            return Some((name.to_owned(), wal));
+        }
+    }
+    None
+}
+
+/// A capture written (or found) by [`write_capture`]: where it is, and which WAL bytes it holds.
+pub(crate) struct Captured {
+    /// The capture directory, where it is now.
+    pub dir: PathBuf,
+    /// The captured WAL.
+    pub wal: CapturedWal,
+}
+
+/// The WAL bytes a capture holds: its size and sha256 (hex), as its manifest records them.
+#[derive(Clone)]
+pub(crate) struct CapturedWal {
+    bytes: u64,
+    sha256: String,
+}
+
+impl CapturedWal {
+    /// Whether `wal` holds exactly these bytes now: the same size, then the same sha256 (the WAL
+    /// is read through the pinned descriptor only when the sizes match). A WAL that was appended
+    /// to, or rewritten in place after a restart by a peer still attached to it, is not the same.
+    pub(crate) fn is_held_by(&self, wal: &PinnedWal) -> bool {
+        wal.size().is_ok_and(|size| size == self.bytes)
+            && sha256_of(wal.file(), self.bytes).is_ok_and(|sha| sha == self.sha256)
+    }
+}
+
+fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {
+    let fd = rustix::fs::openat(
+        dir,
+        format!("{capture}/{MANIFEST_NAME}"),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()?;
+    serde_json::from_reader(io::BufReader::new(File::from(fd))).ok()
+}
+
+/// sha256 of the first `len` bytes of `file`, hex.
+fn sha256_of(file: &File, len: u64) -> io::Result<String> {
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let mut hash = Sha256::new();
+    let mut offset = 0u64;
+    while offset < len {
+        let n = file.read_at(&mut buf, offset)?;
+        if n == 0 {
+            break;
+        }
+        let n = n.min((len - offset) as usize);
+        hash.update(&buf[..n]);
+        offset += n as u64;
+    }
+    Ok(paths::hex(&hash.finalize()))
+}
+
+/// Creates `name` in the directory `dir` (it must not exist), fills it and fsyncs it.
+pub(crate) fn write_synced(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    body: impl FnOnce(&mut File) -> io::Result<()>,
+) -> io::Result<()> {
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )?;
+    let mut f = File::from(fd);
+    body(&mut f)?;
+    f.sync_all()
+}
+
+fn fill_staging(
+    input: &CaptureInput<'_>,
+    staging: BorrowedFd<'_>,
+    name: &str,
+) -> io::Result<Manifest> {
+    let mut buf = vec![0u8; COPY_CHUNK];
+    let wal_name = format!("{name}-wal");
+
+    let mut scanner = WalScanner::new();
+    let mut wal_hash = Sha256::new();
+    let mut wal_bytes = 0u64;
+    write_synced(staging, &wal_name, |out| {
+        let src = input.wal.file();
+        loop {
+            let n = src.read_at(&mut buf, wal_bytes)?;
+            if n == 0 {
+                return Ok(());
+            }
+            let chunk = &buf[..n];
+            wal_hash.update(chunk);
+            scanner.feed(chunk);
+            out.write_all(chunk)?;
+            wal_bytes += n as u64;
+        }
+    })?;
+    let summary = scanner.finish();
+
+    let main_size = input.main.size()?;
+    let mut main_hash = Sha256::new();
+    let mut header_bytes = Vec::with_capacity(100);
+    write_synced(staging, name, |out| {
+        let mut offset = 0u64;
+        while offset < main_size {
+            let n = (main_size - offset).min(COPY_CHUNK as u64) as usize;
+            let chunk = &mut buf[..n];
+            input.main.read_at(chunk, offset)?;
+            if header_bytes.len() < 100 {
+                let take = (100 - header_bytes.len()).min(n);
+                header_bytes.extend_from_slice(&chunk[..take]);
+            }
+            main_hash.update(&*chunk);
+            out.write_all(chunk)?;
+            offset += n as u64;
+        }
+        Ok(())
+    })?;
+
+    Ok(Manifest {
+        version: 1,
+        database: path_display(input.database),
+        database_hex: path_hex(input.database),
+        trigger: input.trigger,
+        reason: input.reason,
+        pid: std::process::id(),
+        captured_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+        sqlite: rusqlite::version().to_owned(),
+        wal: WalEntry {
+            identity: input.wal.id(),
+            file: wal_name,
+            bytes: wal_bytes,
+            sha256: hex(&wal_hash.finalize()),
+            header: summary.header,
+            frames: summary.frames,
+            commits: summary.commits,
+            last_commit_frame: summary.last_commit_frame,
+        },
+        shm: input.shm_id.map(|identity| ShmEntry { identity }),
+        main: MainEntry {
+            identity: input.main_id,
+            size: main_size,
+            header: parse_main_header(&header_bytes),
+            mode: ImageMode::Copied,
+            file: name.to_owned(),
+            bytes: main_size,
+            sha256: hex(&main_hash.finalize()),
+        },
+        backfill_at_loss: input.backfill_at_loss,
+        main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
+        stale_wal: None,
+        path_generation_at_capture: PathGeneration {
+            main: identity_of_path(input.database).ok().flatten(),
+            wal: identity_of_path(&sidecar(input.database, "-wal"))
+                .ok()
+                .flatten(),
+            shm: identity_of_path(&sidecar(input.database, "-shm"))
+                .ok()
+                .flatten(),
+        },
+    })
+}
+
+/// `<db>` + suffix, e.g. `state.db-wal`.
+pub fn sidecar(database: &Path, suffix: &str) -> PathBuf {
+    let mut s = database.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    paths::hex(bytes)
+}
