@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::capture::CaptureError;
+use crate::capture::{CaptureError, ManifestError};
 
 /// An error from the guard's public API.
 #[derive(Debug, thiserror::Error)]
@@ -33,24 +33,9 @@ pub enum GuardError {
     /// keeps its descriptors and a later close retries. The capture's own error, whole.
     #[error(transparent)]
     Capture(#[from] CaptureError),
-    /// A capture's `manifest.json` could not be read.
-    #[error("reading the capture manifest {manifest}: {source}")]
-    ManifestRead {
-        /// The manifest's path.
-        manifest: PathBuf,
-        /// What the operating system said.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A capture's `manifest.json` is not a manifest this version reads.
-    #[error("parsing the capture manifest {manifest}: {source}")]
-    ManifestParse {
-        /// The manifest's path.
-        manifest: PathBuf,
-        /// What the parser said.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// A capture's `manifest.json` could not be read or parsed.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
     /// The guard answered a capture request with a failure this library could not take back
     /// typed (the VFS and the library disagree: a version mismatch).
     #[error("the retired generation of {database} could not be captured: {message}")]

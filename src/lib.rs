@@ -98,7 +98,7 @@ pub use manifest::Manifest;
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
     pub use crate::capture::{
-        ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
+        ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, ShmEntry, Trigger, WalEntry,
     };
     pub use crate::stale_wal::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};

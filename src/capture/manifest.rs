@@ -84,18 +84,42 @@ impl Manifest {
     /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).
     ///
     /// [`GuardStatus::capture`]: crate::status::GuardStatus::capture
-    pub fn read(capture: &Path) -> Result<Manifest, crate::error::GuardError> {
+    pub fn read(capture: &Path) -> Result<Manifest, ManifestError> {
         let path = capture.join(MANIFEST_NAME);
-        let bytes =
-            std::fs::read(&path).map_err(|source| crate::error::GuardError::ManifestRead {
-                manifest: path.clone(),
-                source,
-            })?;
-        serde_json::from_slice(&bytes).map_err(|source| crate::error::GuardError::ManifestParse {
+        let bytes = std::fs::read(&path).map_err(|source| ManifestError::Read {
+            manifest: path.clone(),
+            source,
+        })?;
+        serde_json::from_slice(&bytes).map_err(|source| ManifestError::Parse {
             manifest: path,
             source,
         })
     }
+}
+
+/// A capture's `manifest.json` that could not be read ([`Manifest::read`]); the one reader of it
+/// (recovery's `read_manifest` adds its checks on top).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManifestError {
+    /// The file could not be read.
+    #[error("reading the capture manifest {manifest}: {source}")]
+    Read {
+        /// The manifest's path.
+        manifest: std::path::PathBuf,
+        /// What the operating system said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not a manifest this version reads.
+    #[error("parsing the capture manifest {manifest}: {source}")]
+    Parse {
+        /// The manifest's path.
+        manifest: std::path::PathBuf,
+        /// What the parser said.
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
 /// The WAL part of the manifest.

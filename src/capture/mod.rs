@@ -34,7 +34,9 @@ pub(crate) use error::{hand_over, take_handed_over};
 use faults::injected_fault;
 #[cfg(feature = "test-hooks")]
 pub use faults::{clear_capture_fault, inject_capture_fault};
-pub use manifest::{ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry};
+pub use manifest::{
+    ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, ShmEntry, Trigger, WalEntry,
+};
 pub(crate) use names::reserve_staging;
 pub use names::{capture_dir_stem, capture_file_name, fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
 

@@ -188,7 +188,7 @@ fn json() -> impl Strategy<Value = serde_json::Value> {
 }
 
 /// Reads `bytes` as the manifest of a capture directory, through [`Manifest::read`].
-fn read_back(bytes: &[u8]) -> Result<Manifest, crate::error::GuardError> {
+fn read_back(bytes: &[u8]) -> Result<Manifest, super::ManifestError> {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join(MANIFEST_NAME), bytes).expect("write manifest");
     Manifest::read(dir.path())

@@ -11,7 +11,7 @@ use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
 use super::{RecoverError, WalCheck};
-use crate::capture::{capture_dir_stem, ImageMode, ARTIFACT_MARKER, MANIFEST_NAME};
+use crate::capture::{capture_dir_stem, ImageMode, ManifestError, ARTIFACT_MARKER, MANIFEST_NAME};
 use crate::Manifest;
 
 const PARTIAL_SUFFIX: &[u8] = b".partial";
@@ -284,18 +284,22 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, RecoverError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(not("it does not exist")),
         Err(e) => return Err(RecoverError::io(dir, "stat", e)),
     }
-    let bytes = match fs::read(dir.join(MANIFEST_NAME)) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+    // The one reader of the manifest (`Manifest::read`), with recovery's checks on top.
+    let manifest = match Manifest::read(dir) {
+        Ok(m) => m,
+        Err(ManifestError::Read { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
             return Err(not("it has no manifest.json"))
         }
-        Err(e) => return Err(RecoverError::io(dir.join(MANIFEST_NAME), "read", e)),
+        Err(ManifestError::Read { manifest, source }) => {
+            return Err(RecoverError::io(manifest, "read", source))
+        }
+        Err(ManifestError::Parse { source, .. }) => {
+            return Err(RecoverError::Manifest {
+                capture: dir.to_path_buf(),
+                source,
+            })
+        }
     };
-    let manifest: Manifest =
-        serde_json::from_slice(&bytes).map_err(|source| RecoverError::Manifest {
-            capture: dir.to_path_buf(),
-            source,
-        })?;
     if manifest.version != 1 {
         return Err(not(&format!(
             "manifest version {} is not supported (this build reads version 1)",
