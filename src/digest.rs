@@ -43,6 +43,39 @@ pub fn sha256_stream(
     sha256_stream_with(reader, |e| e, each)
 }
 
+/// A reader that hashes and counts what passes through it, for a consumer that pulls (recovery's
+/// `verify` reads the WAL frame by frame through it).
+pub(crate) struct Hashing<R> {
+    inner: R,
+    hash: Sha256,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let read = buf.get(..n).unwrap_or(&[]);
+        self.hash.update(read);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R> Hashing<R> {
+    pub(crate) fn new(inner: R) -> Self {
+        Hashing {
+            inner,
+            hash: Sha256::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The lowercase hex sha256 of what was read, and how many bytes.
+    pub(crate) fn finish(self) -> (String, u64) {
+        (crate::paths::hex(&self.hash.finalize()), self.bytes)
+    }
+}
+
 /// A reader over `file` from `pos` by positioned reads (`pread`): the descriptor's own offset,
 /// which SQLite may be using, is left alone.
 pub(crate) struct ReadAt<'a> {
