@@ -63,9 +63,10 @@
 // All `unsafe` lives under `src/vfs/`, but for the one `sqlite3_log` call in `src/sqlite_log.rs`
 // (the lints deny an `unsafe` block without a SAFETY line).
 mod capture;
+pub mod digest;
 mod error;
 mod identity;
-mod paths;
+pub mod paths;
 pub mod recover;
 mod sqlite_log;
 mod stale_wal;

@@ -1,10 +1,11 @@
-//! Paths as the bytes they are, and the database's directory held open.
+//! Paths as the bytes they are, and the database's directory held open. Public: only
+//! [`sidecar`], for the CLI and the tests.
 //!
 //! A Unix path is a byte string. SQLite hands the guard a C string; it is turned into a `Path`
 //! byte for byte (never through UTF-8), and where a path is written into JSON it goes as a
 //! display string plus, only when the bytes are not UTF-8, the exact bytes in hex.
 //!
-//! [`DirHandle`] is a read-only descriptor of a database's directory, opened when the database
+//! `DirHandle` (crate-private) is a read-only descriptor of a database's directory, opened when the database
 //! is opened: captures are written relative to it, so one lands beside the database even after
 //! the whole directory was renamed away. One descriptor per directory is shared by every
 //! connection of the process.
@@ -22,22 +23,30 @@ use rustix::fs::{Mode, OFlags, CWD};
 
 use crate::identity::{identity_of_fd, FileId};
 
+/// `<database>` + suffix, e.g. `state.db-wal`: the path of a database's sidecar (`-wal`, `-shm`,
+/// `-journal`), byte for byte.
+pub fn sidecar(database: &Path, suffix: &str) -> PathBuf {
+    let mut s = database.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
 /// A string to show for `path`: the path itself when it is UTF-8, else with each invalid
 /// sequence replaced by U+FFFD. Never to be turned back into a path: see [`path_hex`].
-pub fn path_display(path: &Path) -> String {
+pub(crate) fn path_display(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }
 
 /// The exact bytes of `path` in lowercase hex, only when they are not UTF-8 (when they are, the
 /// display string is the path).
-pub fn path_hex(path: &Path) -> Option<String> {
+pub(crate) fn path_hex(path: &Path) -> Option<String> {
     path.to_str()
         .is_none()
         .then(|| hex(path.as_os_str().as_bytes()))
 }
 
 /// The path from its display string and, when present, its exact bytes in hex.
-pub fn path_from_parts(display: String, hex: Option<&str>) -> Result<PathBuf, String> {
+pub(crate) fn path_from_parts(display: String, hex: Option<&str>) -> Result<PathBuf, String> {
     match hex {
         None => Ok(PathBuf::from(display)),
         Some(h) => unhex(h)
@@ -47,7 +56,7 @@ pub fn path_from_parts(display: String, hex: Option<&str>) -> Result<PathBuf, St
 }
 
 /// Lowercase hex, two digits per byte.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes
         .iter()
@@ -71,7 +80,7 @@ fn unhex(h: &str) -> Option<Vec<u8>> {
 /// of the process whose database is in it. Read-only so it can be `fsync`ed; holding it takes
 /// no lock (SQLite's POSIX locks are on the database file).
 #[derive(Debug)]
-pub struct DirHandle {
+pub(crate) struct DirHandle {
     fd: OwnedFd,
     /// The path it was opened by, for when `/proc` cannot say where it is now.
     opened_as: PathBuf,
@@ -82,7 +91,7 @@ static SHARED: Mutex<Option<HashMap<FileId, Weak<DirHandle>>>> = Mutex::new(None
 impl DirHandle {
     /// Opens `dir`, or joins the descriptor another connection of this process holds on the same
     /// directory (same `(dev, ino)`).
-    pub fn open_shared(dir: &Path) -> io::Result<Arc<DirHandle>> {
+    pub(crate) fn open_shared(dir: &Path) -> io::Result<Arc<DirHandle>> {
         let fd = open_dir(CWD, dir)?;
         let id = identity_of_fd(&fd)?;
         let mut shared = SHARED.lock();
@@ -101,13 +110,13 @@ impl DirHandle {
     }
 
     /// The descriptor.
-    pub fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
 
     /// Where the directory is now, byte for byte (`/proc/self/fd/N`); the path it was opened by
     /// when `/proc` cannot say.
-    pub fn current_path(&self) -> PathBuf {
+    pub(crate) fn current_path(&self) -> PathBuf {
         std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
             .ok()
             .filter(|p| p.is_absolute())
@@ -116,7 +125,7 @@ impl DirHandle {
 }
 
 /// Opens the directory `path` (relative to `at`) read-only, `O_DIRECTORY|O_CLOEXEC`.
-pub fn open_dir<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_dir<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
     Ok(rustix::fs::openat(
         at,
         path,

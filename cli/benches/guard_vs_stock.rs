@@ -6,14 +6,12 @@
 //! them. These benches are for a closer look at one workload (criterion's distributions, its
 //! comparison with the previous run) and run the very same workload code.
 
-#[allow(dead_code)]
-#[path = "../src/bench/workloads.rs"]
-mod workloads;
-
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
-use workloads::{CheckpointMode, Checkpoints, Inserts, Reads, Session, Synchronous, Timed, Vfs};
+use hermes_guard_cli::workloads::{
+    self, CheckpointMode, Checkpoints, Inserts, Reads, Session, Synchronous, Timed, Vfs,
+};
 
 const READ_ROWS: u64 = 100_000;
 const CHECKPOINT_WAL_BYTES: u64 = 16 << 20;

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod held;
 mod recover_cmd;
+mod table;
 mod writer;
 
 use std::process::ExitCode;

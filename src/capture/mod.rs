@@ -8,15 +8,14 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
-use sha2::{Digest, Sha256};
 
+use crate::digest::{sha256_stream, ReadAt};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
-use crate::paths::{self, open_dir, path_display, path_hex, DirHandle};
+use crate::paths::{open_dir, path_display, path_hex, DirHandle};
 use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -56,6 +55,22 @@ pub trait ImageSource {
     fn size(&self) -> io::Result<u64>;
     /// Fill `buf` from `offset`; the caller never reads past `size()`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+}
+
+/// An [`ImageSource`] read front to back, up to its `size()`, in chunks of at most [`COPY_CHUNK`].
+struct ImageReader<'a> {
+    source: &'a dyn ImageSource,
+    pos: u64,
+    size: u64,
+}
+
+impl io::Read for ImageReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = (self.size - self.pos).min(buf.len().min(COPY_CHUNK) as u64) as usize;
+        self.source.read_at(&mut buf[..n], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
 }
 
 /// Everything a capture needs, gathered by the guard while it holds the generation.
@@ -258,19 +273,8 @@ fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {
 
 /// sha256 of the first `len` bytes of `file`, hex.
 fn sha256_of(file: &File, len: u64) -> io::Result<String> {
-    let mut buf = vec![0u8; COPY_CHUNK];
-    let mut hash = Sha256::new();
-    let mut offset = 0u64;
-    while offset < len {
-        let n = file.read_at(&mut buf, offset)?;
-        if n == 0 {
-            break;
-        }
-        let n = n.min((len - offset) as usize);
-        hash.update(&buf[..n]);
-        offset += n as u64;
-    }
-    Ok(paths::hex(&hash.finalize()))
+    let from_start = io::Read::take(ReadAt { file, pos: 0 }, len);
+    Ok(sha256_stream(from_start, |_| Ok(()))?.0)
 }
 
 /// Creates `name` in the directory `dir` (it must not exist), fills it and fsyncs it.
@@ -295,47 +299,43 @@ fn fill_staging(
     staging: BorrowedFd<'_>,
     name: &str,
 ) -> io::Result<Manifest> {
-    let mut buf = vec![0u8; COPY_CHUNK];
     let wal_name = format!("{name}-wal");
 
     let mut scanner = WalScanner::new();
-    let mut wal_hash = Sha256::new();
-    let mut wal_bytes = 0u64;
+    let mut wal_digest = (String::new(), 0u64);
     write_synced(staging, &wal_name, |out| {
-        let src = input.wal.file();
-        loop {
-            let n = src.read_at(&mut buf, wal_bytes)?;
-            if n == 0 {
-                return Ok(());
-            }
-            let chunk = &buf[..n];
-            wal_hash.update(chunk);
+        let src = ReadAt {
+            file: input.wal.file(),
+            pos: 0,
+        };
+        wal_digest = sha256_stream(src, |chunk| {
             scanner.feed(chunk);
-            out.write_all(chunk)?;
-            wal_bytes += n as u64;
-        }
+            out.write_all(chunk)
+        })?;
+        Ok(())
     })?;
+    let (wal_sha256, wal_bytes) = wal_digest;
     let summary = scanner.finish();
 
     let main_size = input.main.size()?;
-    let mut main_hash = Sha256::new();
+    let mut main_digest = (String::new(), 0u64);
     let mut header_bytes = Vec::with_capacity(100);
     write_synced(staging, name, |out| {
-        let mut offset = 0u64;
-        while offset < main_size {
-            let n = (main_size - offset).min(COPY_CHUNK as u64) as usize;
-            let chunk = &mut buf[..n];
-            input.main.read_at(chunk, offset)?;
+        let image = ImageReader {
+            source: input.main,
+            pos: 0,
+            size: main_size,
+        };
+        main_digest = sha256_stream(image, |chunk| {
             if header_bytes.len() < 100 {
-                let take = (100 - header_bytes.len()).min(n);
+                let take = (100 - header_bytes.len()).min(chunk.len());
                 header_bytes.extend_from_slice(&chunk[..take]);
             }
-            main_hash.update(&*chunk);
-            out.write_all(chunk)?;
-            offset += n as u64;
-        }
+            out.write_all(chunk)
+        })?;
         Ok(())
     })?;
+    let (main_sha256, _) = main_digest;
 
     Ok(Manifest {
         version: 1,
@@ -350,7 +350,7 @@ fn fill_staging(
             identity: input.wal.id(),
             file: wal_name,
             bytes: wal_bytes,
-            sha256: hex(&wal_hash.finalize()),
+            sha256: wal_sha256,
             header: summary.header,
             frames: summary.frames,
             commits: summary.commits,
@@ -364,7 +364,7 @@ fn fill_staging(
             mode: ImageMode::Copied,
             file: name.to_owned(),
             bytes: main_size,
-            sha256: hex(&main_hash.finalize()),
+            sha256: main_sha256,
         },
         backfill_at_loss: input.backfill_at_loss,
         main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
@@ -381,13 +381,5 @@ fn fill_staging(
     })
 }
 
-/// `<db>` + suffix, e.g. `state.db-wal`.
-pub fn sidecar(database: &Path, suffix: &str) -> PathBuf {
-    let mut s = database.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
-fn hex(bytes: &[u8]) -> String {
-    paths::hex(bytes)
-}
+// `<db>` + suffix: where the guard (src/vfs) has always found it.
+pub(crate) use crate::paths::sidecar;

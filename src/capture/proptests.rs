@@ -2,6 +2,7 @@
 //! `NAME_MAX` and is a single path component; no input makes the manifest reader panic; a
 //! manifest written as `write_capture` writes it reads back equal.
 
+use sha2::{Digest, Sha256};
 use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
@@ -217,7 +218,7 @@ proptest! {
             match std::str::from_utf8(&raw) {
                 Ok(s) if s.len() <= max => prop_assert_eq!(derived.as_str(), s),
                 _ => {
-                    let tail = format!("~{}", &paths::hex(&Sha256::digest(&raw))[..16]);
+                    let tail = format!("~{}", &crate::paths::hex(&Sha256::digest(&raw))[..16]);
                     prop_assert!(derived.ends_with(&tail), "{:?}", derived);
                 }
             }

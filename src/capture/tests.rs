@@ -14,7 +14,7 @@ fn utc_stamp_is_compact_date_and_time() {
 
 #[test]
 fn hex_is_lowercase_two_digits_per_byte() {
-    assert_eq!(hex(&[0, 15, 255]), "000fff");
+    assert_eq!(crate::paths::hex(&[0, 15, 255]), "000fff");
 }
 
 #[test]

@@ -8,10 +8,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
-use sha2::{Digest, Sha256};
 
 use super::{RecoverError, WalCheck};
 use crate::capture::{capture_dir_stem, ImageMode, ManifestError, ARTIFACT_MARKER, MANIFEST_NAME};
+use crate::digest::sha256_stream_with;
 use crate::Manifest;
 
 const PARTIAL_SUFFIX: &[u8] = b".partial";
@@ -350,20 +350,14 @@ fn copy_verified(
         });
     }
     let mut out = File::create(to).map_err(|e| RecoverError::io(to, "create", e))?;
-    let mut hash = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = src
-            .read(&mut buf)
-            .map_err(|e| RecoverError::io(&from, "read", e))?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        out.write_all(&buf[..n])
-            .map_err(|e| RecoverError::io(to, "write", e))?;
-    }
-    let found = crate::paths::hex(&hash.finalize());
+    let (found, _) = sha256_stream_with(
+        &mut src,
+        |e| RecoverError::io(&from, "read", e),
+        |chunk| {
+            out.write_all(chunk)
+                .map_err(|e| RecoverError::io(to, "write", e))
+        },
+    )?;
     if !found.eq_ignore_ascii_case(sha256) {
         return Err(RecoverError::Sha256Mismatch {
             capture: dir.to_path_buf(),

@@ -7,12 +7,12 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use super::open::read_manifest;
 use super::walcheck::{PrefixEnd, WalCheck};
 use super::RecoverError;
 use crate::capture::WalEntry;
+use crate::digest::Hashing;
 use crate::walfile::{parse_main_header, MainHeader};
 use crate::Manifest;
 
@@ -258,37 +258,13 @@ fn open(dir: &Path, name: &str) -> Result<File, RecoverError> {
     })
 }
 
-/// A reader that hashes and counts what passes through it.
-struct Hashing<R> {
-    inner: R,
-    hash: Sha256,
-    bytes: u64,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        let read = buf.get(..n).unwrap_or(&[]);
-        self.hash.update(read);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-}
-
 impl<R> Hashing<R> {
-    fn new(inner: R) -> Self {
-        Hashing {
-            inner,
-            hash: Sha256::new(),
-            bytes: 0,
-        }
-    }
-
     fn found(self, file: &str) -> FileFound {
+        let (sha256, bytes) = self.finish();
         FileFound {
             file: file.to_owned(),
-            bytes: self.bytes,
-            sha256: crate::paths::hex(&self.hash.finalize()),
+            bytes,
+            sha256,
         }
     }
 }

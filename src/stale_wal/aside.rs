@@ -3,21 +3,21 @@
 
 use std::ffi::OsStr;
 use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use rustix::fs::AtFlags;
-use sha2::{Digest, Sha256};
 
 use super::{fragment_len, hex16, judge_pages, look_at_wal, page_hash, At, Mismatch, Verdict};
 use crate::capture::{
     self, CaptureError, ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
 };
+use crate::digest::sha256_stream;
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
-use crate::paths::{self, open_dir, path_display, path_hex};
+use crate::paths::{open_dir, path_display, path_hex};
 use crate::status::RetireReason;
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -130,19 +130,10 @@ fn manifest(
     mismatch: &Mismatch,
 ) -> io::Result<Manifest> {
     let mut scanner = WalScanner::new();
-    let mut hash = Sha256::new();
-    let mut bytes = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
-    let mut r = At { file: wal, pos: 0 };
-    loop {
-        let n = r.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hash.update(&buf[..n]);
-        scanner.feed(&buf[..n]);
-        bytes += n as u64;
-    }
+    let (sha256, bytes) = sha256_stream(At { file: wal, pos: 0 }, |chunk| {
+        scanner.feed(chunk);
+        Ok(())
+    })?;
     let summary = scanner.finish();
     Ok(Manifest {
         version: 1,
@@ -157,7 +148,7 @@ fn manifest(
             identity: wal_id,
             file: wal_name.to_owned(),
             bytes,
-            sha256: paths::hex(&hash.finalize()),
+            sha256,
             header: summary.header,
             frames: summary.frames,
             commits: summary.commits,

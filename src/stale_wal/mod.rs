@@ -320,18 +320,7 @@ pub(crate) fn look_at_wal(file: &File, pages: Option<&[u32]>) -> io::Result<WalL
 }
 
 /// Reads `file` from the start whatever its offset (the same descriptor is read more than once).
-pub(super) struct At<'a> {
-    file: &'a File,
-    pos: u64,
-}
-
-impl Read for At<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = std::os::unix::fs::FileExt::read_at(self.file, buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
+pub(super) use crate::digest::ReadAt as At;
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;

@@ -9,15 +9,15 @@
 //! sidecars back for the next round.
 
 use std::fs::{self, File};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rusqlite::config::DbConfig;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
-use super::workloads::{self, fill_wal, sidecar, BenchError, Context, Stopwatch, Timed, Vfs};
+use hermes_guard::digest::sha256_stream;
+use hermes_guard::paths::sidecar;
+use hermes_guard_cli::workloads::{self, fill_wal, BenchError, Context, Stopwatch, Timed, Vfs};
 
 const LOST: &str = ".bench-lost";
 
@@ -127,18 +127,10 @@ pub fn floor(dir: &Path, db: &Path) -> Result<(Timed, tempfile::TempDir), BenchE
     File::open(scratch.path())
         .and_then(|d| d.sync_all())
         .ctx("syncing", scratch.path())?;
-    let mut buf = vec![0u8; 1 << 20];
     for copy in &copies {
-        let mut hash = Sha256::new();
-        let mut f = File::open(copy).ctx("opening", copy)?;
-        loop {
-            let n = f.read(&mut buf).ctx("reading", copy)?;
-            if n == 0 {
-                break;
-            }
-            hash.update(&buf[..n]);
-        }
-        std::hint::black_box(hash.finalize());
+        let f = File::open(copy).ctx("opening", copy)?;
+        let digest = sha256_stream(f, |_| Ok(())).ctx("reading", copy)?;
+        std::hint::black_box(digest);
     }
     Ok((clock.stop(bytes as f64), scratch))
 }

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::workloads::{self, BenchError, Context, Synchronous, Vfs};
 use super::Result;
+use hermes_guard_cli::workloads::{self, BenchError, Context, Synchronous, Vfs};
 
 /// What the guard may add per checkpoint: its check (one `epoll_wait`) and the main file's stamp
 /// after it (one `stat`, see docs/decisions.md, "Heal at close").
@@ -268,18 +268,20 @@ pub fn run(exe: &Path, dir: &Path, workloads: &[CostWorkload], smoke: bool) -> R
 }
 
 fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
-    println!();
-    println!(
-        "{:<4} {:<46} {:>9} {:>9} {:>7} {:>14} {:>14} {:>8} {:>16}  result",
-        "id",
-        "workload",
-        "sys stock",
-        "sys guard",
-        "extra",
-        "instr stock",
-        "instr guard",
-        "extra",
-        "target"
+    let mut table = crate::table::new(
+        &[
+            "id",
+            "workload",
+            "sys stock",
+            "sys guard",
+            "extra",
+            "instr stock",
+            "instr guard",
+            "extra",
+            "target",
+            "result",
+        ],
+        &[2, 3, 4, 5, 6, 7, 8],
     );
     for (w, stock, guard) in rows {
         // The allocator's heap growth (`brk`, `mmap`...) is judged on its own: where the heap
@@ -303,20 +305,21 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
         let pass = extra_sys <= max_sys + 0.001
             && extra_alloc.abs() <= ALLOCATOR_TOLERANCE
             && extra_pct <= max_pct;
-        println!(
-            "{:<4} {:<46} {:>9.2} {:>9.2} {:>+7.2} {:>14} {:>14} {:>+7.2}% {:>16}  {}",
-            w.code(),
-            w.title(),
-            stock.judged_syscalls(),
-            guard.judged_syscalls(),
-            extra_sys,
+        table.add_row(vec![
+            w.code().to_owned(),
+            w.title().to_owned(),
+            format!("{:.2}", stock.judged_syscalls()),
+            format!("{:.2}", guard.judged_syscalls()),
+            format!("{extra_sys:+.2}"),
             super::number(stock.instructions),
             super::number(guard.instructions),
-            extra_pct,
+            format!("{extra_pct:+.2}%"),
             format!("+{max_sys:.2} sys, +{max_pct}%"),
-            if pass { "PASS" } else { "MISS" }
-        );
+            (if pass { "PASS" } else { "MISS" }).to_owned(),
+        ]);
     }
+    println!();
+    println!("{}", crate::table::render(&table));
     println!();
     for (w, stock, guard) in rows {
         let mut extra: Vec<String> = guard

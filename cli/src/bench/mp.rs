@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::params;
 
-use super::workloads::{self, payload, BenchError, Context, Session, Timed, Vfs, TABLE};
+use hermes_guard_cli::workloads::{self, payload, BenchError, Context, Session, Timed, Vfs, TABLE};
 
 /// How long a writer backs off when the other holds the WAL write lock. SQLite's default busy
 /// handler sleeps 1, 2, 5, 10... ms, which would make the measurement about sleep granularity

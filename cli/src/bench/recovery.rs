@@ -21,8 +21,9 @@ use hermes_guard::recover::{self, Capture, MergeOptions};
 use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
-use super::workloads::{self, sidecar, BenchError, Context, Stopwatch, Timed, Vfs};
 use super::{Bench, Id, Round, Row, Sizes, MIB};
+use hermes_guard::paths::sidecar;
+use hermes_guard_cli::workloads::{self, BenchError, Context, Stopwatch, Timed, Vfs};
 
 /// A capture of `rows` rows (about 700 bytes each) and the live database it was taken of.
 pub struct Built {

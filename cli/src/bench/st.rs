@@ -13,7 +13,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use hermes_guard_store::{NewMessage, NewSession, SessionDb};
 use rusqlite::{params, Connection};
 
-use super::workloads::{self, payload, BenchError, Context, Session, Stopwatch, Timed, Vfs};
+use hermes_guard_cli::workloads::{
+    self, payload, BenchError, Context, Session, Stopwatch, Timed, Vfs,
+};
 
 const SESSION: &str = "bench-session";
 

@@ -100,29 +100,38 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
     }
     print_wal_warning(capture, wal);
     println!();
-    println!(
-        "{:<28}{:>12}{:>14}{:>11}{:>11}{}",
+    let mut header = vec![
         "table",
         "in capture",
         "already live",
         "to insert",
         "conflicts",
-        if report.applied { "   inserted" } else { "" }
-    );
+    ];
+    if report.applied {
+        header.push("inserted");
+    }
+    let mut table = crate::table::new(&header, &[1, 2, 3, 4, 5]);
     for t in &report.tables {
-        println!(
-            "{:<28}{:>12}{:>14}{:>11}{:>11}{}",
-            t.table,
-            t.in_capture,
-            t.already_live,
-            t.to_insert,
-            t.conflicts,
-            if report.applied {
-                format!("{:>11}", t.inserted)
-            } else {
-                String::new()
-            }
-        );
+        let mut row = vec![
+            t.table.clone(),
+            t.in_capture.to_string(),
+            t.already_live.to_string(),
+            t.to_insert.to_string(),
+            t.conflicts.to_string(),
+        ];
+        if report.applied {
+            row.push(t.inserted.to_string());
+        }
+        table.add_row(row);
+    }
+    // Each table's row, then the lines about it.
+    let rendered = crate::table::render(&table);
+    let mut lines = rendered.lines();
+    if let Some(header) = lines.next() {
+        println!("{header}");
+    }
+    for (t, line) in report.tables.iter().zip(lines) {
+        println!("{line}");
         for k in &t.conflict_keys {
             println!("    conflict: key {k} differs (live kept unless --take-capture)");
         }

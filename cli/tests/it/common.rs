@@ -12,11 +12,7 @@ use rusqlite::{Connection, OpenFlags};
 
 pub const SENTINEL_PREFIX: &str = "committed only in the retired WAL ";
 
-pub fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(suffix);
-    PathBuf::from(s)
-}
+pub use hermes_guard::paths::sidecar;
 
 /// A connection through hermes-guard, in WAL mode, with the `messages` table.
 pub fn open_guarded(path: &Path) -> Connection {
