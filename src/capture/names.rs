@@ -27,13 +27,15 @@ pub const DIR_STEM_MAX: usize = NAME_MAX - DIR_SUFFIX_MAX;
 pub const FILE_STEM_MAX: usize = NAME_MAX - "-journal".len();
 
 /// The name a capture gives `name` in a place that holds at most `max` bytes: `name` itself
-/// when it is UTF-8 and fits, else the longest prefix of it (cut at a character boundary, each
-/// invalid UTF-8 sequence shown as `_`) that leaves room for `~` and the first 16 hex digits of
-/// the sha256 of the full name's bytes. Always UTF-8, never longer than `max`.
+/// when it is UTF-8, fits and does not end as a shortened name does (`~` and 16 lowercase hex
+/// digits), else the longest prefix of it (cut at a character boundary, each invalid UTF-8
+/// sequence shown as `_`) that leaves room for `~` and the first 16 hex digits of the sha256 of
+/// the full name's bytes. Always UTF-8, never longer than `max`; a name kept as it is never
+/// equals another name's shortened form.
 pub fn fitted_name(name: &OsStr, max: usize) -> String {
     let bytes = name.as_bytes();
     if let Ok(s) = std::str::from_utf8(bytes) {
-        if s.len() <= max {
+        if s.len() <= max && !looks_shortened(s) {
             return s.to_owned();
         }
     }
@@ -52,6 +54,16 @@ pub fn fitted_name(name: &OsStr, max: usize) -> String {
         stem.push(c);
     }
     format!("{stem}~{hash}")
+}
+
+/// Whether `s` ends as [`fitted_name`]'s shortened names do: `~` and 16 lowercase hex digits.
+fn looks_shortened(s: &str) -> bool {
+    let b = s.as_bytes();
+    b.len() > NAME_HASH_HEX
+        && b[b.len() - NAME_HASH_HEX - 1] == b'~'
+        && b[b.len() - NAME_HASH_HEX..]
+            .iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
 }
 
 /// The stem of the artifact directory of a database named `name`:
@@ -103,4 +115,24 @@ pub(super) fn utc_stamp(t: SystemTime) -> String {
     let s = humantime::format_rfc3339_seconds(t).to_string(); // 2026-11-29T19:35:18Z
     let digits: String = s.chars().filter(char::is_ascii_digit).collect();
     format!("{}-{}", &digits[..8], &digits[8..14])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_that_looks_shortened_is_shortened_too_and_never_collides() {
+        // Found by the property tests: 255 `a`s shorten to 180 `a`s, `~` and a hash; a database
+        // named exactly that shortened form used to keep its name and share the stem.
+        let long = "a".repeat(255);
+        let shortened = capture_dir_stem(OsStr::new(&long));
+        assert!(looks_shortened(&shortened));
+        let lookalike = capture_dir_stem(OsStr::new(&shortened));
+        assert_ne!(lookalike, shortened);
+        assert!(lookalike.len() <= DIR_STEM_MAX);
+        // Ordinary names are kept, `~` and all.
+        assert_eq!(capture_dir_stem(OsStr::new("state.db~1")), "state.db~1");
+        assert_eq!(capture_dir_stem(OsStr::new("state.db")), "state.db");
+    }
 }
