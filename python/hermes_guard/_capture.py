@@ -129,18 +129,25 @@ class Capture:
 
     @property
     def main_file(self) -> Path:
-        """The main image in the capture."""
+        """The main image in the capture (see :attr:`has_main_image`)."""
         return self.path / self.main.file
+
+    @property
+    def has_main_image(self) -> bool:
+        """Whether the capture holds the main image its WAL was written on. A stale WAL set aside
+        at open (`reason` `stale-wal`, `main.mode` `absent`) does not: its frames only make
+        sense on the main file they were written on, which :func:`recover` takes as `main`."""
+        return self.main.mode != "absent"
 
     def files_match(self) -> bool:
         """Whether both files have the size and sha256 the manifest records (no SQLite
         involved; :meth:`verify` also opens the captured generation)."""
+        files = [(self.wal_file, self.wal.bytes, self.wal.sha256)]
+        if self.has_main_image:
+            files.append((self.main_file, self.main.bytes, self.main.sha256))
         return all(
             f.is_file() and f.stat().st_size == size and _sha256(f) == digest
-            for f, size, digest in (
-                (self.wal_file, self.wal.bytes, self.wal.sha256),
-                (self.main_file, self.main.bytes, self.main.sha256),
-            )
+            for f, size, digest in files
         )
 
     def open_copy(self, directory: PathLike) -> sqlite3.Connection:
@@ -148,6 +155,12 @@ class Capture:
         and opens the copy through the stock `unix` VFS: the retired generation, every
         transaction its WAL committed, with nothing from the original path. The capture itself
         is never opened or changed."""
+        if not self.has_main_image:
+            raise CaptureFormatError(
+                f"{self.path} holds no main image (a stale WAL set aside at open): its frames "
+                f"only make sense on the main file they were written on; recover it with "
+                f"hermes_guard.recover(capture, into, main=<that file>)"
+            )
         target = Path(directory)
         target.mkdir(parents=True)
         shutil.copyfile(self.main_file, target / self.main.file)
@@ -160,10 +173,17 @@ class Capture:
         passes `integrity_check`."""
         return verify(self.path)
 
-    def recover(self, into: PathLike, apply: bool = False, take_capture: bool = False) -> "RecoverResult":
+    def recover(
+        self,
+        into: PathLike,
+        apply: bool = False,
+        take_capture: bool = False,
+        main: Optional[PathLike] = None,
+    ) -> "RecoverResult":
         """`hermes-guard recover`: the plan (or with `apply=True`, the merge) of this capture's
-        missing rows into the live database `into`. See docs/recovery.md."""
-        return recover(self.path, into, apply=apply, take_capture=take_capture)
+        missing rows into the live database `into` (`main`: see :func:`recover`). See
+        docs/recovery.md."""
+        return recover(self.path, into, apply=apply, take_capture=take_capture, main=main)
 
 
 def _quote(path: str) -> str:
@@ -264,11 +284,21 @@ def verify(capture: PathLike) -> VerifyResult:
     return VerifyResult(ok=bool(doc["ok"]), message=str(doc["message"]))
 
 
-def recover(capture: PathLike, into: PathLike, apply: bool = False, take_capture: bool = False) -> RecoverResult:
+def recover(
+    capture: PathLike,
+    into: PathLike,
+    apply: bool = False,
+    take_capture: bool = False,
+    main: Optional[PathLike] = None,
+) -> RecoverResult:
     """Runs `hermes-guard recover --json <capture> --into <db>`: without `apply` the plan (no
     write), with it the merge of the capture's missing rows, in one transaction through the
-    guard. Raises :class:`HermesGuardError` on bad input (exit 2: nothing was written)."""
+    guard. `main` is the main file a stale WAL's frames were written on (`--main`), for a capture
+    that holds no main image. Raises :class:`HermesGuardError` on bad input (exit 2: nothing was
+    written)."""
     args = ["recover", "--json", os.fspath(capture), "--into", os.fspath(into)]
+    if main is not None:
+        args += ["--main", os.fspath(main)]
     if apply:
         args.append("--apply")
     if take_capture:
