@@ -333,15 +333,15 @@ impl Bench {
                 memory.push(m);
             }
         }
-        self.rows.push(Row {
-            id: Id::CapTime,
-            rounds: time,
-        });
-        self.rows.push(Row {
-            id: Id::CapMem,
-            rounds: memory,
-        });
+        self.push_time_and_memory((Id::CapTime, time), (Id::CapMem, memory));
         Ok(())
+    }
+
+    /// A time row and its memory row, measured in the same rounds.
+    fn push_time_and_memory(&mut self, time: (Id, Vec<Round>), memory: (Id, Vec<Round>)) {
+        for (id, rounds) in [time, memory] {
+            self.rows.push(Row { id, rounds });
+        }
     }
 
     fn progress(&self, id: Id, n: usize, r: &Round) {

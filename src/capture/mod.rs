@@ -96,6 +96,24 @@ pub struct CaptureInput<'a> {
     pub backfill_at_loss: Option<Backfill>,
 }
 
+/// The database's directory (`.` for a bare file name) and its file name; an error naming the
+/// path when it has no file name. Where every capture of `database` is written.
+pub(crate) fn split_database(database: &Path) -> Result<(&Path, &std::ffi::OsStr), CaptureError> {
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().ok_or_else(|| CaptureError::Io {
+        database: database.to_path_buf(),
+        artifact: database.to_path_buf(),
+        source: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "database path has no file name",
+        ),
+    })?;
+    Ok((parent, name))
+}
+
 /// Writes the artifact and returns its final directory, where it is now (when the database's
 /// directory was renamed away, that is inside the directory's new name).
 pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError> {
@@ -105,19 +123,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         artifact: artifact.to_path_buf(),
         source,
     };
-    let parent = database
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = database.file_name().ok_or_else(|| {
-        io_err(
-            database,
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "database path has no file name",
-            ),
-        )
-    })?;
+    let (parent, name) = split_database(database)?;
     if let Some(message) = injected_fault(database) {
         return Err(io_err(parent, io::Error::other(message)));
     }

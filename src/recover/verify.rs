@@ -79,18 +79,7 @@ pub fn verify_capture(dir: &Path) -> Result<CaptureCheck, RecoverError> {
 
     let mut problems = Vec::new();
     let m = &manifest.main;
-    if main.bytes != m.bytes {
-        problems.push(format!(
-            "{} is {} bytes, the manifest says {}",
-            m.file, main.bytes, m.bytes
-        ));
-    }
-    if !main.sha256.eq_ignore_ascii_case(&m.sha256) {
-        problems.push(format!(
-            "the sha256 of {} is {}, the manifest says {}",
-            m.file, main.sha256, m.sha256
-        ));
-    }
+    file_problems(&main, &m.file, m.bytes, &m.sha256, &mut problems);
     if main_header != m.header {
         problems.push(format!(
             "the database header of {} ({}) is not the one the manifest records ({})",
@@ -100,18 +89,7 @@ pub fn verify_capture(dir: &Path) -> Result<CaptureCheck, RecoverError> {
         ));
     }
     let w = &manifest.wal;
-    if wal.bytes != w.bytes {
-        problems.push(format!(
-            "{} is {} bytes, the manifest says {}",
-            w.file, wal.bytes, w.bytes
-        ));
-    }
-    if !wal.sha256.eq_ignore_ascii_case(&w.sha256) {
-        problems.push(format!(
-            "the sha256 of {} is {}, the manifest says {}",
-            w.file, wal.sha256, w.sha256
-        ));
-    }
+    file_problems(&wal, &w.file, w.bytes, &w.sha256, &mut problems);
     problems.extend(wal_problems(&wal_check, w));
     let unreadable_commits = unreadable_commits(&wal_check, w);
     Ok(CaptureCheck {
@@ -132,18 +110,7 @@ fn verify_stale_wal(dir: &Path, manifest: Manifest) -> Result<CaptureCheck, Reco
     let (wal, wal_check) = read_wal(dir, &manifest.wal.file)?;
     let w = &manifest.wal;
     let mut problems = Vec::new();
-    if wal.bytes != w.bytes {
-        problems.push(format!(
-            "{} is {} bytes, the manifest says {}",
-            w.file, wal.bytes, w.bytes
-        ));
-    }
-    if !wal.sha256.eq_ignore_ascii_case(&w.sha256) {
-        problems.push(format!(
-            "the sha256 of {} is {}, the manifest says {}",
-            w.file, wal.sha256, w.sha256
-        ));
-    }
+    file_problems(&wal, &w.file, w.bytes, &w.sha256, &mut problems);
     if manifest.stale_wal.is_none() {
         problems.push("a capture without a main image must record stale_wal".into());
     }
@@ -163,6 +130,28 @@ fn verify_stale_wal(dir: &Path, manifest: Manifest) -> Result<CaptureCheck, Reco
         unreadable_commits,
         manifest,
     })
+}
+
+/// What differs between a file as `found` and the size and sha256 the manifest records for it.
+fn file_problems(
+    found: &FileFound,
+    file: &str,
+    bytes: u64,
+    sha256: &str,
+    problems: &mut Vec<String>,
+) {
+    if found.bytes != bytes {
+        problems.push(format!(
+            "{file} is {} bytes, the manifest says {bytes}",
+            found.bytes
+        ));
+    }
+    if !found.sha256.eq_ignore_ascii_case(sha256) {
+        problems.push(format!(
+            "the sha256 of {file} is {}, the manifest says {sha256}",
+            found.sha256
+        ));
+    }
 }
 
 /// Commits of the generation the manifest `entry` describes that SQLite cannot read from the WAL

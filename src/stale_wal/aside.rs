@@ -1,11 +1,9 @@
 //! Setting a stale WAL aside (reason `stale-wal`) and checking `recover --main`'s file against
 //! the record.
 
-use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -36,23 +34,12 @@ pub(crate) fn set_aside(
         artifact: artifact.to_path_buf(),
         source,
     };
-    let parent = database
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = database.file_name().ok_or_else(|| {
-        io_err(
-            database,
-            io::Error::new(io::ErrorKind::InvalidInput, "no file name"),
-        )
-    })?;
+    let (parent, name) = capture::split_database(database)?;
     let dir = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
-    let side = |suffix: &str| {
-        let mut s = name.as_bytes().to_vec();
-        s.extend_from_slice(suffix.as_bytes());
-        PathBuf::from(OsStr::from_bytes(&s))
-    };
-    let (wal_src, shm_src) = (side("-wal"), side("-shm"));
+    let (wal_src, shm_src) = (
+        crate::paths::sidecar(Path::new(name), "-wal"),
+        crate::paths::sidecar(Path::new(name), "-shm"),
+    );
     let stem = capture::capture_dir_stem(name);
     let file_name = capture::capture_file_name(name);
     let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));

@@ -21,7 +21,7 @@ use hermes_guard::recover::{self, Capture, MergeOptions};
 use rusqlite::{Connection, OpenFlags};
 use serde::{Deserialize, Serialize};
 
-use super::{Bench, Id, Round, Row, Sizes, MIB};
+use super::{Bench, Id, Round, Sizes, MIB};
 use hermes_guard::paths::sidecar;
 use hermes_guard_cli::workloads::{self, BenchError, Context, Stopwatch, Timed, Vfs};
 
@@ -291,14 +291,7 @@ impl Bench {
                 memory.push(m);
             }
         }
-        self.rows.push(Row {
-            id: Id::RecTime,
-            rounds: time,
-        });
-        self.rows.push(Row {
-            id: Id::RecMem,
-            rounds: memory,
-        });
+        self.push_time_and_memory((Id::RecTime, time), (Id::RecMem, memory));
         Ok(())
     }
 }
