@@ -163,7 +163,15 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
         write_synced(staging.as_fd(), MANIFEST_NAME, |f| f.write_all(&json))?;
         rustix::fs::fsync(&*staging)?;
-        rustix::fs::renameat(dir_fd, &staging_name, dir_fd, &final_name)?;
+        // Never over anything: a name taken meanwhile fails the capture (retried), it is not
+        // replaced.
+        rustix::fs::renameat_with(
+            dir_fd,
+            &staging_name,
+            dir_fd,
+            &final_name,
+            rustix::fs::RenameFlags::NOREPLACE,
+        )?;
         rustix::fs::fsync(dir_fd)?;
         Ok(CapturedWal {
             bytes: manifest.wal.bytes,

@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use rustix::fs::AtFlags;
+use rustix::fs::{AtFlags, RenameFlags};
 
 use super::{fragment_len, hex16, judge_pages, look_at_wal, page_hash, At, Mismatch, Verdict};
 use crate::capture::{
@@ -52,7 +52,7 @@ pub(crate) fn set_aside(
     let mut moved: Vec<(&Path, &str)> = Vec::new();
     let result = (|| -> io::Result<()> {
         let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
-        rustix::fs::renameat(&dir, &wal_src, &staging, wal_name.as_str())?;
+        rustix::fs::renameat_with(&dir, &wal_src, &staging, wal_name.as_str(), NOREPLACE)?;
         moved.push((&wal_src, &wal_name));
         let st = rustix::fs::statat(&staging, wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
         if st.st_ino as u64 != wal_id.ino {
@@ -62,7 +62,8 @@ pub(crate) fn set_aside(
         }
         let shm_id = identity_of_path(&parent.join(&shm_src)).ok().flatten();
         if shm_id.is_some() {
-            match rustix::fs::renameat(&dir, &shm_src, &staging, shm_name.as_str()) {
+            match rustix::fs::renameat_with(&dir, &shm_src, &staging, shm_name.as_str(), NOREPLACE)
+            {
                 Ok(()) => moved.push((&shm_src, &shm_name)),
                 Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(e.into()),
@@ -83,7 +84,13 @@ pub(crate) fn set_aside(
             io::Write::write_all(f, &json)
         })?;
         rustix::fs::fsync(&staging)?;
-        rustix::fs::renameat(&dir, staging_name.as_str(), &dir, final_name.as_str())?;
+        rustix::fs::renameat_with(
+            &dir,
+            staging_name.as_str(),
+            &dir,
+            final_name.as_str(),
+            NOREPLACE,
+        )?;
         rustix::fs::fsync(&dir)?;
         Ok(())
     })();
@@ -93,17 +100,37 @@ pub(crate) fn set_aside(
             Ok(final_path)
         }
         Err(e) => {
+            // Put back what was moved, never over anything that appeared at the path since:
+            // whatever cannot go back stays in the staging directory, and the error says so.
+            let mut kept = Vec::new();
             if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&staging_name)) {
                 for (src, inside) in moved.iter().rev() {
-                    let _ = rustix::fs::renameat(&staging, *inside, &dir, *src);
+                    if rustix::fs::renameat_with(&staging, *inside, &dir, *src, NOREPLACE).is_err()
+                    {
+                        kept.push(*inside);
+                    }
                 }
                 let _ = rustix::fs::unlinkat(&staging, capture::MANIFEST_NAME, AtFlags::empty());
             }
-            let _ = rustix::fs::unlinkat(&dir, staging_name.as_str(), AtFlags::REMOVEDIR);
-            Err(io_err(&staging_path, e))
+            if kept.is_empty() {
+                let _ = rustix::fs::unlinkat(&dir, staging_name.as_str(), AtFlags::REMOVEDIR);
+                return Err(io_err(&staging_path, e));
+            }
+            Err(io_err(
+                &staging_path,
+                io::Error::other(format!(
+                    "{e}; {} could not be put back (something now has its name) and stay(s) in \
+                     {}",
+                    kept.join(", "),
+                    staging_path.display()
+                )),
+            ))
         }
     }
 }
+
+/// Every rename of a set-aside: never over an existing name.
+const NOREPLACE: RenameFlags = RenameFlags::NOREPLACE;
 
 #[allow(clippy::too_many_arguments)]
 fn manifest(

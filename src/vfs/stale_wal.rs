@@ -13,7 +13,7 @@
 use std::ffi::c_int;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
@@ -23,7 +23,7 @@ use rusqlite::ffi;
 use super::ffi_guard;
 use super::state::DbState;
 use crate::capture::{sidecar, ImageSource};
-use crate::identity::{identity_of_fd, identity_of_path};
+use crate::identity::{identity_of_fd, identity_of_path, FileId};
 use crate::paths::path_display;
 use crate::stale_wal::{
     encode_record, fragment_len, hex16, judge_generation, judge_pages, look_at_wal, mapped_here,
@@ -207,70 +207,95 @@ unsafe fn salts_word(p: *const u8) -> u64 {
     u64::from(a) | (u64::from(b) << 32)
 }
 
-/// Before SQLite opens `wal_path` for the database of `state` (whose main file `main` reads):
-/// whether an existing WAL continues the main file now at the path. `SQLITE_OK` lets the open
-/// go on (after a stale WAL was set aside, SQLite creates a fresh one); otherwise the open fails
-/// with the code returned (the strict mode, or a stale WAL that could not be set aside).
-pub(super) fn before_wal_open(state: &DbState, main: &dyn ImageSource, wal_path: &Path) -> c_int {
+/// The connection's main file through its own methods (the guard's table, as SQLite calls it):
+/// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
+pub(super) trait MainLocks {
+    /// `xLock(level)`: an SQLite result code.
+    fn lock(&self, level: c_int) -> c_int;
+    /// `xUnlock(level)`: an SQLite result code.
+    fn unlock(&self, level: c_int) -> c_int;
+}
+
+/// Before SQLite opens `wal_path` for the database of `state` (whose main file `main` reads and
+/// `locks` locks; SQLite holds SHARED on it): whether an existing WAL continues the main file
+/// now at the path. `SQLITE_OK` lets the open go on (after a stale WAL was set aside, SQLite
+/// creates a fresh one); `SQLITE_BUSY` makes SQLite give up its SHARED lock and retry through
+/// the busy handler (another opener is between its SHARED lock and its use of the WAL);
+/// otherwise the open fails with the code returned (the strict mode, or a stale WAL that could
+/// not be set aside).
+///
+/// A stale WAL is judged and moved only under EXCLUSIVE on the main file: in WAL mode every open
+/// connection keeps SHARED from its first read, and an opener takes SHARED before it looks for a
+/// `-wal`, so while the guard holds EXCLUSIVE no process or thread has the WAL open and none can
+/// open it; every opener sees the stale WAL before, or none after.
+pub(super) fn before_wal_open(
+    state: &DbState,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+) -> c_int {
     let db = state.db_path();
-    let wal = match File::open(wal_path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return ffi::SQLITE_OK,
-        Err(e) => {
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
+    };
+    // The quick look (the header, the record, the first pages) outside the lock; a WAL it leaves
+    // in doubt is read in full under the lock.
+    match judge(db, main, &wal, true) {
+        None | Some(Verdict::Stale(_)) => {}
+        Some(verdict) => {
+            say(db, &verdict);
+            return ffi::SQLITE_OK;
+        }
+    }
+    drop(wal);
+    let shm_path = sidecar(db, "-shm");
+    if in_use(&shm_path) {
+        return ffi::SQLITE_OK;
+    }
+    // One set-aside of a database at a time in this process: the other threads step back
+    // (`SQLITE_BUSY`, giving up their SHARED lock) instead of keeping the lock from the first.
+    let Some(_turn) = Turn::take(state.main_id()) else {
+        return ffi::SQLITE_BUSY;
+    };
+    match exclusive(locks) {
+        ffi::SQLITE_OK => {}
+        ffi::SQLITE_BUSY => {
+            // Somebody holds SHARED. A connection that has the WAL open maps the -shm within
+            // moments of its SHARED lock: then it is in use, not this open's to judge; else it
+            // is an opener on its way, and this open waits as SQLite does.
+            if in_use(&shm_path) {
+                return ffi::SQLITE_OK;
+            }
+            log::debug!(
+                "hermes-guard: {} looks stale and another opener holds {} SHARED: waiting \
+                 (SQLITE_BUSY, the busy handler retries)",
+                wal_path.display(),
+                db.display()
+            );
+            return ffi::SQLITE_BUSY;
+        }
+        rc => {
             log::info!(
-                "hermes-guard: cannot read {} before SQLite opens it ({e}); no judgement of \
-                 whether it belongs to {}",
+                "hermes-guard: {} looks stale but EXCLUSIVE on {} failed (SQLite code {rc}); no \
+                 judgement",
                 wal_path.display(),
                 db.display()
             );
             return ffi::SQLITE_OK;
         }
-    };
-    match judge(db, main, &wal) {
-        Verdict::Stale(_) => {}
-        verdict => {
-            say(db, &verdict);
-            return ffi::SQLITE_OK;
-        }
     }
-    // A WAL in use is not this open's to judge: mapped by this process, or its -shm's DMS byte
-    // locked by another. The lock taken here keeps other openers out until the WAL is moved.
-    let shm_path = sidecar(db, "-shm");
-    let _dms = match identity_of_path(&shm_path) {
-        Ok(Some(id)) if mapped_here(id) => {
-            log::info!(
-                "hermes-guard: {} looks stale but this process uses it; no judgement",
-                wal_path.display()
-            );
-            return ffi::SQLITE_OK;
-        }
-        Ok(Some(_)) => match DmsLock::take(&shm_path) {
-            Ok(Some(lock)) => Some(lock),
-            Ok(None) => {
-                log::info!(
-                    "hermes-guard: {} looks stale but another process has it open; no judgement",
-                    wal_path.display()
-                );
-                return ffi::SQLITE_OK;
-            }
-            Err(e) => {
-                log::info!(
-                    "hermes-guard: {} looks stale but {} cannot be locked ({e}); no judgement",
-                    wal_path.display(),
-                    shm_path.display()
-                );
-                return ffi::SQLITE_OK;
-            }
-        },
-        _ => None,
+    let _back_to_shared = BackToShared(locks);
+    // Again, on the WAL now at the path, now that nobody else can start on it.
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
     };
-    // Again, now that nobody else can start on it.
-    let m = match judge(db, main, &wal) {
-        Verdict::Stale(again) => again,
-        verdict => {
+    let m = match judge(db, main, &wal, false) {
+        Some(Verdict::Stale(m)) => m,
+        Some(verdict) => {
             say(db, &verdict);
             return ffi::SQLITE_OK;
         }
+        None => return ffi::SQLITE_OK,
     };
     let slot = state.stale_wal();
     match stale_wal_policy() {
@@ -328,8 +353,173 @@ pub(super) fn before_wal_open(state: &DbState, main: &dyn ImageSource, wal_path:
     }
 }
 
+/// The WAL at `wal_path`, read-only; `None` when there is none (or it cannot be read: said at
+/// INFO, and SQLite goes on as always).
+fn open_wal(db: &Path, wal_path: &Path) -> Option<File> {
+    match File::open(wal_path) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::info!(
+                "hermes-guard: cannot read {} before SQLite opens it ({e}); no judgement of \
+                 whether it belongs to {}",
+                wal_path.display(),
+                db.display()
+            );
+            None
+        }
+    }
+}
+
+/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) a few times over a few
+/// milliseconds — an opener on its way holds SHARED only until it maps the `-shm` or steps back
+/// — and leaves the file at SHARED when it fails. The span is drawn at random, so that two
+/// guarded openers in two processes do not step back in step.
+fn exclusive(locks: &dyn MainLocks) -> c_int {
+    let tries = 2 + (jitter() % 8);
+    let mut rc = ffi::SQLITE_BUSY;
+    for i in 0..tries {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        rc = locks.lock(ffi::SQLITE_LOCK_EXCLUSIVE);
+        if rc == ffi::SQLITE_OK {
+            return rc;
+        }
+        // A refused EXCLUSIVE may leave PENDING: back to SHARED, as SQLite's pager does.
+        locks.unlock(ffi::SQLITE_LOCK_SHARED);
+        if rc != ffi::SQLITE_BUSY {
+            return rc;
+        }
+    }
+    rc
+}
+
+/// A few bits that differ between processes and threads and from call to call.
+fn jitter() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let id = std::thread::current().id();
+    let h = page_hash(format!("{t} {id:?} {}", std::process::id()).as_bytes());
+    h as u32
+}
+
+/// Back to SHARED (what SQLite holds) when the set-aside is done, whatever its outcome.
+struct BackToShared<'a>(&'a dyn MainLocks);
+
+impl Drop for BackToShared<'_> {
+    fn drop(&mut self) {
+        self.0.unlock(ffi::SQLITE_LOCK_SHARED);
+    }
+}
+
+/// Databases (main file identities) a thread of this process is setting a stale WAL aside for.
+static TURNS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
+
+/// This thread's turn at setting aside the stale WAL of one database; `None` when another
+/// thread has it.
+struct Turn(Option<FileId>);
+
+impl Turn {
+    fn take(main: Option<FileId>) -> Option<Turn> {
+        let Some(id) = main else {
+            return Some(Turn(None));
+        };
+        let mut turns = TURNS.lock();
+        if turns.contains(&id) {
+            return None;
+        }
+        turns.push(id);
+        Some(Turn(Some(id)))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            TURNS.lock().retain(|t| *t != id);
+        }
+    }
+}
+
+/// Whether the WAL's `-shm` is in use: mapped by a connection of this process, or its
+/// dead-man-switch byte locked by another process (read from `/proc/locks`:
+/// opening the `-shm` to ask `fcntl` would drop this process's own POSIX locks on it at the
+/// close). Said at INFO when it is.
+fn in_use(shm_path: &Path) -> bool {
+    let Ok(Some(id)) = identity_of_path(shm_path) else {
+        return false;
+    };
+    let why = if mapped_here(id) {
+        "this process uses it"
+    } else if dms_locked(id) {
+        "another process has it open"
+    } else {
+        return false;
+    };
+    log::warn!(
+        "hermes-guard: the WAL beside {} looks stale (not written on the database file now at \
+         the path) but {why}: it was opened, and replayed, before this open could set it aside, \
+         as SQLite always does; nothing was moved (a restore of the file may have been undone \
+         by that opener)",
+        shm_path.display()
+    );
+    true
+}
+
+/// Whether `/proc/locks` lists a lock on the `-shm` `id` covering its dead-man-switch byte.
+/// Unreadable: taken as locked (the open goes on as stock's would).
+fn dms_locked(id: FileId) -> bool {
+    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
+        return true;
+    };
+    locks
+        .lines()
+        .filter(|l| !l.contains("->"))
+        .any(|line| lock_line_covers(line, id, UNIX_SHM_DMS))
+}
+
+/// Whether one line of `/proc/locks` (`1: POSIX ADVISORY READ 1234 08:01:5678 128 128`) is a
+/// lock on the file `id` whose range holds `byte`.
+fn lock_line_covers(line: &str, id: FileId, byte: i64) -> bool {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let Some(at) = f.iter().position(|w| w.matches(':').count() == 2) else {
+        return false;
+    };
+    let (Some(file), Some(start), Some(end)) = (f.get(at), f.get(at + 1), f.get(at + 2)) else {
+        return false;
+    };
+    let mut parts = file.split(':');
+    let (Some(major), Some(minor), Some(ino)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let (Ok(major), Ok(minor), Ok(ino)) = (
+        u32::from_str_radix(major, 16),
+        u32::from_str_radix(minor, 16),
+        ino.parse::<u64>(),
+    ) else {
+        return false;
+    };
+    if ino != id.ino || rustix::fs::makedev(major, minor) as u64 != id.dev {
+        return false;
+    }
+    let start = start.parse::<i64>().unwrap_or(i64::MAX);
+    let end = if *end == "EOF" {
+        i64::MAX
+    } else {
+        end.parse::<i64>().unwrap_or(-1)
+    };
+    (start..=end).contains(&byte)
+}
+
 /// The judgement of the WAL `wal` against the main file `main` now.
-fn judge(db: &Path, main: &dyn ImageSource, wal: &File) -> Verdict {
+///
+/// `quick`: stop before the full read of the WAL, answering `None` when every other test left
+/// the WAL in doubt (the full look is then made under the lock).
+fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<Verdict> {
+    let verdict = Some;
+
     let first = match look_at_wal(wal, None) {
         Ok(look) => look,
         Err(e) => {
@@ -337,12 +527,12 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File) -> Verdict {
                 "hermes-guard: cannot read the WAL of {} ({e})",
                 db.display()
             );
-            return Verdict::NothingToReplay;
+            return verdict(Verdict::NothingToReplay);
         }
     };
     let record = match judge_generation(&first, read_record(wal.as_fd())) {
         Ok(record) => record,
-        Err(verdict) => return verdict,
+        Err(v) => return verdict(v),
     };
     let main_now = identity_of_path(db).ok().flatten();
     let now = |p: u32| read_page(main, p, record.page_size);
@@ -351,17 +541,20 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File) -> Verdict {
         .iter()
         .all(|r| now(r.page).as_ref() == Some(&r.hash))
     {
-        return Verdict::Continues { by_pages: false };
+        return verdict(Verdict::Continues { by_pages: false });
+    }
+    if quick {
+        return None;
     }
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     match look_at_wal(wal, Some(&pages)) {
-        Ok(full) => judge_pages(&record, main_now, now, &full),
+        Ok(full) => verdict(judge_pages(&record, main_now, now, &full)),
         Err(e) => {
             log::info!(
                 "hermes-guard: cannot read the WAL of {} ({e})",
                 db.display()
             );
-            Verdict::NothingToReplay
+            verdict(Verdict::NothingToReplay)
         }
     }
 }
@@ -403,40 +596,5 @@ fn say(db: &Path, verdict: &Verdict) {
             db.display()
         ),
         _ => {}
-    }
-}
-
-/// An open-file-description write lock on the `-shm`'s DMS byte, on a descriptor of our own:
-/// what SQLite's first opener takes, so no other process starts on the WAL meanwhile. An OFD
-/// lock conflicts with every POSIX lock, this process's included; the descriptor's close drops
-/// only this description's lock — and POSIX locks of this process on the `-shm`, of which there
-/// are none (it is not mapped here, checked first).
-struct DmsLock(#[allow(dead_code)] OwnedFd);
-
-impl DmsLock {
-    /// `Ok(None)`: somebody holds a lock on the byte (the WAL is in use).
-    fn take(shm: &Path) -> io::Result<Option<DmsLock>> {
-        let fd = rustix::fs::open(
-            shm,
-            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOFOLLOW,
-            rustix::fs::Mode::empty(),
-        )?;
-        // SAFETY: `flock` is plain old data; every field the call reads is set below.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        fl.l_start = UNIX_SHM_DMS as _;
-        fl.l_len = 1;
-        // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is and which
-        // outlives the call; `fd` is open.
-        let rc = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
-        if rc == 0 {
-            return Ok(Some(DmsLock(fd)));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(None),
-            _ => Err(e),
-        }
     }
 }

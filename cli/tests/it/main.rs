@@ -85,6 +85,7 @@ mod shm_directory;
 mod single_threaded_sqlite;
 mod sqlite_log_events;
 mod stale_wal;
+mod stale_wal_race;
 mod stale_wal_controls;
 mod store_api;
 mod store_loss;
