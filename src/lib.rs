@@ -99,7 +99,8 @@ pub use manifest::Manifest;
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
     pub use crate::capture::{
-        ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, ShmEntry, Trigger, WalEntry,
+        heal_state, HealPhase, HealRecord, HealState, ImageMode, MainEntry, Manifest,
+        ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry, HEALED_NAME,
     };
     pub use crate::stale_wal::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};

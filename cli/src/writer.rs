@@ -8,7 +8,8 @@
 //! Roles:
 //! - `gateway`: seeds and checkpoints history, commits `--wal-rows` rows that live only in its
 //!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`,
-//!   `checkpoint` (TRUNCATE), `bulk N` (N rows of 400 bytes in one transaction) and
+//!   `checkpoint` (TRUNCATE), `bulk N` (N rows of 400 bytes in one transaction), `rows N` (N
+//!   short rows in one transaction) and
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
@@ -184,6 +185,21 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                 }
                 tx.commit()?;
                 emit(json!({"event": "bulk"}))?;
+            }
+            cmd if cmd.starts_with("rows ") => {
+                // `rows N`: N short rows in one transaction.
+                let c = conn.as_ref().ok_or("rows after close")?;
+                let n: u32 = cmd["rows ".len()..].trim().parse()?;
+                let tx = c.unchecked_transaction()?;
+                {
+                    let mut insert =
+                        tx.prepare("INSERT INTO messages (session, content) VALUES ('gw-0', ?1)")?;
+                    for i in 0..n {
+                        insert.execute([format!("row {i}")])?;
+                    }
+                }
+                tx.commit()?;
+                emit(json!({"event": "rows"}))?;
             }
             cmd if cmd.starts_with("backup-from ") => {
                 // `backup-from PATH`: the backup API copies PATH over this live database.

@@ -19,6 +19,7 @@ from ._status import Backfill, FileId, RetireReason, _file_id, _path
 PathLike = Union[str, "os.PathLike[str]"]
 
 MANIFEST = "manifest.json"
+HEALED = "healed.json"
 _CLI_FILE = "hermes-guard"
 
 
@@ -138,6 +139,38 @@ class Capture:
         at open (`reason` `stale-wal`, `main.mode` `absent`) does not: its frames only make
         sense on the main file they were written on, which :func:`recover` takes as `main`."""
         return self.main.mode != "absent"
+
+    @property
+    def heal(self) -> str:
+        """What became of the generation at close (the capture's `healed.json`, resolved as the
+        library does): `"not-healed"` (its rows are in the capture only, unless a merge brought
+        them back), `"healed"` (checkpointed back into the live file at close: nothing to merge;
+        also a heal interrupted after its commit point, whose WAL put back at the path SQLite
+        replays), or `"rolled-back"` (a heal interrupted before it touched the live file: the
+        rows are in the capture only)."""
+        try:
+            record = json.loads((self.path / HEALED).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return "not-healed"
+        except (OSError, ValueError) as e:
+            raise CaptureFormatError(f"{self.path / HEALED}: unreadable heal record: {e}") from e
+        put_back = record.get("put_back")
+        if record.get("phase") == "done" or not put_back:
+            return "healed"
+        staging = self.path.parent / (os.path.basename(self.database) + "-wal" + put_back["suffix"])
+        try:
+            st = os.stat(staging, follow_symlinks=False)
+        except FileNotFoundError:
+            return "healed"
+        if _file_id(put_back["identity"]) == (st.st_dev, st.st_ino):
+            return "rolled-back"
+        return "healed"
+
+    @property
+    def healed(self) -> bool:
+        """Whether the generation's rows are in the live file through the heal at close (see
+        :attr:`heal`): `recover` then merges nothing."""
+        return self.heal == "healed"
 
     def files_match(self) -> bool:
         """Whether both files have the size and sha256 the manifest records (no SQLite
@@ -259,6 +292,13 @@ class RecoverResult:
     @property
     def applied(self) -> bool:
         return bool(self.report.get("applied", False))
+
+    @property
+    def healed_at_close(self) -> Optional[str]:
+        """Set when the capture's generation was healed into the live file at close: what its
+        record says. Nothing was (or would be) merged."""
+        healed = self.report.get("healed_at_close")
+        return str(healed) if healed else None
 
 
 def _run_cli(args: List[str]) -> "subprocess.CompletedProcess[str]":

@@ -1,6 +1,8 @@
 """python/bench/cost.py cannot rot: its smoke run (tiny lengths) must print W1's row, and even
-at those lengths the guard's extra syscalls per write transaction are exactly its one
-`epoll_pwait` (docs/benchmarks.md has the real run)."""
+at those lengths the guard's one `epoll_pwait` per write transaction shows exactly. The row's
+total difference is not asserted: at smoke lengths the allocator's `mmap`/`munmap`/`read` calls
+differ between two short runs by a few tenths (measured: +0.80 once), which is a benchmark's
+business (docs/benchmarks.md has the real run), not a test's."""
 
 import re
 import shutil
@@ -13,7 +15,7 @@ from helpers import skip_unless_ci
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "cost.py"
 
 
-def test_the_cost_script_measures_one_extra_syscall_per_write_transaction():
+def test_the_cost_script_counts_one_epoll_pwait_per_write_transaction():
     missing = [tool for tool in ("strace", "valgrind") if shutil.which(tool) is None]
     if missing:
         skip_unless_ci(f"the cost script needs {' and '.join(missing)}")
@@ -22,5 +24,4 @@ def test_the_cost_script_measures_one_extra_syscall_per_write_transaction():
     assert done.returncode == 0, done.stderr
     row = re.search(r"^W1 .*?(\d+\.\d+)\s+(\d+\.\d+)\s+([+-]\d+\.\d+)\s", done.stdout, re.M)
     assert row, done.stdout
-    assert row.group(3) == "+1.00", done.stdout
     assert "epoll_pwait +1.000" in done.stdout, done.stdout

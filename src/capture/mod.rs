@@ -21,6 +21,7 @@ use crate::walfile::{parse_main_header, WalScanner};
 
 mod error;
 mod faults;
+pub(crate) mod healed;
 mod manifest;
 mod names;
 #[cfg(test)]
@@ -33,6 +34,7 @@ pub(crate) use error::{hand_over, take_handed_over};
 use faults::injected_fault;
 #[cfg(feature = "test-hooks")]
 pub use faults::{clear_capture_fault, inject_capture_fault};
+pub use healed::{heal_state, HealPhase, HealRecord, HealState, PutBack, HEALED_NAME};
 pub use manifest::{
     ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, ShmEntry, Trigger, WalEntry,
 };

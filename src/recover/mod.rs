@@ -49,7 +49,9 @@ pub use report::{
     ConflictPolicy, MergeOptions, MergeReport, MergeRule, NotMerged, Progress, RowIdentity,
     TableReport, Unreadable,
 };
-pub use verify::{unreadable_commits, verify_capture, wal_problems, CaptureCheck, FileFound};
+pub use verify::{
+    read_heal_of, unreadable_commits, verify_capture, wal_problems, CaptureCheck, FileFound,
+};
 pub use walcheck::{PrefixEnd, WalCheck};
 
 pub(crate) use merge::{foreign_key_violations, Merge};
@@ -218,6 +220,16 @@ fn run_merge(
     bulk: bool,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
+    if capture.heal().is_healed() {
+        // Its rows are in the live file already (issue 26): merging them again would add every
+        // added row a second time.
+        let (rule, why) = rule_for(capture, database);
+        let mut report = MergeReport::new(capture.dir(), database, rule, why);
+        report.applied = apply;
+        report.healed_at_close = Some(capture.heal().describe());
+        report.capture_integrity = capture.integrity().to_vec();
+        return Ok(report);
+    }
     let (generation, start) = ledger_start(capture, conn, database)?;
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 use super::{RecoverError, WalCheck};
-use crate::capture::{capture_dir_stem, ImageMode, ManifestError, ARTIFACT_MARKER, MANIFEST_NAME};
+use crate::capture::{
+    capture_dir_stem, heal_state, HealState, ImageMode, ManifestError, ARTIFACT_MARKER,
+    HEALED_NAME, MANIFEST_NAME,
+};
 use crate::digest::sha256_stream_with;
 use crate::Manifest;
 
@@ -42,6 +45,8 @@ pub struct Capture {
     wal: WalCheck,
     /// WAL frames of the captured generation included in `pre`: 0 for the bare image.
     base: Cell<u64>,
+    /// Whether its generation was healed into the live file at close (`healed.json`).
+    heal: HealState,
     _work: tempfile::TempDir,
 }
 
@@ -77,6 +82,7 @@ impl Capture {
     ) -> Result<Capture, RecoverError> {
         let dir = dir.as_ref().to_path_buf();
         let manifest = read_manifest(&dir)?;
+        let heal = read_heal(&dir, &manifest)?;
         let work = tempfile::Builder::new()
             .prefix("hermes-guard-recover-")
             .tempdir()
@@ -151,8 +157,15 @@ impl Capture {
             copy,
             wal,
             base: Cell::new(0),
+            heal,
             _work: work,
         })
+    }
+
+    /// Whether the captured generation was healed into the live file at close (its
+    /// `healed.json`): then its rows are live already and nothing is merged from it.
+    pub fn heal(&self) -> &HealState {
+        &self.heal
     }
 
     /// The capture directory.
@@ -387,6 +400,16 @@ pub struct CaptureListing {
     pub manifest: Option<Manifest>,
     /// Why the manifest could not be read.
     pub manifest_error: Option<String>,
+    /// Whether its generation was healed into the live file at close (`None`: no manifest, or
+    /// the record cannot be read: see `manifest_error`).
+    pub heal: Option<HealState>,
+}
+
+/// The heal record of the capture `dir` (see `capture/healed.rs`), resolved against its
+/// database's directory.
+pub(crate) fn read_heal(dir: &Path, manifest: &Manifest) -> Result<HealState, RecoverError> {
+    heal_state(dir, &manifest.database_path())
+        .map_err(|e| RecoverError::io(dir.join(HEALED_NAME), "read the heal record", e))
 }
 
 /// The captures beside the database `path` (named `<name>.retired-wal-…`), or every capture in
@@ -430,7 +453,7 @@ pub fn list_captures(path: &Path) -> Result<Vec<CaptureListing>, RecoverError> {
 
 fn listing(path: PathBuf) -> CaptureListing {
     let partial = is_partial(&path);
-    let (manifest, manifest_error) = if partial {
+    let (manifest, mut manifest_error) = if partial {
         (None, None)
     } else {
         match read_manifest(&path) {
@@ -438,10 +461,18 @@ fn listing(path: PathBuf) -> CaptureListing {
             Err(e) => (None, Some(e.to_string())),
         }
     };
+    let heal = manifest.as_ref().and_then(|m| match read_heal(&path, m) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            manifest_error = Some(e.to_string());
+            None
+        }
+    });
     CaptureListing {
         path,
         partial,
         manifest,
         manifest_error,
+        heal,
     }
 }

@@ -198,6 +198,9 @@ pub struct MergeReport {
     pub not_merged: Vec<NotMerged>,
     /// Full-text indexes rebuilt because no trigger of the live schema keeps them in step.
     pub fts_rebuilt: Vec<String>,
+    /// The captured generation was healed into the live file at close (the capture's
+    /// `healed.json`): what its record says. Nothing is merged from such a capture.
+    pub healed_at_close: Option<String>,
 }
 
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -219,6 +222,7 @@ impl MergeReport {
             tables: Vec::new(),
             not_merged: Vec::new(),
             fts_rebuilt: Vec::new(),
+            healed_at_close: None,
         }
     }
 

@@ -63,6 +63,12 @@ fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&crate::paths::path_display(p))
 }
 
+/// The heal record of a verified capture (`healed.json`, resolved against its database's
+/// directory); `None` when it cannot be read.
+pub fn read_heal_of(check: &CaptureCheck) -> Option<crate::capture::HealState> {
+    super::open::read_heal(&check.capture, &check.manifest).ok()
+}
+
 /// Verifies the capture in `dir` from its bytes (one read of each file; writes nothing).
 ///
 /// Fails only when there is nothing to verify: a `.partial` directory, no readable manifest, a

@@ -83,6 +83,12 @@ pub fn build(dir: &Path, rows: u64, newer: u64) -> Result<Built, BenchError> {
     // live file since (nothing newer was there, issue 22), and each round starts from the loss.
     let captured_image = capture.join("state.db");
     let image = fs::read(&captured_image).ctx("reading", &captured_image)?;
+    // Each round undoes that heal (the live file back to the image): the capture's record of it
+    // no longer holds, and with it the merge would rightly merge nothing.
+    let healed = capture.join(hermes_guard::manifest::HEALED_NAME);
+    if healed.exists() {
+        fs::remove_file(&healed).ctx("removing", &healed)?;
+    }
     Ok(Built {
         db,
         capture,

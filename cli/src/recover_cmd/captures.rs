@@ -56,6 +56,11 @@ fn row_of(
     row["main_torn"] = m.main_torn.into();
     let database = given_db.cloned().unwrap_or_else(|| m.database_path());
     put_path(&mut row, "database", &database);
+    let healed = entry.heal.as_ref().is_some_and(|h| h.is_healed());
+    row["healed"] = healed.into();
+    if let Some(heal) = &entry.heal {
+        row["heal"] = heal.describe().into();
+    }
     let check = match recover::verify_capture(&entry.path) {
         Err(e) => {
             row["verified"] = false.into();
@@ -86,7 +91,9 @@ fn row_of(
         }
         Ok(capture) => {
             row["verified"] = capture.is_clean().into();
-            row["status"] = if capture.is_clean() {
+            row["status"] = if capture.is_clean() && healed {
+                "verified; healed into the live file at close (nothing to merge)".into()
+            } else if capture.is_clean() {
                 "verified".into()
             } else {
                 format!(

@@ -79,6 +79,14 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         super::label(&report.rule),
         report.rule_reason
     );
+    if let Some(healed) = &report.healed_at_close {
+        println!("healed   {healed}");
+        println!(
+            "\nNothing to merge: this generation's rows are in the live file already (the heal at \
+             close put them there); merging them again would add every added row twice."
+        );
+        return;
+    }
     if let Some(at) = &report.merged_before {
         println!("merged   before, at {at}: its added rows are not inserted again");
     }

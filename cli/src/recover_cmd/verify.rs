@@ -88,8 +88,14 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
             check.wal_check.frames
         )
     };
+    // Whether the generation was healed into the live file at close: its rows are live.
+    let heal = recover::read_heal_of(&check);
     if args.json {
         let mut doc = serde_json::to_value(&check).unwrap_or_default();
+        if let Some(heal) = &heal {
+            doc["healed"] = heal.is_healed().into();
+            doc["heal"] = heal.describe().into();
+        }
         doc["ok"] = ok.into();
         doc["message"] = message.into();
         doc["integrity"] = integrity.into();
@@ -107,6 +113,9 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
             );
         }
         print_details(&check);
+        if let Some(heal) = heal.filter(|h| *h != hermes_guard::manifest::HealState::NotHealed) {
+            println!("heal     {}", heal.describe());
+        }
     }
     ExitCode::from(if ok { DONE } else { FAILED })
 }

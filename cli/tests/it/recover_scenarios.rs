@@ -196,10 +196,12 @@ fn exclusive_locking_mode_is_recovered() {
     std::fs::remove_file(sidecar(&path, "-wal")).unwrap();
     assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
+    // Alone, with its own -shm still at the path: the close heals the lost -wal (issue 26), so
+    // the capture is healed and the merge has nothing left to add.
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
     newer_generation(&path, 10);
-    recover_twice(&artifact, &path, 1);
+    recover_twice(&artifact, &path, 0);
     let live = Connection::open(&path).unwrap();
     assert_eq!(count_like(&live, &sentinel), 1);
     assert_eq!(total(&path), 31);

@@ -84,7 +84,9 @@ fn copy_with_xattrs(from: &Path, to: &Path) {
 /// Starts a guarded opener process: it reads, commits one row, checkpoints and closes.
 fn guarded_opener(db: &Path) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
-        .args(["writer", "--role", "second", "--vfs", "guard", "--rows", "1"])
+        .args([
+            "writer", "--role", "second", "--vfs", "guard", "--rows", "1",
+        ])
         .arg("--db")
         .arg(db)
         .stdout(Stdio::piped())
@@ -172,8 +174,15 @@ fn a_stock_opener_racing_the_set_aside_never_undoes_a_restore_the_guard_kept() {
         match checked_capture(dir.path(), &stale_wal) {
             Some(_) => {
                 set_aside += 1;
-                assert_eq!(live, RESTORED + 2, "run {run}: the restore stands ({guarded_out})");
-                assert!(stock_saw <= RESTORED + 1, "run {run}: stock read {stock_saw}");
+                assert_eq!(
+                    live,
+                    RESTORED + 2,
+                    "run {run}: the restore stands ({guarded_out})"
+                );
+                assert!(
+                    stock_saw <= RESTORED + 1,
+                    "run {run}: stock read {stock_saw}"
+                );
             }
             None => {
                 stock_first += 1;
@@ -213,7 +222,10 @@ fn eight_threads_opening_after_a_restore_agree_on_it_with_one_capture() {
             assert_eq!(seen, RESTORED, "run {run}: every thread reads the restore");
             assert!(!retired, "run {run}: nobody retired");
         }
-        assert!(checked_capture(dir.path(), &stale_wal).is_some(), "run {run}");
+        assert!(
+            checked_capture(dir.path(), &stale_wal).is_some(),
+            "run {run}"
+        );
     }
 }
 
@@ -232,7 +244,10 @@ fn two_guarded_processes_opening_after_a_restore_agree_on_it_with_one_capture() 
                 "run {run}: {out}"
             );
         }
-        assert!(checked_capture(dir.path(), &stale_wal).is_some(), "run {run}");
+        assert!(
+            checked_capture(dir.path(), &stale_wal).is_some(),
+            "run {run}"
+        );
         let conn = open_guarded(&db);
         assert_eq!(count(&conn), RESTORED + 2, "run {run}");
         assert!(integrity_ok(&conn));

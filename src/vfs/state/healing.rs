@@ -33,7 +33,7 @@ use std::collections::HashSet;
 use std::ffi::{c_int, OsStr};
 use std::fs::File;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::time::Instant;
@@ -42,6 +42,7 @@ use rusqlite::ffi;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 
 use super::{DbState, Inner};
+use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::RetireReason;
 use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
@@ -155,16 +156,33 @@ impl DbState {
             return Err("the main file changed since the loss (or was replaced)".into());
         }
         let wal = inner.wal.as_ref().map(PinnedWal::id);
-        match identity_of_path(&self.wal_path).map_err(|e| e.to_string())? {
+        let lost_shm = inner.reason == Some(RetireReason::ShmLost);
+        match identity_of_path(&self.wal_path).map_err(|e| format!("stat of the -wal: {e}"))? {
             None => {}
-            Some(id) if Some(id) == wal && inner.reason == Some(RetireReason::ShmLost) => {}
-            Some(_) => return Err("a -wal of a newer generation is at the path".into()),
+            Some(id) if Some(id) == wal && lost_shm => {}
+            Some(id) => {
+                return Err(format!(
+                    "a -wal this connection did not write is at the path (inode {}, the retired \
+                     one was {}): a newer generation",
+                    id.ino,
+                    wal.map_or_else(|| "unknown".into(), |w| w.ino.to_string())
+                ))
+            }
         }
-        if identity_of_path(self.shm_check_path(inner))
-            .map_err(|e| e.to_string())?
-            .is_some()
-        {
-            return Err("a -shm of a newer generation is at the path".into());
+        // After a lost -wal the connection's own -shm is still at the path: an opener since would
+        // have made a -wal there (checked above) or written the main file (its stamp, checked
+        // first). Any other -shm is a newer generation's.
+        let shm_path = self.shm_check_path(inner);
+        match identity_of_path(shm_path).map_err(|e| format!("stat of the -shm: {e}"))? {
+            None => {}
+            Some(id) if Some(id) == inner.shm_id && !lost_shm => {}
+            Some(id) => {
+                return Err(format!(
+                    "a -shm this connection did not map is at {} (inode {}): a newer generation",
+                    shm_path.display(),
+                    id.ino
+                ))
+            }
         }
         Ok(())
     }
@@ -230,12 +248,25 @@ fn committed_prefix(wal: &File) -> Result<Prefix, String> {
     })
 }
 
-/// The heal proper, under the EXCLUSIVE lock. Crash-safe at every step, the way SQLite's own
-/// checkpoint is: first the committed prefix of the retired WAL is put back at `<db>-wal` (a
-/// new file, synced, renamed into place), so that from then on any open replays it as after a
-/// crash; then its frames are written into the main file in WAL order, the file is truncated to
-/// the last commit's size and synced; last the put-back WAL is removed. A failure after the
-/// rename leaves the WAL in place, which SQLite replays: never a torn main file on its own.
+/// The heal proper, under the EXCLUSIVE lock, crash-safe at every step the way SQLite's own
+/// checkpoint is, and recorded in the capture (`healed.json`, see `capture/healed.rs`) so that
+/// its rows are never merged twice. The order of writes and syncs:
+///
+/// 1. After a lost `-wal`: the retired WAL's committed prefix is written to a new file beside the
+///    database (`<db>-wal.hermes-guard-heal-<pid>`), fsynced, the directory fsynced.
+/// 2. `healed.json` phase `started`, naming that file and its inode, durably.
+/// 3. The file is renamed to `<db>-wal` (never over anything), the directory fsynced: the commit
+///    point. From here any open replays the WAL at the path as after a crash.
+/// 4. The frames are written into the main file in WAL order, the file truncated to the last
+///    commit's size and synced.
+/// 5. `healed.json` phase `done`, durably.
+/// 6. The WAL at the path is unlinked (if it is still the one put there, or after a lost `-shm`
+///    the pinned one), the directory fsynced.
+///
+/// A crash before 3 leaves the main file untouched and, with a `started` record, the staging
+/// file in place: the heal reads as rolled back. A crash from 3 on leaves the WAL at the path
+/// (or, after 6, the main file complete): the heal reads as done, the rows are live. After a
+/// lost `-shm` the WAL never left the path: steps 1 and 3 fall away.
 fn put_back_and_checkpoint(
     state: &DbState,
     inner: &Inner,
@@ -251,14 +282,53 @@ fn put_back_and_checkpoint(
         .file_name()
         .ok_or("the WAL path has no file name")?
         .to_owned();
+    let capture = inner.capture.as_deref().ok_or("no capture")?;
+    let capture_name = capture.file_name().ok_or("the capture has no name")?;
+    let capture_dir = crate::paths::open_dir(dir.fd(), Path::new(capture_name))
+        .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?;
     let prefix = committed_prefix(wal)?;
     let pinned = inner.wal.as_ref().map(PinnedWal::id);
+    let mut record = HealRecord {
+        v: 1,
+        phase: HealPhase::Started,
+        at: now(),
+        pid: std::process::id(),
+        main: inner.main_id,
+        frames: prefix.frames,
+        commits: prefix.commits,
+        put_back: None,
+    };
     // After a lost `-shm` the WAL is still at the path (checked): it is the crash-safe copy
     // already. After a lost `-wal` its committed prefix goes back there first.
-    let placed = if identity_of_path(&state.wal_path).ok().flatten() == pinned {
-        pinned.ok_or("no pinned WAL")?
+    let wal_at_path = identity_of_path(&state.wal_path).ok().flatten() == pinned;
+    let staged = if wal_at_path {
+        None
     } else {
-        put_back(dir.fd(), &name, wal, prefix.bytes(), &state.db_path)?
+        Some(stage(dir.fd(), &name, wal, prefix.bytes(), &state.db_path)?)
+    };
+    if let Some(staged) = &staged {
+        record.put_back = Some(PutBack {
+            suffix: staged.suffix.clone(),
+            identity: staged.id,
+        });
+    }
+    let recorded = write_record(capture_dir.as_fd(), &record)
+        .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display()));
+    if let Err(e) = recorded {
+        if let Some(staged) = &staged {
+            staged.remove(dir.fd());
+        }
+        return Err(e);
+    }
+    let placed = match &staged {
+        None => pinned.ok_or("no pinned WAL")?,
+        Some(staged) => staged.rename_into_place(dir.fd(), &name).inspect_err(|_| {
+            // Nothing reached the live file: rolled back (the staging file gone, the record
+            // would read as done: it goes too).
+            let _ = rustix::fs::unlinkat(&capture_dir, HEALED_NAME, AtFlags::empty());
+            let _ = rustix::fs::fsync(&capture_dir);
+            staged.remove(dir.fd());
+        })?,
     };
 
     let mut frame = vec![0u8; prefix.frame_len() as usize];
@@ -296,7 +366,19 @@ fn put_back_and_checkpoint(
              the next open replays it)"
         ));
     }
-    // Checkpointed: the put-back WAL goes, if it is still the one put there.
+    record.phase = HealPhase::Done;
+    record.at = now();
+    if let Err(e) = write_record(capture_dir.as_fd(), &record) {
+        // The `started` record with the staging file gone already reads as healed.
+        log::warn!(
+            "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); its \
+             start record already says the rows are live",
+            state.db_path.display(),
+            capture.display()
+        );
+    }
+    // Checkpointed: the WAL at the path goes (put back, or never moved after a lost -shm), if it
+    // is still the one the heal wrote from.
     if identity_of_path(&state.wal_path).ok().flatten() == Some(placed) {
         let _ = rustix::fs::unlinkat(dir.fd(), &name, AtFlags::empty());
         let _ = rustix::fs::fsync(dir.fd());
@@ -308,21 +390,49 @@ fn put_back_and_checkpoint(
     })
 }
 
-/// Writes the first `len` bytes of `wal` to a new file in `dir`, syncs it and renames it to
-/// `name` (which nothing names now: checked under the lock), with the database file's
-/// permission bits; returns its identity.
-fn put_back(
+fn now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// The retired WAL's committed prefix written beside the database under a staging name.
+struct Staged {
+    /// `<db>-wal<suffix>` is its name.
+    suffix: String,
+    name: std::ffi::OsString,
+    id: FileId,
+}
+
+impl Staged {
+    /// Renames it to `name` (which nothing names now: checked under the lock; never over
+    /// anything) and fsyncs the directory.
+    fn rename_into_place(&self, dir: BorrowedFd<'_>, name: &OsStr) -> Result<FileId, String> {
+        rustix::fs::renameat_with(dir, &self.name, dir, name, RenameFlags::NOREPLACE)
+            .and_then(|()| rustix::fs::fsync(dir))
+            .map_err(|e| format!("putting the retired WAL back at the path: {e}"))?;
+        Ok(self.id)
+    }
+
+    fn remove(&self, dir: BorrowedFd<'_>) {
+        let _ = rustix::fs::unlinkat(dir, &self.name, AtFlags::empty());
+        let _ = rustix::fs::fsync(dir);
+    }
+}
+
+/// Writes the first `len` bytes of `wal` to a new file in `dir` named after `name` (the WAL's
+/// name) and this process, with the database file's permission bits, and fsyncs it and `dir`.
+fn stage(
     dir: BorrowedFd<'_>,
     name: &OsStr,
     wal: &File,
     len: u64,
     database: &Path,
-) -> Result<FileId, String> {
+) -> Result<Staged, String> {
     let mode = rustix::fs::stat(database)
         .map(|st| Mode::from_raw_mode(st.st_mode & 0o777))
         .unwrap_or(Mode::from_raw_mode(0o644));
+    let suffix = format!(".hermes-guard-heal-{}", std::process::id());
     let mut staging = name.to_owned();
-    staging.push(format!(".hermes-guard-heal-{}", std::process::id()));
+    staging.push(&suffix);
     let fd = rustix::fs::openat(
         dir,
         staging.as_os_str(),
@@ -341,13 +451,18 @@ fn put_back(
             at += want as u64;
         }
         file.sync_all()?;
-        // Never over anything: whatever appeared at the name meanwhile wins, and no heal.
-        rustix::fs::renameat_with(dir, staging.as_os_str(), dir, name, RenameFlags::NOREPLACE)?;
         rustix::fs::fsync(dir)?;
         crate::identity::identity_of_fd(&file)
     })();
-    copied.map_err(|e| {
-        let _ = rustix::fs::unlinkat(dir, staging.as_os_str(), AtFlags::empty());
-        format!("putting the retired WAL back at the path: {e}")
-    })
+    match copied {
+        Ok(id) => Ok(Staged {
+            suffix,
+            name: staging,
+            id,
+        }),
+        Err(e) => {
+            let _ = rustix::fs::unlinkat(dir, staging.as_os_str(), AtFlags::empty());
+            Err(format!("writing the retired WAL's committed prefix: {e}"))
+        }
+    }
 }
