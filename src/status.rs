@@ -102,6 +102,11 @@ pub struct GuardStatus {
     /// A WAL found at the open that was not written on this database (issue 19): set aside
     /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
     pub stale_wal: Option<StaleWalStatus>,
+    /// Connections of this process still open on this database whose generation is retired
+    /// (this one included, when retired). A new connection to the database in this process is
+    /// refused (`shm-lost`) until they are all closed: the unix VFS shares one `-shm` mapping
+    /// per file in a process. Close them (a pool: dispose of it), then reconnect.
+    pub retired_connections_here: usize,
 }
 
 /// What the guard did with a WAL found at the open that was not written on the main file at
@@ -211,6 +216,8 @@ struct StatusJson {
     log_lines_suppressed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     stale_wal: Option<StaleWalStatus>,
+    #[serde(default)]
+    retired_connections_here: usize,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -240,6 +247,7 @@ impl From<GuardStatus> for StatusJson {
             generations_let_go: s.generations_let_go,
             log_lines_suppressed: s.log_lines_suppressed,
             stale_wal: s.stale_wal,
+            retired_connections_here: s.retired_connections_here,
         }
     }
 }
@@ -276,6 +284,7 @@ impl TryFrom<StatusJson> for GuardStatus {
             generations_let_go: j.generations_let_go,
             log_lines_suppressed: j.log_lines_suppressed,
             stale_wal: j.stale_wal,
+            retired_connections_here: j.retired_connections_here,
         })
     }
 }
@@ -361,6 +370,7 @@ mod tests {
             shield_active: true,
             shield_shm_active: true,
             stale_wal: None,
+            retired_connections_here: 0,
             shield_off_reason: None,
             capture_attempts: 0,
             let_go: None,
@@ -400,6 +410,7 @@ mod tests {
             generations_let_go: 7,
             log_lines_suppressed: 11,
             stale_wal: None,
+            retired_connections_here: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

@@ -21,11 +21,11 @@
 //! library's included — through the host's `sqlite3_api_routines`. It uses the library's public
 //! API only (`register`, `register_as_default`, `retry_pending_captures`).
 
+mod events;
 mod host_api;
 mod version;
 
-use std::ffi::{c_char, c_int, CString};
-use std::io::Write;
+use std::ffi::{c_char, c_int};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -133,7 +133,7 @@ unsafe fn init(
     // SAFETY: as above; every slot rusqlite copies is within `table`.
     unsafe { ffi::rusqlite_extension_init2(table) }
         .map_err(|e| format!("hermes-guard: cannot use the host's SQLite API: {e}"))?;
-    install_logger();
+    events::install()?;
 
     let make_default = match make_default {
         Some(forced) => forced,
@@ -323,47 +323,6 @@ unsafe fn set_error(
         ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
         *p.add(bytes.len()) = 0;
         *pz_err_msg = p as *mut c_char;
-    }
-}
-
-/// The shim logs with `log`; in a host process that means SQLite's own error log
-/// (`sqlite3_log`, seen by `SQLITE_CONFIG_LOG`, the shell's `.log`, apsw's log hook), and errors
-/// — a retired generation, a capture that could not be written — on stderr as well, because a
-/// host rarely listens to SQLite's log and those must not pass unseen.
-struct SqliteLog;
-
-impl log::Log for SqliteLog {
-    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() <= log::Level::Warn
-    }
-
-    fn log(&self, record: &log::Record<'_>) {
-        if !self.enabled(record.metadata()) {
-            return;
-        }
-        let message = record.args().to_string();
-        let code = if record.level() == log::Level::Error {
-            let _ = writeln!(std::io::stderr(), "{message}");
-            ffi::SQLITE_ERROR
-        } else {
-            ffi::SQLITE_WARNING
-        };
-        let Ok(text) = CString::new(message.replace('\0', "\\0")) else {
-            return;
-        };
-        // SAFETY: the API table is initialised before the logger is installed; "%s" takes the
-        // one NUL-terminated string passed.
-        unsafe { ffi::sqlite3_log(code, c"%s".as_ptr(), text.as_ptr()) };
-    }
-
-    fn flush(&self) {}
-}
-
-static LOGGER: SqliteLog = SqliteLog;
-
-fn install_logger() {
-    if log::set_logger(&LOGGER).is_ok() {
-        log::set_max_level(log::LevelFilter::Warn);
     }
 }
 

@@ -33,6 +33,7 @@ from ._capture import (
     verify,
 )
 from ._loader import (
+    LOG_ENV,
     VFS_NAME,
     ExtensionLoadingUnavailable,
     HermesGuardError,
@@ -80,6 +81,7 @@ __all__ = [
     "FileId",
     "GuardStatus",
     "HermesGuardError",
+    "LOG_ENV",
     "LoadError",
     "MainEntry",
     "MainReplaced",

@@ -135,7 +135,33 @@ def _load_apsw(conn: Any, entry_point: str) -> None:
         method("enable_load_extension")(False)
 
 
-def load(conn: Any) -> None:
+#: The environment variable the extension reads at load for what reaches stderr.
+LOG_ENV = "HERMES_GUARD_LOG"
+_LOG_SETTINGS = ("off", "quiet", "error", "warn", "warning", "verbose", "info", "debug")
+
+
+def _set_log(log: Optional[str]) -> None:
+    """`log` (when given) as HERMES_GUARD_LOG for the load that follows."""
+    if log is None:
+        return
+    if log not in _LOG_SETTINGS:
+        raise ValueError(
+            f"hermes_guard: log must be one of {', '.join(_LOG_SETTINGS)} (or None: "
+            f"{LOG_ENV} or the default, warn), not {log!r}"
+        )
+    os.environ[LOG_ENV] = log
+
+
+def _bridge_events() -> None:
+    from . import _events
+
+    try:
+        _events.start(extension_path())
+    except (OSError, AttributeError) as e:  # an extension without the bridge: stderr only
+        _events.LOGGER.debug("hermes-guard: no logging bridge: %s", e)
+
+
+def load(conn: Any, log: Optional[str] = None) -> None:
     """Loads hermes-guard through `conn` (a `sqlite3.Connection` or an `apsw.Connection`).
 
     This registers the `hermes-guard` VFS for the whole process (it stays after `conn` closes)
@@ -146,6 +172,11 @@ def load(conn: Any) -> None:
     database is guarded when it is opened through the VFS, with :func:`connect`, with a
     `file:<path>?vfs=hermes-guard` URI, or after :func:`enable` for every open.
 
+    Events (a capture, a heal, a refused generation) go to stderr, one line each, and to the
+    logger `hermes_guard` when the application configured logging; `log` sets what reaches
+    stderr (`"off"`, `"quiet"`, `"warn"` (the default), `"verbose"`, `"debug"`; the
+    environment variable `HERMES_GUARD_LOG` when not given).
+
     Loading is switched on for the call and off again after it. Raises
     :class:`ExtensionLoadingUnavailable` on a Python whose `sqlite3` cannot load extensions and
     :class:`LoadError` when the host SQLite refuses the extension.
@@ -153,21 +184,24 @@ def load(conn: Any) -> None:
     host = _host_of(conn)
     with _lock:
         _check_host(host)
+        _set_log(log)
         if host == "sqlite3":
             _load_stdlib(conn, ENTRY_POINT)
         else:
             _load_apsw(conn, ENTRY_POINT)
         _loaded_into(host)
+    _bridge_events()
 
 
-def enable() -> None:
+def enable(log: Optional[str] = None) -> None:
     """Makes hermes-guard the default VFS of this process's standard-library `sqlite3`: every
     `sqlite3.connect()` after this call — the application's, its libraries', its ORM's — opens
     through the guard without naming it. Idempotent; call it once at start-up.
 
     The extension is loaded through a private in-memory connection, closed at once: the VFS stays
     registered for the life of the process (the extension returns `SQLITE_OK_LOAD_PERMANENTLY`).
-    Connections opened before the call are not guarded. Raises
+    Connections opened before the call are not guarded. Events reach stderr and Python's
+    `logging` as with :func:`load` (`log`: what reaches stderr). Raises
     :class:`ExtensionLoadingUnavailable` when this Python's `sqlite3` cannot load extensions.
     """
     global _default
@@ -177,8 +211,10 @@ def enable() -> None:
         if not hasattr(sqlite3.Connection, "enable_load_extension"):
             raise _no_loading_error()
         _check_host("sqlite3")
+        _set_log(log)
         _load_private(DEFAULT_ENTRY_POINT)
         _default = True
+    _bridge_events()
 
 
 def _load_private(entry_point: str) -> None:
@@ -201,9 +237,12 @@ def connect(path: Union[str, "os.PathLike[str]"], **kwargs: Any) -> sqlite3.Conn
     """`sqlite3.connect(path, **kwargs)` through the guard, loading it first if needed (without
     making it the default VFS). Any keyword of `sqlite3.connect` may be given; `uri` is set."""
     with _lock:
-        if _host != "sqlite3":
+        loaded = _host == "sqlite3"
+        if not loaded:
             _check_host("sqlite3")
             _load_private(ENTRY_POINT)
+    if not loaded:
+        _bridge_events()
     kwargs["uri"] = True
     conn: sqlite3.Connection = sqlite3.connect(guarded_uri(path), **kwargs)
     return conn

@@ -135,6 +135,10 @@ class GuardStatus:
     """Process-wide: capture-failure and let-go log lines left out by the rate limits."""
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The JSON document itself, with any key this version does not know."""
+    retired_connections_here: int = 0
+    """Connections of this process still open on this database whose generation is retired (this
+    one included, when retired). A new connection to it in this process is refused (`shm-lost`)
+    until they are all closed — a pool must be disposed of — and then works."""
     stale_wal: Optional[Dict[str, Any]] = None
     """A WAL found at the open that was not written on this database: `action` (`set-aside` or
     `refused`), `capture` (where the WAL and `-shm` went), `wal`, `detail`. None: nothing of the
@@ -168,6 +172,7 @@ class GuardStatus:
             generations_let_go=int(j.get("generations_let_go", 0)),
             log_lines_suppressed=int(j.get("log_lines_suppressed", 0)),
             raw=j,
+            retired_connections_here=int(j.get("retired_connections_here", 0)),
             stale_wal=j.get("stale_wal"),
         )
 

@@ -20,6 +20,7 @@ use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, WalScanner};
 
 mod error;
+pub(crate) mod fallback;
 mod faults;
 pub(crate) mod healed;
 mod manifest;
@@ -183,10 +184,16 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
     match result {
         Ok(wal) => {
             log::warn!(
-                "hermes-guard: captured the retired generation of {} into {} (trigger {:?})",
+                "hermes-guard: captured the retired generation of {} into {} (trigger {:?}): \
+                 every row it committed is there. Unless this connection's close says it healed \
+                 them back, run `hermes-guard recover {} --into {} --apply` (Python: \
+                 hermes_guard.recover(capture, database, apply=True)) once the database is \
+                 reopened",
                 database.display(),
                 final_dir.display(),
-                input.trigger
+                input.trigger,
+                final_dir.display(),
+                database.display()
             );
             crate::sqlite_log::captured(database, &final_dir);
             Ok(Captured {

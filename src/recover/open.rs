@@ -447,8 +447,49 @@ pub fn list_captures(path: &Path) -> Result<Vec<CaptureListing>, RecoverError> {
             found.push(listing(entry.path()));
         }
     }
+    if !prefix.is_empty() {
+        found.extend(in_fallback_dirs(path, &prefix));
+    }
     found.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(found)
+}
+
+/// The captures of the database `path` that went to a fallback capture directory
+/// (`capture/fallback.rs`) because they could not be written beside it: named like its own,
+/// and recording its path in their manifest.
+fn in_fallback_dirs(path: &Path, prefix: &[u8]) -> Vec<CaptureListing> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let same_database = |recorded: &Path| {
+        recorded == absolute
+            || matches!(
+                (fs::canonicalize(recorded), fs::canonicalize(&absolute)),
+                (Ok(a), Ok(b)) if a == b
+            )
+    };
+    let own_dir = absolute.parent().map(Path::to_path_buf);
+    let mut found = Vec::new();
+    for dir in crate::capture::fallback::search_dirs() {
+        if Some(&dir) == own_dir.as_ref() {
+            continue;
+        }
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if !entry.file_name().as_bytes().starts_with(prefix) || !entry.path().is_dir() {
+                continue;
+            }
+            let listed = listing(entry.path());
+            if listed
+                .manifest
+                .as_ref()
+                .is_some_and(|m| same_database(&m.database_path()))
+            {
+                found.push(listed);
+            }
+        }
+    }
+    found
 }
 
 fn listing(path: PathBuf) -> CaptureListing {

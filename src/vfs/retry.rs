@@ -28,9 +28,7 @@ use parking_lot::Mutex;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(600);
 
-/// The environment variable that names the orphan capture directory for hosts that cannot call
-/// [`set_orphan_capture_dir`] (the loadable extension's).
-pub const ORPHAN_DIR_ENV: &str = "HERMES_GUARD_ORPHAN_CAPTURE_DIR";
+pub use crate::capture::fallback::ORPHAN_DIR_ENV;
 
 /// `None`: not decided yet (the environment is read at the first need); `Some(None)`: none.
 static ORPHAN_DIR: Mutex<Option<Option<PathBuf>>> = Mutex::new(None);

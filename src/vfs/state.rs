@@ -23,6 +23,7 @@ use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 mod capturing;
 mod gates;
 mod healing;
+mod open_here;
 #[cfg(test)]
 mod tests;
 
@@ -148,6 +149,12 @@ struct Inner {
     let_go: Option<PathBuf>,
     /// The main file's stamp at the last full check that passed (`state/healing.rs`).
     main_stamp: Option<FileStamp>,
+    /// The retired generation was healed back into the main file at close.
+    healed: bool,
+    /// A capture beside the database failed for want of permission or space (`EACCES`,
+    /// `EROFS`, `ENOSPC`, ...): if the fallback directory fails too, the heal at close does not
+    /// wait for a capture (`state/healing.rs`).
+    unwritable_beside: bool,
 }
 
 /// The write gate of the WAL file object, which the shim installs and the state opens and
@@ -495,6 +502,8 @@ impl DbState {
         let (shield_active, shield_shm_active, shield_off_reason) = self.shield.status();
         // Before this state's lock: the held list locks the held states.
         let (held_generations, held_descriptors) = super::file::held();
+        // Before this state's lock too: it reads this state's main identity.
+        let retired_connections_here = self.retired_open_here();
         let inner = self.inner.lock();
         GuardStatus {
             database: self.db_path.clone(),
@@ -518,6 +527,7 @@ impl DbState {
             generations_let_go: retry::let_go_total(),
             log_lines_suppressed: retry::suppressed_lines(),
             stale_wal: self.stale_wal.report(),
+            retired_connections_here,
         }
     }
 

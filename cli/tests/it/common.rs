@@ -224,24 +224,28 @@ pub struct Gateway {
 impl Gateway {
     /// Starts a gateway on `db` (`vfs` is `guard` or `stock`) and waits for it to be ready.
     pub fn start(db: &Path, vfs: &str) -> (Gateway, serde_json::Value) {
-        use std::io::BufRead;
         use std::process::{Command, Stdio};
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hermes-guard"))
-            .args(["writer", "--role", "gateway", "--vfs", vfs, "--db"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hermes-guard"));
+        cmd.args(["writer", "--role", "gateway", "--vfs", vfs, "--db"])
             .arg(db)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stdout(Stdio::piped());
+        let mut gw = Gateway::spawn(cmd);
+        let ready = gw.next_event("ready");
+        (gw, ready)
+    }
+
+    /// A gateway from a command the caller built (piped stdin and stdout), before its `ready`.
+    pub fn spawn(mut cmd: std::process::Command) -> Gateway {
+        use std::io::BufRead;
+        let mut child = cmd.spawn().unwrap();
         let stdin = child.stdin.take().unwrap();
         let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut gw = Gateway {
+        Gateway {
             child,
             stdin,
             lines,
-        };
-        let ready = gw.next_event("ready");
-        (gw, ready)
+        }
     }
 
     pub fn next_event(&mut self, event: &str) -> serde_json::Value {

@@ -24,9 +24,14 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             // Before SQLite's descriptor is closed or parked for reuse.
             state.shield().close();
+            state.closing_here();
         }
         let rc = match (t.kind, &t.state) {
-            (Kind::Main, Some(state)) if state.must_hold_main() => {
+            // An uncaptured generation that nothing newer touched is healed all the same (stock's
+            // outcome): then there is nothing left to hold.
+            (Kind::Main, Some(state))
+                if state.must_hold_main() && !state.heal_at_close(&Unlocked { t: &t, sub }) =>
+            {
                 // Locks go (nobody may wait on a retired handle) but the descriptor stays.
                 sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
                 // SAFETY: `f` is the open file SQLite is closing, this table's.

@@ -130,6 +130,7 @@ pub(crate) unsafe fn open(
     let (kind, state) = match path {
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             let state = DbState::new(path);
+            DbState::opened_here(&state);
             state.set_main_image(Some(Box::new(MainImage(sub))));
             // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS.
             let main_fd = unsafe { main_descriptor(sub_vfs, prefix, &state) };

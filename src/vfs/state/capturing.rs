@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{DbState, GenerationCapture, GenerationKey, Inner};
-use crate::capture::{self, CaptureError, CaptureInput, Captured, Trigger};
+use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, Trigger};
 use crate::vfs::retry::{self, Attempt};
 
 impl DbState {
@@ -77,7 +77,10 @@ impl DbState {
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
         let inner = self.inner.lock();
-        inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing()
+        inner.reason.is_some()
+            && inner.capture.is_none()
+            && !inner.healed
+            && inner.worth_capturing()
     }
 
     pub(super) fn capture_locked(
@@ -186,7 +189,7 @@ impl DbState {
                 })?,
             _ => None,
         };
-        let captured = capture::write_capture(&CaptureInput {
+        let input = CaptureInput {
             database: &self.db_path,
             dir: orphan_dir.as_deref().or(self.dir.as_deref()),
             wal,
@@ -196,7 +199,31 @@ impl DbState {
             trigger,
             reason: inner.reason,
             backfill_at_loss: inner.backfill_at_loss,
-        })?;
+        };
+        let captured = match capture::write_capture(&input) {
+            Err(CaptureError::Io { source, .. })
+                if orphan_dir.is_none() && fallback::wants_fallback(&source) =>
+            {
+                // Beside the database is not writable (permission, read-only, full): the
+                // fallback directory, never worse than stock.
+                inner.unwritable_beside = true;
+                let fallback = open_fallback_dir(&self.db_path, &source)?;
+                let captured = capture::write_capture(&CaptureInput {
+                    dir: Some(&fallback),
+                    ..input
+                })?;
+                log::warn!(
+                    "hermes-guard: the capture of {} could not be written beside it ({source}); \
+                     it was written to the fallback capture directory instead: {} (`hermes-guard \
+                     captures {}` finds it)",
+                    self.db_path.display(),
+                    captured.dir.display(),
+                    self.db_path.display()
+                );
+                captured
+            }
+            other => other?,
+        };
         if orphan_dir.is_some() {
             // The capture's own WARN line names where it went; this says why there.
             log::info!(
@@ -250,4 +277,34 @@ impl DbState {
         inner.let_go = Some(directory);
         true
     }
+}
+
+/// The fallback capture directory (`capture/fallback.rs`): the orphan capture directory when one
+/// is set, else the per-user default, made with mode 0700.
+fn open_fallback_dir(
+    database: &std::path::Path,
+    beside: &std::io::Error,
+) -> Result<std::sync::Arc<crate::paths::DirHandle>, CaptureError> {
+    let dir = retry::orphan_capture_dir().or_else(fallback::default_dir);
+    let fail = |artifact: PathBuf, why: String| CaptureError::Io {
+        database: database.to_path_buf(),
+        artifact,
+        source: std::io::Error::other(format!(
+            "not beside the database ({beside}), and not in the fallback capture directory \
+             either: {why}"
+        )),
+    };
+    let Some(dir) = dir else {
+        return Err(fail(
+            PathBuf::new(),
+            format!(
+                "none is set ({}) and there is no HOME",
+                retry::ORPHAN_DIR_ENV
+            ),
+        ));
+    };
+    if retry::orphan_capture_dir().is_none() {
+        fallback::make_private(&dir).map_err(|e| fail(dir.clone(), e.to_string()))?;
+    }
+    crate::paths::DirHandle::open_shared(&dir).map_err(|e| fail(dir.clone(), e.to_string()))
 }

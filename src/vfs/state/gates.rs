@@ -238,9 +238,15 @@ impl DbState {
             );
         } else {
             log::error!(
-                "hermes-guard: {} is retired for this connection: {}; writes to it are refused",
+                "hermes-guard: {} is retired for this connection: {}; its writes are refused \
+                 (SQLite says \"attempt to write a readonly database\", SQLITE_READONLY_DBMOVED) \
+                 so that nothing lands on a file nobody will read again. Its committed rows are \
+                 captured beside the database (`hermes-guard captures {}` lists them); close \
+                 every connection of this database in this process (a pool's idle ones too) and \
+                 reopen it",
                 self.db_path.display(),
-                reason.describe()
+                reason.describe(),
+                self.db_path.display()
             );
         }
         crate::sqlite_log::retired(&self.db_path, reason);

@@ -42,6 +42,7 @@ use rusqlite::ffi;
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
 
 use super::{DbState, Inner};
+use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::RetireReason;
@@ -57,12 +58,17 @@ pub(crate) trait MainFile {
     fn sync(&self) -> c_int;
 }
 
-/// Obligation 1, from what the state holds: a heal may follow.
+/// Obligation 1, from what the state holds: a heal may follow. A generation whose capture could
+/// not be written for want of permission or space (beside the database, and in the fallback
+/// directory) is healed all the same when the other obligations hold: that is stock SQLite's
+/// outcome, never worse (issue 30). Any other capture failure keeps the generation held for a
+/// retry, as before.
 pub(super) fn may_heal(inner: &Inner) -> bool {
     matches!(
         inner.reason,
         Some(RetireReason::WalLost | RetireReason::ShmLost)
-    ) && inner.capture.is_some()
+    ) && (inner.capture.is_some() || (inner.capture_error.is_some() && inner.unwritable_beside))
+        && !inner.healed
         && inner.let_go.is_none()
         && inner.wal.is_some()
 }
@@ -101,22 +107,41 @@ impl DbState {
     /// At the main file's close (before the wrapped file is closed): heals the retired
     /// generation into the main file when every obligation holds, and says so at WARN; does
     /// nothing otherwise (said at INFO when a heal was possible in principle).
-    pub(crate) fn heal_at_close(&self, main: &dyn MainFile) {
-        let inner = self.inner.lock();
-        if !may_heal(&inner) {
-            return;
+    /// Returns whether the generation is healed (now, or by an earlier call).
+    pub(crate) fn heal_at_close(&self, main: &dyn MainFile) -> bool {
+        let mut inner = self.inner.lock();
+        if inner.healed {
+            return true;
         }
+        if !may_heal(&inner) {
+            return false;
+        }
+        let kept = if inner.capture.is_some() {
+            "its retired generation stays in the capture only"
+        } else {
+            "its retired generation stays in the descriptors this process holds"
+        };
         if let Err(why) = self.nothing_newer(&inner) {
             log::info!(
-                "hermes-guard: not healing {} at close: {why}; its retired generation stays in \
-                 the capture only",
+                "hermes-guard: not healing {} at close: {why}; {kept}",
                 self.db_path.display()
             );
-            return;
+            return false;
         }
         let started = Instant::now();
         let result = self.heal_locked(&inner, main);
+        inner.healed = result.is_ok();
         match result {
+            Ok(h) if inner.capture.is_none() => log::warn!(
+                "hermes-guard: healed {} at close WITHOUT a copy: its capture could not be written \
+                 ({}), but nothing newer had touched the database, so the retired generation's {} \
+                 frame(s) ({} commit(s)) were checkpointed back into the main file, as SQLite's \
+                 own close would have done; every row is live, and no capture of them exists",
+                self.db_path.display(),
+                inner.capture_error.as_deref().unwrap_or("unknown error"),
+                h.frames,
+                h.commits
+            ),
             Ok(h) => {
                 log::warn!(
                     "hermes-guard: healed {} at close: nothing newer had touched it, so the \
@@ -136,11 +161,11 @@ impl DbState {
                 );
             }
             Err(why) => log::info!(
-                "hermes-guard: not healing {} at close: {why}; its retired generation stays in \
-                 the capture only",
+                "hermes-guard: not healing {} at close: {why}; {kept}",
                 self.db_path.display()
             ),
         }
+        inner.healed
     }
 
     /// Obligations 2 and 3.
@@ -282,10 +307,22 @@ fn put_back_and_checkpoint(
         .file_name()
         .ok_or("the WAL path has no file name")?
         .to_owned();
-    let capture = inner.capture.as_deref().ok_or("no capture")?;
-    let capture_name = capture.file_name().ok_or("the capture has no name")?;
-    let capture_dir = crate::paths::open_dir(dir.fd(), Path::new(capture_name))
-        .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?;
+    // The record goes into the capture; a generation no capture could be written for is healed
+    // without one (nothing to record: nothing could merge it twice).
+    let capture = inner.capture.as_deref();
+    let capture_dir = match capture {
+        // Beside the database (through its directory, wherever that went), else (a fallback
+        // capture directory) by its path.
+        Some(capture) => Some(
+            capture
+                .file_name()
+                .map(|name| crate::paths::open_dir(dir.fd(), Path::new(name)))
+                .and_then(Result::ok)
+                .map_or_else(|| crate::paths::open_dir(rustix::fs::CWD, capture), Ok)
+                .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?,
+        ),
+        None => None,
+    };
     let prefix = committed_prefix(wal)?;
     let pinned = inner.wal.as_ref().map(PinnedWal::id);
     let mut record = HealRecord {
@@ -304,7 +341,24 @@ fn put_back_and_checkpoint(
     let staged = if wal_at_path {
         None
     } else {
-        Some(stage(dir.fd(), &name, wal, prefix.bytes(), &state.db_path)?)
+        match stage(dir.fd(), &name, wal, prefix.bytes(), &state.db_path) {
+            Ok(staged) => Some(staged),
+            // Nothing can be written beside the database, and no copy of the generation exists:
+            // healed in place, as stock SQLite's close does (not crash-safe, never worse).
+            Err(e) if capture.is_none() && fallback::wants_fallback(&e) => {
+                log::warn!(
+                    "hermes-guard: the retired WAL of {} cannot be put back beside it ({e}): \
+                     healing it straight into the main file, as SQLite's own close does",
+                    state.db_path.display()
+                );
+                None
+            }
+            Err(e) => {
+                return Err(format!(
+                    "writing the retired WAL's committed prefix beside the database: {e}"
+                ))
+            }
+        }
     };
     if let Some(staged) = &staged {
         record.put_back = Some(PutBack {
@@ -312,8 +366,15 @@ fn put_back_and_checkpoint(
             identity: staged.id,
         });
     }
-    let recorded = write_record(capture_dir.as_fd(), &record)
-        .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display()));
+    let recorded = match &capture_dir {
+        Some(d) => write_record(d.as_fd(), &record).map_err(|e| {
+            format!(
+                "recording the heal's start in {}: {e}",
+                capture.unwrap_or(Path::new("")).display()
+            )
+        }),
+        None => Ok(()),
+    };
     if let Err(e) = recorded {
         if let Some(staged) = &staged {
             staged.remove(dir.fd());
@@ -325,8 +386,10 @@ fn put_back_and_checkpoint(
         Some(staged) => staged.rename_into_place(dir.fd(), &name).inspect_err(|_| {
             // Nothing reached the live file: rolled back (the staging file gone, the record
             // would read as done: it goes too).
-            let _ = rustix::fs::unlinkat(&capture_dir, HEALED_NAME, AtFlags::empty());
-            let _ = rustix::fs::fsync(&capture_dir);
+            if let Some(d) = &capture_dir {
+                let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
+                let _ = rustix::fs::fsync(d);
+            }
             staged.remove(dir.fd());
         })?,
     };
@@ -368,13 +431,16 @@ fn put_back_and_checkpoint(
     }
     record.phase = HealPhase::Done;
     record.at = now();
-    if let Err(e) = write_record(capture_dir.as_fd(), &record) {
+    if let Some(Err(e)) = capture_dir
+        .as_ref()
+        .map(|d| write_record(d.as_fd(), &record))
+    {
         // The `started` record with the staging file gone already reads as healed.
         log::warn!(
             "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); its \
              start record already says the rows are live",
             state.db_path.display(),
-            capture.display()
+            capture.unwrap_or(Path::new("")).display()
         );
     }
     // Checkpointed: the WAL at the path goes (put back, or never moved after a lost -shm), if it
@@ -426,7 +492,7 @@ fn stage(
     wal: &File,
     len: u64,
     database: &Path,
-) -> Result<Staged, String> {
+) -> io::Result<Staged> {
     let mode = rustix::fs::stat(database)
         .map(|st| Mode::from_raw_mode(st.st_mode & 0o777))
         .unwrap_or(Mode::from_raw_mode(0o644));
@@ -438,8 +504,7 @@ fn stage(
         staging.as_os_str(),
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
         mode,
-    )
-    .map_err(|e| format!("creating {}: {e}", Path::new(&staging).display()))?;
+    )?;
     let file = File::from(fd);
     let copied = (|| -> io::Result<FileId> {
         let mut buf = vec![0u8; 1 << 20];
@@ -462,7 +527,7 @@ fn stage(
         }),
         Err(e) => {
             let _ = rustix::fs::unlinkat(dir, staging.as_os_str(), AtFlags::empty());
-            Err(format!("writing the retired WAL's committed prefix: {e}"))
+            Err(e)
         }
     }
 }
