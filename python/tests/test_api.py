@@ -155,14 +155,16 @@ def test_the_console_script_runs_the_packaged_cli(tmp_path):
 
 
 def test_a_directory_that_is_not_a_capture_is_a_clear_error(tmp_path):
-    with pytest.raises(hermes_guard.CaptureFormatError, match="not a readable capture"):
+    with pytest.raises(hermes_guard.CaptureFormatError, match="has no manifest.json"):
         hermes_guard.Capture(tmp_path)
     partial = tmp_path / "state.db.retired-wal-20261201-000000-1.partial"
     partial.mkdir()
     with pytest.raises(hermes_guard.CaptureFormatError, match="interrupted capture"):
         hermes_guard.Capture(partial)
-    assert not hermes_guard.verify(tmp_path).ok
-    with pytest.raises(hermes_guard.HermesGuardError, match="nothing was written"):
+    assert not hermes_guard.verify(partial).ok
+    with pytest.raises(hermes_guard.BadInputError, match="not a hermes-guard capture"):
+        hermes_guard.verify(tmp_path)
+    with pytest.raises(hermes_guard.BadInputError, match="nothing was written"):
         hermes_guard.recover(tmp_path, tmp_path / "state.db")
 
 
