@@ -318,8 +318,7 @@ README_CHECK = """
 
 def test_the_readme_quick_start_guards_a_database(tmp_path):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## From Python: the package", 1)[1]
-    quick_start = section.split("```python\n", 1)[1].split("```", 1)[0]
+    quick_start = readme.split("```python\n", 1)[1].split("```", 1)[0]  # the first screen's
     assert len(quick_start.strip().splitlines()) == 2, quick_start
     done = run_python(README_CHECK, quick_start, str(tmp_path))
     assert done.stdout.strip() == "True"
