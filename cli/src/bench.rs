@@ -20,6 +20,13 @@ mod stats;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// `bench --help`'s exit codes.
+pub const BENCH_EXIT_CODES: &str = "\
+Exit codes:
+  0  every workload ran and its ratios were printed
+  1  a workload could not run (the message says which and why)
+  2  a usage error";
+
 use hermes_guard_cli::workloads::{
     self, BenchError, CheckpointMode, Session, Synchronous, Timed, Vfs,
 };

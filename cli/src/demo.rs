@@ -34,6 +34,14 @@ pub struct DemoArgs {
 
 const HISTORY_ROWS: i64 = 20;
 
+/// `demo --help`'s exit codes.
+pub const DEMO_EXIT_CODES: &str = "\
+Exit codes:
+  0  the demo ran: hermes-guard lost no committed row, and recover put every captured row back
+  1  it did not: hermes-guard lost rows, recover left some out, or the demo could not run
+     (the message says which)
+  2  a usage error";
+
 struct Outcome {
     committed: i64,
     live: i64,

@@ -14,6 +14,15 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
+/// `held --help`'s exit codes.
+pub const HELD_EXIT_CODES: &str = "\
+Exit codes:
+  0  listed (no process holding a deleted -wal is 0 too)
+  2  a usage error
+Processes of other users are not visible without their permissions.
+
+Runbook: hermes-guard help recovery";
+
 #[derive(clap::Args)]
 pub struct HeldArgs {
     /// Only descriptors of WALs under this directory (default: every one).
@@ -117,7 +126,7 @@ pub fn held(args: HeldArgs) -> ExitCode {
         "{} process(es), {descriptors} descriptor(s) of deleted WALs: a guarded process holds a \
          retired generation until it is captured (see its status: held_generations) and its \
          connection closes; restarting the process releases them (capture first: \
-         docs/recovery.md)",
+         hermes-guard help recovery)",
         found.len()
     );
     ExitCode::SUCCESS

@@ -4,6 +4,7 @@
 mod bench;
 mod demo;
 mod held;
+mod help;
 mod recover_cmd;
 mod table;
 mod writer;
@@ -17,9 +18,11 @@ use clap::{Parser, Subcommand};
     name = "hermes-guard",
     version,
     about = "A SQLite VFS that makes a lost WAL generation loud and lossless",
+    // `help <topic>` is ours: it also prints the docs compiled in (`help recovery`).
+    disable_help_subcommand = true,
     after_help = "Exit codes: 0 done; 1 failed (nothing written); 2 bad input (nothing written); \
-                  3 recover: something left over. Each command's --help says more; the runbook \
-                  is docs/recovery.md."
+                  3 something is left over (recover, captures). Each command's --help says more.\n\
+                  A write was refused? `hermes-guard help recovery` prints the runbook."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,8 +32,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the loss scenario on the stock unix VFS and on hermes-guard, side by side.
+    #[command(after_help = demo::DEMO_EXIT_CODES)]
     Demo(demo::DemoArgs),
     /// Compare hermes-guard with the stock unix VFS, interleaved, and print ratios.
+    #[command(after_help = bench::BENCH_EXIT_CODES)]
     Bench(bench::BenchArgs),
     /// List the captures beside a database (or in a directory): when, why, verified, rows missing.
     #[command(after_help = recover_cmd::CAPTURES_EXIT_CODES)]
@@ -42,7 +47,12 @@ enum Command {
     #[command(after_help = recover_cmd::RECOVER_EXIT_CODES)]
     Recover(recover_cmd::RecoverArgs),
     /// List the processes that hold retired WAL generations open (deleted -wal descriptors).
+    #[command(after_help = held::HELD_EXIT_CODES)]
     Held(held::HeldArgs),
+    /// Print a help topic compiled into this binary (recovery, exit-codes, capture-format,
+    /// merge-rules), or a command's --help.
+    #[command(after_help = help::HELP_AFTER)]
+    Help(help::HelpArgs),
     /// (internal) A writer process driven over stdin/stdout, for tests and the demo.
     #[command(hide = true)]
     Writer(writer::WriterArgs),
@@ -59,6 +69,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => return recover_cmd::verify(args),
         Command::Recover(args) => return recover_cmd::recover(args),
         Command::Held(args) => return held::held(args),
+        Command::Help(args) => return help::help(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Writer(args) => writer::run(args),

@@ -21,10 +21,12 @@ Ubuntu's `/usr/bin/python3` can; pyenv's builds by default cannot: use apsw ther
 """
 
 from ._capture import (
+    BadInputError,
     Capture,
     CaptureFormatError,
     MainEntry,
     RecoverResult,
+    UnreadableCapturesError,
     VerifyResult,
     WalEntry,
     captures,
@@ -67,12 +69,13 @@ __version__ = "0.1.0"
 
 # Tracebacks name the errors where users import them from.
 for _error in (HermesGuardError, ExtensionLoadingUnavailable, LoadError, NotGuardedError,
-               CaptureFailedError, CaptureFormatError):
+               CaptureFailedError, CaptureFormatError, BadInputError, UnreadableCapturesError):
     _error.__module__ = __name__
 del _error
 
 __all__ = [
     "Backfill",
+    "BadInputError",
     "Capture",
     "CaptureFailedError",
     "CaptureFormatError",
@@ -89,6 +92,7 @@ __all__ = [
     "READONLY_DBMOVED",
     "RecoverResult",
     "RetireReason",
+    "UnreadableCapturesError",
     "VFS_NAME",
     "VerifyResult",
     "WalEntry",

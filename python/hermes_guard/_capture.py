@@ -1,5 +1,10 @@
-"""A capture directory and its `manifest.json` (docs/capture-format.md), and the operator's
-commands on it (`verify`, `recover`), run by the `hermes-guard` CLI carried in this package."""
+"""A capture directory and its `manifest.json` (`hermes-guard help capture-format`), and the
+operator's commands on it (`captures`, `verify`, `recover`), run by the `hermes-guard` CLI carried
+in this package: the package answers what the CLI answers.
+
+What was given and cannot be used (a path that does not exist, a directory that is not a
+capture: the CLI's exit code 2) raises :class:`BadInputError`; captures whose manifest cannot be
+read (the CLI's exit code 1 from `captures`) raise :class:`UnreadableCapturesError`."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import sqlite3
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ._loader import HermesGuardError
 from ._status import Backfill, FileId, RetireReason, _file_id, _path
@@ -23,8 +28,53 @@ HEALED = "healed.json"
 _CLI_FILE = "hermes-guard"
 
 
-class CaptureFormatError(HermesGuardError):
-    """A directory that is not a complete capture, or whose manifest cannot be read."""
+class BadInputError(HermesGuardError, ValueError):
+    """What was given cannot be used — a path that does not exist, a directory that is not a
+    capture, a target that cannot receive it: where the CLI exits 2. Nothing was written."""
+
+
+class CaptureFormatError(BadInputError):
+    """A directory that is not a complete capture, or whose manifest cannot be read. When the
+    directory still holds the database and its `-wal`, the message says how to open them."""
+
+
+class UnreadableCapturesError(HermesGuardError):
+    """:func:`captures` found captures whose `manifest.json` cannot be read, as
+    `hermes-guard captures` lists them `unreadable` and exits 1. Their two files still hold
+    every committed row: each reason says how to open them.
+
+    `captures`: the readable captures, as :func:`captures` would have returned them;
+    `unreadable`: each unreadable capture directory with why (and how to open its files)."""
+
+    def __init__(self, given: PathLike, captures: Sequence["Capture"], unreadable: Dict[Path, str]):
+        self.captures: List[Capture] = list(captures)
+        self.unreadable: Dict[Path, str] = dict(unreadable)
+        lines = [f"  {path}: {why}" for path, why in self.unreadable.items()]
+        super().__init__(
+            f"{len(self.unreadable)} capture(s) of {os.fspath(given)} cannot be read "
+            f"({len(self.captures)} can: in .captures):\n" + "\n".join(lines)
+        )
+
+
+def _how_to_open(directory: Path) -> Optional[str]:
+    """For a capture whose manifest is missing or unreadable: how to open its two files, which
+    hold every committed row without it (the CLI says the same). None without a database and its
+    `-wal` side by side, or for an interrupted `.partial` capture."""
+    if directory.name.endswith(".partial"):
+        return None
+    try:
+        names = sorted(e.name for e in os.scandir(directory) if e.is_file(follow_symlinks=False))
+    except OSError:
+        return None
+    for name in names:
+        if name.endswith(("-wal", "-shm", ".json")) or name + "-wal" not in names:
+            continue
+        return (
+            f"its two files still open as a database with every committed row: copy {name} and "
+            f"{name}-wal (same names, side by side) into an empty directory and open the copy "
+            f"there, e.g. `sqlite3 /tmp/rows/{name}`; never open them inside the capture"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -64,8 +114,18 @@ def _sha256(path: Path) -> str:
 
 class Capture:
     """A complete capture: `<name>.retired-wal-<UTC>-<pid>[-n]/` with the retired WAL, the main
-    image and `manifest.json`. `Capture(path)` reads the manifest; a `.partial` directory (an
-    interrupted capture) or an unreadable manifest raises :class:`CaptureFormatError`."""
+    image and `manifest.json`. `Capture(path)` reads the manifest; a path that does not exist, a
+    `.partial` directory (an interrupted capture) or an unreadable manifest raises
+    :class:`CaptureFormatError` (a :class:`BadInputError`)."""
+
+    verified: Optional[bool] = None
+    """From :func:`captures` (`hermes-guard captures`): whether the capture verifies; None for a
+    `Capture(path)` made directly (see :meth:`verify`)."""
+    status: Optional[str] = None
+    """From :func:`captures`: the CLI's status line (`verified`, `NOT verified: ...`)."""
+    missing: Optional[int] = None
+    """From :func:`captures`: how many of its rows are still missing from the live database
+    (None when not known: made directly, or a stale WAL, whose rows need `main`)."""
 
     def __init__(self, path: PathLike):
         self.path = Path(path)
@@ -73,6 +133,17 @@ class Capture:
             raise CaptureFormatError(
                 f"{self.path} is an interrupted capture (.partial): incomplete, never used; it "
                 f"can be deleted"
+            )
+        if not self.path.is_dir():
+            raise CaptureFormatError(
+                f"{self.path} is not a hermes-guard capture: "
+                + ("it is not a directory" if os.path.lexists(self.path) else "it does not exist")
+            )
+        if not (self.path / MANIFEST).exists():
+            hint = _how_to_open(self.path)
+            raise CaptureFormatError(
+                f"{self.path} is not a hermes-guard capture: it has no manifest.json"
+                + (f"; {hint}" if hint else "")
             )
         try:
             text = (self.path / MANIFEST).read_text(encoding="utf-8")
@@ -118,7 +189,10 @@ class Capture:
             self.backfill_at_loss: Optional[Backfill] = Backfill(**backfill) if backfill else None
             self.main_torn: bool = bool(m.get("main_torn", False))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise CaptureFormatError(f"{self.path}: not a readable capture: {e}") from e
+            hint = _how_to_open(self.path)
+            raise CaptureFormatError(
+                f"{self.path}: not a readable capture: {e}" + (f"; {hint}" if hint else "")
+            ) from e
 
     def __repr__(self) -> str:
         return f"Capture({str(self.path)!r}, trigger={self.trigger!r}, commits={self.wal.commits})"
@@ -215,7 +289,7 @@ class Capture:
     ) -> "RecoverResult":
         """`hermes-guard recover`: the plan (or with `apply=True`, the merge) of this capture's
         missing rows into the live database `into` (`main`: see :func:`recover`). See
-        docs/recovery.md."""
+        `hermes-guard help recovery`."""
         return recover(self.path, into, apply=apply, take_capture=take_capture, main=main)
 
 
@@ -226,24 +300,41 @@ def _quote(path: str) -> str:
 
 
 def captures(database: PathLike) -> List[Capture]:
-    """The complete captures of `database`, in its directory, oldest first: every
-    `*.retired-wal-*` directory there (not `.partial`) whose manifest names a database of the
-    same file name. (`hermes-guard captures` does the same and also says what is missing.)"""
-    db = Path(database)
-    name = db.name
+    """Runs `hermes-guard captures --json <database>`: the complete captures beside `database`
+    (or every capture in the directory `database`), oldest first, each with what the CLI found
+    (:attr:`Capture.verified`, :attr:`Capture.status`, :attr:`Capture.missing`). Interrupted
+    `.partial` captures are left out (never used). Nothing is written.
+
+    Raises :class:`BadInputError` when `database` does not exist or cannot be listed (the CLI's
+    exit code 2), and :class:`UnreadableCapturesError` when a capture's manifest cannot be read
+    (the CLI's exit code 1: it lists it `unreadable`); the readable captures are then in the
+    error's `captures`. Rows still missing (the CLI's exit code 3) are each capture's
+    :attr:`Capture.missing`."""
+    done = _run_cli(["captures", "--json", os.fspath(database)])
+    doc = _json_of(done, "captures")
+    if done.returncode == 2 or isinstance(doc, dict):
+        raise BadInputError(_error_of(done, doc))
     found: List[Capture] = []
-    if not db.parent.is_dir():
-        return found
-    for entry in db.parent.iterdir():
-        if ".retired-wal-" not in entry.name or entry.name.endswith(".partial") or not entry.is_dir():
+    unreadable: Dict[Path, str] = {}
+    for row in doc:
+        path = Path(_path(row["capture"], row.get("capture_hex")) or row["capture"])
+        if row.get("partial"):
+            continue
+        if "captured_at" not in row:  # its manifest cannot be read
+            unreadable[path] = str(row.get("status", "unreadable"))
             continue
         try:
-            capture = Capture(entry)
-        except CaptureFormatError:
+            capture = Capture(path)
+        except CaptureFormatError as e:
+            unreadable[path] = str(e)
             continue
-        if os.path.basename(capture.database) == name:
-            found.append(capture)
-    return sorted(found, key=lambda c: (c.captured_at, c.path.name))
+        capture.verified = bool(row.get("verified", False))
+        capture.status = str(row.get("status", ""))
+        capture.missing = int(row["missing"]) if row.get("missing") is not None else None
+        found.append(capture)
+    if unreadable:
+        raise UnreadableCapturesError(database, found, unreadable)
+    return found
 
 
 def cli_path() -> str:
@@ -273,9 +364,10 @@ class VerifyResult:
 @dataclass(frozen=True)
 class RecoverResult:
     """What `hermes-guard recover --json` said. `exit_code`: 0 done (merged, nothing to do, or
-    a plan: read `missing`), 1 failed with nothing written, 3 done as far as it could with
-    something left over (unreadable commits, conflicts kept live, rows refused); see
-    docs/recovery.md#exit-codes. Bad input (2) raises instead."""
+    a plan: read `missing`), 3 done as far as it could with something left over (unreadable
+    commits, conflicts kept live, rows refused); see `hermes-guard help exit-codes`. Bad input
+    (2) raises :class:`BadInputError`, a failure while working (1) :class:`HermesGuardError`:
+    nothing was written."""
 
     exit_code: int
     report: Dict[str, Any]
@@ -305,6 +397,14 @@ def _run_cli(args: List[str]) -> "subprocess.CompletedProcess[str]":
     return subprocess.run([cli_path(), *args], capture_output=True, text=True, check=False)
 
 
+def _error_of(done: "subprocess.CompletedProcess[str]", doc: Any) -> str:
+    """The CLI's error message: from its JSON answer, else its stderr."""
+    if isinstance(doc, dict) and doc.get("error"):
+        return str(doc["error"])
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return lines[0].removeprefix("hermes-guard: ") if lines else f"exit code {done.returncode}"
+
+
 def _json_of(done: "subprocess.CompletedProcess[str]", what: str) -> Any:
     try:
         return json.loads(done.stdout)
@@ -318,9 +418,14 @@ def _json_of(done: "subprocess.CompletedProcess[str]", what: str) -> Any:
 def verify(capture: PathLike) -> VerifyResult:
     """Runs `hermes-guard verify --json <capture>`: ok only for a complete capture whose two
     files match `manifest.json` (size, sha256) and whose captured generation passes
-    `PRAGMA integrity_check`. Nothing is written."""
+    `PRAGMA integrity_check`; not ok (the CLI's exit code 1) for a capture that does not, with
+    the reason (and, for a capture whose manifest cannot be read, how to open its files).
+    Raises :class:`BadInputError` for a path that does not exist or is not a capture (exit 2).
+    Nothing is written."""
     done = _run_cli(["verify", "--json", os.fspath(capture)])
     doc = _json_of(done, "verify")
+    if done.returncode == 2:
+        raise BadInputError(_error_of(done, doc))
     return VerifyResult(ok=bool(doc["ok"]), message=str(doc["message"]))
 
 
@@ -334,8 +439,8 @@ def recover(
     """Runs `hermes-guard recover --json <capture> --into <db>`: without `apply` the plan (no
     write), with it the merge of the capture's missing rows, in one transaction through the
     guard. `main` is the main file a stale WAL's frames were written on (`--main`), for a capture
-    that holds no main image. Raises :class:`HermesGuardError` on bad input (exit 2: nothing was
-    written)."""
+    that holds no main image. Raises :class:`BadInputError` on bad input (exit 2) and
+    :class:`HermesGuardError` on a failure while working (exit 1): nothing was written."""
     args = ["recover", "--json", os.fspath(capture), "--into", os.fspath(into)]
     if main is not None:
         args += ["--main", os.fspath(main)]
@@ -346,5 +451,6 @@ def recover(
     done = _run_cli(args)
     doc = _json_of(done, "recover")
     if not doc.get("ok", False):
-        raise HermesGuardError(f"hermes-guard recover: {doc.get('error')}; nothing was written")
+        error = BadInputError if done.returncode == 2 else HermesGuardError
+        raise error(f"hermes-guard recover: {_error_of(done, doc)}; nothing was written")
     return RecoverResult(exit_code=done.returncode, report=doc)

@@ -155,14 +155,16 @@ def test_the_console_script_runs_the_packaged_cli(tmp_path):
 
 
 def test_a_directory_that_is_not_a_capture_is_a_clear_error(tmp_path):
-    with pytest.raises(hermes_guard.CaptureFormatError, match="not a readable capture"):
+    with pytest.raises(hermes_guard.CaptureFormatError, match="has no manifest.json"):
         hermes_guard.Capture(tmp_path)
     partial = tmp_path / "state.db.retired-wal-20261201-000000-1.partial"
     partial.mkdir()
     with pytest.raises(hermes_guard.CaptureFormatError, match="interrupted capture"):
         hermes_guard.Capture(partial)
-    assert not hermes_guard.verify(tmp_path).ok
-    with pytest.raises(hermes_guard.HermesGuardError, match="nothing was written"):
+    assert not hermes_guard.verify(partial).ok
+    with pytest.raises(hermes_guard.BadInputError, match="not a hermes-guard capture"):
+        hermes_guard.verify(tmp_path)
+    with pytest.raises(hermes_guard.BadInputError, match="nothing was written"):
         hermes_guard.recover(tmp_path, tmp_path / "state.db")
 
 
@@ -316,8 +318,7 @@ README_CHECK = """
 
 def test_the_readme_quick_start_guards_a_database(tmp_path):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## From Python: the package", 1)[1]
-    quick_start = section.split("```python\n", 1)[1].split("```", 1)[0]
+    quick_start = readme.split("```python\n", 1)[1].split("```", 1)[0]  # the first screen's
     assert len(quick_start.strip().splitlines()) == 2, quick_start
     done = run_python(README_CHECK, quick_start, str(tmp_path))
     assert done.stdout.strip() == "True"

@@ -6,18 +6,22 @@ use std::process::ExitCode;
 use hermes_guard::recover::{self, Capture, MergeOptions};
 use serde_json::json;
 
-use super::{fail_with, put_path, BAD_INPUT, DONE, FAILED};
+use super::{given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
 
 /// `captures --help`'s exit codes.
 pub const CAPTURES_EXIT_CODES: &str = "\
 Exit codes:
-  0  listed, and every capture found verifies (an interrupted .partial one is listed as such
-     and does not count; no capture at all is 0 too)
-  1  a capture listed is unreadable (its manifest.json cannot be read) or does not verify:
-     see its status
-  2  bad input: a usage error, or the path cannot be listed
+  0  listed: every capture found verifies and no row of one is missing from the live
+     database (an interrupted .partial capture is listed as such and does not count; no
+     capture at all is 0 too)
+  1  a capture listed is unreadable (its manifest.json cannot be read: its status says how
+     to open its files) or does not verify: see its status; 1 wins over 3
+  2  bad input: a usage error, or a path that does not exist or cannot be listed
+  3  rows of a capture are still missing from the live database: `recover <capture>
+     --into <database>` shows them, --apply merges them
+Nothing is ever written.
 
-Runbook: docs/recovery.md";
+Runbook: hermes-guard help recovery";
 
 /// Arguments of `hermes-guard captures`.
 #[derive(clap::Args)]
@@ -42,10 +46,11 @@ fn row_of(
     }
     let Some(m) = &entry.manifest else {
         row["verified"] = false.into();
-        row["status"] = format!(
-            "unreadable: {}",
-            entry.manifest_error.as_deref().unwrap_or("?")
-        )
+        let why = entry.manifest_error.as_deref().unwrap_or("?");
+        row["status"] = match given::how_to_open(&entry.path) {
+            Some(hint) => format!("unreadable: {why}; {hint}"),
+            None => format!("unreadable: {why}"),
+        }
         .into();
         return (row, true);
     };
@@ -119,7 +124,22 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
     let listed = match recover::list_captures(&args.path) {
         Ok(l) => l,
         // Whatever the cause (no such path, no permission), what was given cannot be listed.
-        Err(e) => return fail_with(args.json, &e, BAD_INPUT),
+        Err(e) => {
+            let message = if args
+                .path
+                .symlink_metadata()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            {
+                format!(
+                    "{} does not exist: give the database's path (its captures are beside it) \
+                     or a directory (every capture in it)",
+                    args.path.display()
+                )
+            } else {
+                format!("{} cannot be listed: {e}", args.path.display())
+            };
+            return report_error(args.json, &message, BAD_INPUT, false);
+        }
     };
     let given_db = std::fs::metadata(&args.path)
         .map(|m| m.is_file())
@@ -132,7 +152,14 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
         unreadable += usize::from(bad);
         out.push(row);
     }
-    let code = ExitCode::from(if unreadable > 0 { FAILED } else { DONE });
+    let missing: u64 = out.iter().filter_map(|r| r["missing"].as_u64()).sum();
+    let code = ExitCode::from(if unreadable > 0 {
+        FAILED
+    } else if missing > 0 {
+        LEFT_OVER
+    } else {
+        DONE
+    });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         return code;
@@ -176,6 +203,12 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
             ),
             _ => {}
         }
+    }
+    if missing > 0 {
+        println!(
+            "{missing} row(s) are still missing from the live database: `hermes-guard recover \
+             <capture> --into <database>` shows them, and with --apply merges them"
+        );
     }
     if unreadable > 0 {
         eprintln!(

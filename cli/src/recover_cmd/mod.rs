@@ -1,15 +1,17 @@
 //! The operator's commands: `captures`, `verify`, `recover`.
 //!
-//! Exit codes (the same table is in each command's `--help` and in docs/recovery.md):
+//! Exit codes (the same table is in each command's `--help`, in docs/recovery.md and in
+//! `hermes-guard help exit-codes`):
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing, verified) |
+//! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing with nothing missing, verified) |
 //! | 1 | failed: `verify`: not verified; `captures`: a capture is unreadable or does not verify; `recover`: an error while working (I/O, SQLite, the write lock not taken within `--busy-timeout`, a merge rolled back) — nothing written |
-//! | 2 | bad input (usage, not a capture, a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn): nothing written |
-//! | 3 | `recover`: done, but something is left over (commits the capture cannot read, conflicts kept live, rows refused, tables not merged) |
+//! | 2 | bad input, the same for the three commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn) |
+//! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database |
 
 mod captures;
+mod given;
 mod report;
 mod verify;
 
@@ -41,14 +43,14 @@ Exit codes:
   0  done: merged (--apply), nothing to do, or a plan printed with nothing left over
   1  failed while working (an I/O or SQLite error, the write lock not taken within
      --busy-timeout, a merge rolled back): nothing was written; fix the cause, run it again
-  2  bad input (a usage error, not a capture, a capture that disagrees with its manifest,
-     a target that cannot receive it, --rebuild on a database that is not torn):
-     nothing was written
+  2  bad input (a usage error, a path that does not exist or is not a capture, a capture
+     that disagrees with its manifest, a target that cannot receive it, --rebuild on a
+     database that is not torn): nothing was written
   3  something is left over: commits the capture cannot read, conflicts kept live, rows
      the live schema refused, tables not merged (see the report); with --apply, everything
      else was merged
 
-Runbook: docs/recovery.md";
+Runbook: hermes-guard help recovery";
 
 /// Arguments of `hermes-guard recover`.
 #[derive(clap::Args)]
@@ -92,22 +94,27 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (give a duration such as 30s, 2m, 500ms, or seconds)"))
 }
 
-/// The error `e` reported (as JSON too when asked): 2 for bad input, 1 otherwise.
-fn fail(json: bool, e: &RecoverError) -> ExitCode {
-    fail_with(json, e, if e.is_bad_input() { BAD_INPUT } else { FAILED })
+/// `recover`'s error `e` about `capture` reported (as JSON too when asked): 2 for bad input, 1
+/// otherwise; nothing was written.
+fn fail(json: bool, e: &RecoverError, capture: &Path) -> ExitCode {
+    let code = if e.is_bad_input() { BAD_INPUT } else { FAILED };
+    report_error(json, &given::describe(e, capture), code, true)
 }
 
-/// The error `e` reported (as JSON too when asked), exiting `code`.
-fn fail_with(json: bool, e: &RecoverError, code: u8) -> ExitCode {
+/// An error reported on stderr (and as one JSON document on stdout when asked), exiting `code`;
+/// `wrote_nothing` for a command that could have written (`recover`), to say it did not.
+fn report_error(json: bool, message: &str, code: u8, wrote_nothing: bool) -> ExitCode {
     if json {
         println!(
             "{}",
-            json!({"ok": false, "error": e.to_string(), "bad_input": e.is_bad_input(),
-                   "exit_code": code})
+            json!({"ok": false, "error": message, "message": message,
+                   "bad_input": code == BAD_INPUT, "exit_code": code})
         );
     }
-    eprintln!("hermes-guard: {e}");
-    eprintln!("nothing was written");
+    eprintln!("hermes-guard: {message}");
+    if wrote_nothing {
+        eprintln!("nothing was written");
+    }
     ExitCode::from(code)
 }
 
@@ -137,11 +144,11 @@ fn wal_findings(capture: &Capture) -> Result<WalFindings, RecoverError> {
 pub fn recover(args: RecoverArgs) -> ExitCode {
     let capture = match Capture::open_with_main(&args.capture, args.main.as_deref()) {
         Ok(c) => c,
-        Err(e) => return fail(args.json, &e),
+        Err(e) => return fail(args.json, &e, &args.capture),
     };
     let wal = match wal_findings(&capture) {
         Ok(w) => w,
-        Err(e) => return fail(args.json, &e),
+        Err(e) => return fail(args.json, &e, &args.capture),
     };
     let options = MergeOptions {
         conflicts: if args.take_capture {
@@ -168,7 +175,7 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
     };
     let report = match result {
         Ok(r) => r,
-        Err(e) => return fail(args.json, &e),
+        Err(e) => return fail(args.json, &e, &args.capture),
     };
     let code = exit_code(&report, &wal);
     if args.json {
@@ -215,7 +222,7 @@ fn rebuild(
     if !args.apply {
         let integrity = match recover::check_torn(capture, &args.into) {
             Ok(i) => i,
-            Err(e) => return fail(args.json, &e),
+            Err(e) => return fail(args.json, &e, &args.capture),
         };
         let msg = format!(
             "{} is torn ({}): --rebuild replaces it with a file rebuilt from {} plus every row \
@@ -246,7 +253,7 @@ fn rebuild(
         return ExitCode::from(code);
     }
     match recover::rebuild_torn(capture, &args.into, options) {
-        Err(e) => fail(args.json, &e),
+        Err(e) => fail(args.json, &e, &args.capture),
         Ok(r) => {
             let code = if r.from_live.left_over() > 0 || left_over_in_capture {
                 LEFT_OVER

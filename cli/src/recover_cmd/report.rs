@@ -52,8 +52,8 @@ pub(crate) fn print_wal_warning(capture: &Capture, wal: &WalFindings) {
         println!("         {p}");
     }
     println!(
-        "         (`hermes-guard verify {}` shows the WAL frame by frame; docs/recovery.md, \
-         \"A damaged capture\")",
+        "         (`hermes-guard verify {}` shows the WAL frame by frame; \
+         `hermes-guard help recovery`, \"A damaged capture\")",
         capture.dir().display()
     );
 }
@@ -103,7 +103,8 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
     if m.main_torn {
         println!(
             "warning  the loss left the live file torn (main_torn): consider \
-             `recover --rebuild --apply` with every writer stopped (docs/recovery.md)"
+             `recover --rebuild --apply` with every writer stopped (`hermes-guard help \
+             recovery`, \"A torn main file\")"
         );
     }
     print_wal_warning(capture, wal);

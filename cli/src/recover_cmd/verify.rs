@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use hermes_guard::recover::{self, Capture, CaptureCheck};
 use serde_json::json;
 
-use super::{DONE, FAILED};
+use super::{given, report_error, BAD_INPUT, DONE, FAILED};
 
 /// `verify --help`'s exit codes.
 pub const VERIFY_EXIT_CODES: &str = "\
@@ -14,11 +14,13 @@ Exit codes:
   0  verified: both files match manifest.json (size, sha256, headers), the WAL read frame by
      frame holds exactly the frames and commits the manifest records and nothing of this
      generation after them, and the captured generation passes integrity_check
-  1  NOT verified: the capture is interrupted (.partial), not a capture, missing a file,
-     disagrees with its manifest, holds commits SQLite cannot read, or fails integrity_check
-  2  a usage error
+  1  NOT verified: the capture is interrupted (.partial), has no readable manifest (it says
+     how to open its files), misses a file, disagrees with its manifest, holds commits
+     SQLite cannot read, or fails integrity_check
+  2  bad input: a usage error, or a path that does not exist or is not a capture
+Nothing is ever written.
 
-Runbook: docs/recovery.md";
+Runbook: hermes-guard help recovery";
 
 /// Arguments of `hermes-guard verify`.
 #[derive(clap::Args)]
@@ -35,12 +37,18 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
     let dir = &args.capture;
     let check = match recover::verify_capture(dir) {
         Ok(c) => c,
+        // Not a capture at all (a typo, another directory): bad input, as for `recover`.
+        Err(e) if !given::looks_like_capture(dir) => {
+            return report_error(args.json, &e.to_string(), BAD_INPUT, false)
+        }
+        // A capture that cannot be verified (interrupted, its manifest unreadable): the verdict.
         Err(e) => {
-            let message = e.to_string();
+            let message = given::describe(&e, dir);
             if args.json {
                 println!(
                     "{}",
-                    json!({"ok": false, "message": message, "problems": [message]})
+                    json!({"ok": false, "message": message, "problems": [message],
+                           "bad_input": false, "exit_code": FAILED})
                 );
             } else {
                 println!("NOT verified: {message}");

@@ -51,6 +51,7 @@ mod common;
 mod bench_smoke;
 mod capture_identity;
 mod capture_pool;
+mod cli_answers;
 mod close_capture;
 mod close_heal;
 mod close_no_checkpoint;

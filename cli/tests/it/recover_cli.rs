@@ -57,7 +57,7 @@ fn captures_lists_when_why_verified_and_rows_missing() {
     .unwrap();
 
     let (code, out, _) = cli(&[os("captures"), path.as_os_str(), os("--json")]);
-    assert_eq!(code, 0);
+    assert_eq!(code, 3, "rows are still missing: {out}");
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     let list = list.as_array().unwrap();
     assert_eq!(list.len(), 2, "{out}");
@@ -73,7 +73,7 @@ fn captures_lists_when_why_verified_and_rows_missing() {
 
     // By directory, in text.
     let (code, out, _) = cli(&[os("captures"), dir.path().as_os_str()]);
-    assert_eq!(code, 0);
+    assert_eq!(code, 3, "{out}");
     assert!(out.contains("rows still missing from"), "{out}");
     assert!(out.contains(": 4"), "{out}");
 }
@@ -87,7 +87,7 @@ fn captures_json_carries_the_exact_bytes_of_a_non_utf8_path() {
     let (path, artifact) = lost_four(&odd);
 
     let (code, out, _) = cli(&[os("captures"), path.as_os_str(), os("--json")]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(code, 3, "its rows are still missing: {out}");
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     let row = &list[0];
     let unhex = |key: &str| -> PathBuf {
@@ -135,8 +135,11 @@ fn verify_passes_only_a_complete_matching_clean_capture() {
     assert_eq!(v["ok"], false);
     assert!(v["message"].as_str().unwrap().contains("sha256"), "{out}");
 
-    let (code, _, _) = cli(&[os("verify"), dir.path().as_os_str()]);
-    assert_eq!(code, 1, "a directory that is not a capture");
+    let (code, out, err) = cli(&[os("verify"), dir.path().as_os_str()]);
+    assert_eq!(
+        code, 2,
+        "a directory that is not a capture is bad input: {out}{err}"
+    );
 }
 
 #[test]

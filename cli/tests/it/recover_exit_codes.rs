@@ -154,7 +154,7 @@ fn usage_errors_exit_2_and_help_lists_the_exit_codes() {
         ),
         (
             "verify",
-            &["  0  verified", "  1  NOT verified", "  2  a usage error"][..],
+            &["  0  verified", "  1  NOT verified", "  2  bad input"][..],
         ),
         (
             "captures",
@@ -162,6 +162,7 @@ fn usage_errors_exit_2_and_help_lists_the_exit_codes() {
                 "  0  listed",
                 "  1  a capture listed is unreadable",
                 "  2  bad input",
+                "  3  rows of a capture are still missing",
             ][..],
         ),
     ] {
@@ -175,11 +176,11 @@ fn usage_errors_exit_2_and_help_lists_the_exit_codes() {
 }
 
 #[test]
-fn captures_exits_1_on_an_unreadable_manifest_and_0_once_it_is_gone() {
+fn captures_exits_1_on_an_unreadable_manifest_before_3_for_rows_missing() {
     let dir = tempfile::tempdir().unwrap();
     let (path, artifact) = lost_four(dir.path());
     let (code, out, _) = cli(&[os("captures"), path.as_os_str()]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(code, 3, "4 rows missing: {out}");
 
     let unreadable = dir.path().join("state.db.retired-wal-20200101-000000-9");
     fs::create_dir(&unreadable).unwrap();
@@ -217,7 +218,7 @@ fn captures_exits_1_on_an_unreadable_manifest_and_0_once_it_is_gone() {
 
     fs::remove_dir_all(&unreadable).unwrap();
     let (code, out, _) = cli(&[os("captures"), path.as_os_str()]);
-    assert_eq!(code, 0, "{out}");
+    assert_eq!(code, 3, "back to rows missing: {out}");
 }
 
 #[test]
