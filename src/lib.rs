@@ -41,7 +41,10 @@
 //! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
 //!   whose directory was deleted is captured; [`ORPHAN_DIR_ENV`] for extension hosts);
 //!   [`set_stale_wal_policy`] / [`stale_wal_policy`] with [`StaleWalPolicy`] (set a stale WAL
-//!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts).
+//!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts); [`set_wal_reset_guard`] /
+//!   [`wal_reset_guard`] / [`wal_reset_guard_on`] with [`WalResetGuard`] (keeping SQLite's WAL
+//!   resets and checkpoints apart where [`sqlite_has_wal_reset_race`]; [`WAL_RESET_GUARD_ENV`]
+//!   for extension hosts).
 //! - What they report: [`GuardStatus`] (with [`Backfill`], [`StaleWalStatus`],
 //!   [`StaleWalAction`]), [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`],
 //!   [`FileId`].
@@ -71,6 +74,7 @@ pub mod recover;
 mod sqlite_log;
 mod stale_wal;
 mod status;
+mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
 #[cfg(not(target_os = "linux"))]
@@ -92,6 +96,10 @@ pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
+pub use wal_reset::{
+    set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
+    WalResetGuard, WAL_RESET_GUARD_ENV,
+};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;

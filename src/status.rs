@@ -102,6 +102,19 @@ pub struct GuardStatus {
     /// A WAL found at the open that was not written on this database (issue 19): set aside
     /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
     pub stale_wal: Option<StaleWalStatus>,
+    /// Issue 27: the shim keeps SQLite's WAL resets and checkpoints apart on this connection
+    /// (SQLite's WAL-reset race, 3.7.0–3.51.2; `"on"` / `"off"` in JSON). On by default where
+    /// the running SQLite has the race; `PRAGMA hermes_guard_wal_reset_guard = on|off` sets it.
+    pub wal_reset_guard: bool,
+    /// WAL resets of this connection's answered `SQLITE_BUSY` because a checkpoint was running
+    /// (SQLite appended to the WAL instead; the next commit tries the reset again).
+    pub wal_resets_deferred: u64,
+    /// WAL resets of this connection's that went ahead with the checkpoint lock taken by the
+    /// shim.
+    pub wal_resets_guarded: u64,
+    /// Checkpoints of this connection's that ended with the wal-index's `nBackfill` past its
+    /// `mxFrame`: the race's damage, from whatever cause (logged at ERROR, and to `sqlite3_log`).
+    pub wal_index_alarms: u64,
 }
 
 /// What the guard did with a WAL found at the open that was not written on the main file at
@@ -211,6 +224,15 @@ struct StatusJson {
     log_lines_suppressed: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     stale_wal: Option<StaleWalStatus>,
+    /// `"on"` or `"off"`.
+    #[serde(default)]
+    wal_reset_guard: String,
+    #[serde(default)]
+    wal_resets_deferred: u64,
+    #[serde(default)]
+    wal_resets_guarded: u64,
+    #[serde(default)]
+    wal_index_alarms: u64,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -240,6 +262,10 @@ impl From<GuardStatus> for StatusJson {
             generations_let_go: s.generations_let_go,
             log_lines_suppressed: s.log_lines_suppressed,
             stale_wal: s.stale_wal,
+            wal_reset_guard: if s.wal_reset_guard { "on" } else { "off" }.to_string(),
+            wal_resets_deferred: s.wal_resets_deferred,
+            wal_resets_guarded: s.wal_resets_guarded,
+            wal_index_alarms: s.wal_index_alarms,
         }
     }
 }
@@ -276,6 +302,10 @@ impl TryFrom<StatusJson> for GuardStatus {
             generations_let_go: j.generations_let_go,
             log_lines_suppressed: j.log_lines_suppressed,
             stale_wal: j.stale_wal,
+            wal_reset_guard: j.wal_reset_guard == "on",
+            wal_resets_deferred: j.wal_resets_deferred,
+            wal_resets_guarded: j.wal_resets_guarded,
+            wal_index_alarms: j.wal_index_alarms,
         })
     }
 }
@@ -361,6 +391,10 @@ mod tests {
             shield_active: true,
             shield_shm_active: true,
             stale_wal: None,
+            wal_reset_guard: true,
+            wal_resets_deferred: 2,
+            wal_resets_guarded: 3,
+            wal_index_alarms: 0,
             shield_off_reason: None,
             capture_attempts: 0,
             let_go: None,
@@ -400,6 +434,10 @@ mod tests {
             generations_let_go: 7,
             log_lines_suppressed: 11,
             stale_wal: None,
+            wal_reset_guard: true,
+            wal_resets_deferred: 2,
+            wal_resets_guarded: 3,
+            wal_index_alarms: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());
