@@ -20,7 +20,10 @@ use crate::common::GuardExt;
 use crate::pause_vfs::PauseVfs;
 
 const ROWS: i64 = 20;
-const LAST_UPDATE: i64 = 1_000;
+/// What the commit made at the pause sets `v` to (the commit that resets the WAL).
+const AT_PAUSE: i64 = 1_000;
+/// What the full rewrite after it sets `v` to: every row's last committed update.
+const LAST_UPDATE: i64 = 2_000;
 
 fn open(path: &Path, vfs: &str) -> Connection {
     hermes_guard::register().unwrap();
@@ -104,24 +107,29 @@ fn forced_race(dir: &Path, vfs_name: &str, rule: bool) -> Outcome {
     pause.arm(move || {
         at_pause
             .lock()
-            .execute("UPDATE t SET v = ?1", [LAST_UPDATE])
+            .execute("UPDATE t SET v = ?1", [AT_PAUSE])
             .unwrap();
     });
     checkpoint(&checkpointer, "PASSIVE");
     let paused = pause.paused();
 
     let writer = writer.lock();
-    let rewrite = writer.execute("UPDATE t SET pad = randomblob(3000)", []);
+    let rewrite = writer.execute(
+        "UPDATE t SET v = ?1, pad = randomblob(3000)",
+        [LAST_UPDATE],
+    );
     let _ = rewrite.and_then(|_| {
         writer.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
     });
-    let kept = writer
+    // Read back on a fresh connection: the writer's page cache may still hold what it wrote.
+    let reader = open(&path, hermes_guard::VFS_NAME);
+    let kept = reader
         .query_row("SELECT count(*) FROM t WHERE v = ?1", [LAST_UPDATE], |r| r.get(0))
         .unwrap_or(-1);
     Outcome {
         paused,
         kept,
-        integrity: integrity(&writer),
+        integrity: integrity(&reader),
         writer: writer.guard_status().unwrap(),
         checkpointer: checkpointer.guard_status().unwrap(),
     }

@@ -126,7 +126,7 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
             }
             if ofst == RESET_OFST && n == RESET_N {
                 // SAFETY: as above.
-                return unsafe { wal_reset_lock::<HEAP>(f) };
+                return unsafe { wal_reset_lock::<HEAP>(f, ofst, n, flags) };
             }
         } else if ofst == 0 {
             // SAFETY: not NULL (above), into the state the table holds.
@@ -137,10 +137,10 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
             state.end_of_transaction();
         } else if ofst == 1 {
             // SAFETY: as above.
-            return unsafe { checkpoint_unlock::<HEAP>(f, n, flags) };
+            return unsafe { checkpoint_unlock::<HEAP>(f, ofst, n, flags) };
         } else if ofst == RESET_OFST && n == RESET_N {
             // SAFETY: as above.
-            return unsafe { wal_reset_unlock::<HEAP>(f, flags) };
+            return unsafe { wal_reset_unlock::<HEAP>(f, ofst, n, flags) };
         }
     }
     sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)

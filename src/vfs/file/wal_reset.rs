@@ -34,11 +34,20 @@ const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSI
 /// `xShmLock(4, 4, LOCK|EXCLUSIVE)` of a guarded main file: a WAL reset (or a RESTART/TRUNCATE
 /// checkpoint's wait for readers, which holds CKPT and passes untouched).
 ///
+/// The three functions here are `extern "C"` with `x_shm_lock`'s own arguments so that
+/// `shm_lock_write_or_checkpoint_slot` reaches them with a tail call and pushes nothing on the
+/// hot path (see there).
+///
 /// # Safety
 /// `f` is one of our live files and its table's `main_state` is not NULL.
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn wal_reset_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file) -> c_int {
+pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
+    f: *mut ffi::sqlite3_file,
+    _ofst: c_int,
+    _n: c_int,
+    _flags: c_int,
+) -> c_int {
     // SAFETY: as the caller promises.
     let t = unsafe { table(f) };
     // SAFETY: as the caller promises: not NULL, into the state the table holds.
@@ -80,8 +89,10 @@ pub(super) unsafe fn wal_reset_lock<const HEAP: bool>(f: *mut ffi::sqlite3_file)
 /// `f` is one of our live files and its table's `main_state` is not NULL.
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn wal_reset_unlock<const HEAP: bool>(
+pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
+    _ofst: c_int,
+    _n: c_int,
     flags: c_int,
 ) -> c_int {
     // SAFETY: as the caller promises.
@@ -105,8 +116,9 @@ pub(super) unsafe fn wal_reset_unlock<const HEAP: bool>(
 /// `f` is one of our live files and its table's `main_state` is not NULL.
 #[cold]
 #[inline(never)]
-pub(super) unsafe fn checkpoint_unlock<const HEAP: bool>(
+pub(super) unsafe extern "C" fn checkpoint_unlock<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
+    _ofst: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
