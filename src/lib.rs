@@ -74,9 +74,9 @@ pub mod recover;
 mod sqlite_log;
 mod stale_wal;
 mod status;
-mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
+mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 use unsupported as vfs;
 // The shim needs Linux (inotify, epoll, /proc/self/mountinfo, MADV_WIPEONFORK); elsewhere the
@@ -96,11 +96,11 @@ pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
+pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 pub use wal_reset::{
     set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
     WalResetGuard, WAL_RESET_GUARD_ENV,
 };
-pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 
 pub use manifest::Manifest;
 

@@ -94,6 +94,7 @@ mod store_threads;
 mod torn_main;
 mod verify_from_bytes;
 mod wal_reset;
+mod wal_reset_soak;
 mod wal_write_gate;
 mod walfile_real;
 mod watch;

@@ -204,7 +204,12 @@ unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
     }
 }
 
-unsafe extern "C" fn x_shm_lock(f: *mut ffi::sqlite3_file, ofst: c_int, n: c_int, flags: c_int) -> c_int {
+unsafe extern "C" fn x_shm_lock(
+    f: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
     // SAFETY: `f` is one of our open files; its sub-file is open and maps shared memory.
     unsafe {
         let p = f as *mut PauseFile;
@@ -222,7 +227,11 @@ unsafe extern "C" fn x_shm_lock(f: *mut ffi::sqlite3_file, ofst: c_int, n: c_int
 }
 
 /// The pause: `xUnfetch(0, NULL)` while this file holds the checkpoint lock runs the armed hook.
-unsafe extern "C" fn x_unfetch(f: *mut ffi::sqlite3_file, off: ffi::sqlite3_int64, p: *mut c_void) -> c_int {
+unsafe extern "C" fn x_unfetch(
+    f: *mut ffi::sqlite3_file,
+    off: ffi::sqlite3_int64,
+    p: *mut c_void,
+) -> c_int {
     // SAFETY: `f` is one of our open files.
     unsafe {
         let file = f as *mut PauseFile;

@@ -39,7 +39,11 @@ fn open(path: &Path, vfs: &str) -> Connection {
 fn set_rule(conn: &Connection, on: bool) {
     let value = if on { "on" } else { "off" };
     let now: String = conn
-        .query_row(&format!("PRAGMA hermes_guard_wal_reset_guard={value}"), [], |r| r.get(0))
+        .query_row(
+            &format!("PRAGMA hermes_guard_wal_reset_guard={value}"),
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(now, value);
 }
@@ -114,17 +118,15 @@ fn forced_race(dir: &Path, vfs_name: &str, rule: bool) -> Outcome {
     let paused = pause.paused();
 
     let writer = writer.lock();
-    let rewrite = writer.execute(
-        "UPDATE t SET v = ?1, pad = randomblob(3000)",
-        [LAST_UPDATE],
-    );
-    let _ = rewrite.and_then(|_| {
-        writer.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
-    });
+    let rewrite = writer.execute("UPDATE t SET v = ?1, pad = randomblob(3000)", [LAST_UPDATE]);
+    let _ =
+        rewrite.and_then(|_| writer.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())));
     // Read back on a fresh connection: the writer's page cache may still hold what it wrote.
     let reader = open(&path, hermes_guard::VFS_NAME);
     let kept = reader
-        .query_row("SELECT count(*) FROM t WHERE v = ?1", [LAST_UPDATE], |r| r.get(0))
+        .query_row("SELECT count(*) FROM t WHERE v = ?1", [LAST_UPDATE], |r| {
+            r.get(0)
+        })
         .unwrap_or(-1);
     Outcome {
         paused,
@@ -146,7 +148,10 @@ fn the_forced_race_keeps_every_row_with_the_rule() {
     assert!(out.paused, "the checkpointer reached the pause");
     assert_eq!(out.kept, ROWS, "every row keeps its last committed update");
     assert_eq!(out.integrity, "ok");
-    assert_eq!(out.writer.wal_resets_deferred, 1, "the reset waited for the checkpoint");
+    assert_eq!(
+        out.writer.wal_resets_deferred, 1,
+        "the reset waited for the checkpoint"
+    );
     assert_eq!(out.checkpointer.wal_index_alarms, 0);
 }
 
@@ -202,7 +207,10 @@ fn a_wal_reset_with_no_checkpoint_running_goes_ahead_under_the_rule() {
         (1, 0)
     );
     let (_, log, _) = checkpoint(&conn, "PASSIVE");
-    assert_eq!(log, 1, "the WAL restarted: the commit's one frame is at its start");
+    assert_eq!(
+        log, 1,
+        "the WAL restarted: the commit's one frame is at its start"
+    );
 }
 
 #[test]
@@ -218,13 +226,26 @@ fn restart_and_truncate_checkpoints_pass_the_rule_untouched() {
         (status.wal_resets_guarded, status.wal_resets_deferred)
     };
     assert_eq!(checkpoint(&conn, "RESTART").0, 0);
-    assert_eq!(guarded(&conn), (0, 0), "RESTART's request is not a reset the rule orders");
+    assert_eq!(
+        guarded(&conn),
+        (0, 0),
+        "RESTART's request is not a reset the rule orders"
+    );
     // The next commit restarts the WAL: that one is.
     conn.execute("INSERT INTO t VALUES (2)", []).unwrap();
     assert_eq!(guarded(&conn), (1, 0));
     assert_eq!(checkpoint(&conn, "TRUNCATE"), (0, 0, 0));
-    assert_eq!(std::fs::metadata(dir.path().join("state.db-wal")).unwrap().len(), 0);
-    assert_eq!(guarded(&conn), (1, 0), "TRUNCATE's request is not one either");
+    assert_eq!(
+        std::fs::metadata(dir.path().join("state.db-wal"))
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(
+        guarded(&conn),
+        (1, 0),
+        "TRUNCATE's request is not one either"
+    );
 }
 
 /// The tripwire: a wal-index whose `nBackfill` is past its `mxFrame` (written here into the

@@ -190,6 +190,10 @@ fn wal_reset_pragma(state: &DbState, arg: Option<&[u8]>) -> (c_int, String) {
     if let Some(on) = set {
         state.wal_reset().set_on(on);
     }
-    let now = if state.wal_reset().is_on() { "on" } else { "off" };
+    let now = if state.wal_reset().is_on() {
+        "on"
+    } else {
+        "off"
+    };
     (ffi::SQLITE_OK, now.into())
 }

@@ -5,11 +5,11 @@ use std::ffi::{c_int, c_void};
 
 use rusqlite::ffi;
 
+use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::identity::{identity_of_mapping, path_of_mapping};
 use crate::vfs::ffi_guard;
 use crate::vfs::state::{Gate, Site};
-use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 
 pub(super) unsafe extern "C" fn x_shm_map(
     f: *mut ffi::sqlite3_file,
