@@ -269,3 +269,63 @@ fn the_tripwire_reports_nbackfill_past_mxframe_at_a_checkpoint() {
     checkpoint(&conn, "PASSIVE");
     assert_eq!(conn.guard_status().unwrap().wal_index_alarms, 1);
 }
+
+/// `fcntl(F_OFD_SETLK)` of one byte of `file`: a lock owned by the open file description, which
+/// conflicts with SQLite's own (process-owned) locks even in this process — as another
+/// process's would.
+fn ofd_lock(file: &std::fs::File, byte: i64, kind: i32) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a zeroed flock is a valid value; the fields that matter are set below.
+    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
+    lock.l_type = kind as libc::c_short;
+    lock.l_whence = libc::SEEK_SET as libc::c_short;
+    lock.l_start = byte;
+    lock.l_len = 1;
+    // SAFETY: a valid descriptor and a valid flock for the call.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) };
+    assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+}
+
+/// Another process's checkpoint (its lock on the checkpoint byte of the `-shm`, 120 + 1)
+/// defers the reset: the commit appends and succeeds; once the checkpoint is over, the next
+/// commit resets the WAL.
+#[test]
+fn a_checkpoint_lock_held_elsewhere_defers_the_reset_and_the_commit_appends() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"), hermes_guard::VFS_NAME);
+    set_rule(&conn, true);
+    conn.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+        .unwrap();
+    let (_, log, done) = checkpoint(&conn, "PASSIVE");
+    assert_eq!(log, done);
+    let shm = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.path().join("state.db-shm"))
+        .unwrap();
+    ofd_lock(&shm, 121, libc::F_WRLCK);
+    conn.execute("INSERT INTO t VALUES (2)", []).unwrap();
+    let status = conn.guard_status().unwrap();
+    assert_eq!(
+        (status.wal_resets_deferred, status.wal_resets_guarded),
+        (1, 0)
+    );
+    let frames = |size: u64| (size - 32) / (24 + 4096);
+    let wal = std::fs::metadata(dir.path().join("state.db-wal"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        frames(wal),
+        log as u64 + 1,
+        "the commit was appended to the WAL"
+    );
+    ofd_lock(&shm, 121, libc::F_UNLCK);
+    let (_, log, done) = checkpoint(&conn, "PASSIVE");
+    assert_eq!(log, done);
+    conn.execute("INSERT INTO t VALUES (3)", []).unwrap();
+    assert_eq!(conn.guard_status().unwrap().wal_resets_guarded, 1);
+    let n: i64 = conn
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 3);
+}
