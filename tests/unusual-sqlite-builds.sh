@@ -100,7 +100,7 @@ run_tests() {
         || { echo "expected $expected passing tests under $* on the $name build" >&2; exit 1; }
 }
 build_from "$amalgamation_3_50" sqlite-3.50.2 -DSQLITE_THREADSAFE=1
-run_tests sqlite-3.50.2 8 wal_reset:: wal_reset_soak::
+run_tests sqlite-3.50.2 9 wal_reset:: wal_reset_soak::
 grep -q "^SQLite 3.50.2: 0 of 20 rows kept" "$target_dir/unusual-sqlite/sqlite-3.50.2/test.log" \
     || { echo "the forced race without the rule did not lose the update on 3.50.2" >&2; exit 1; }
 # SQLITE_DEBUG asserts `nBackfill == mxFrame` where a checkpoint finds the race's damage: the two
@@ -108,5 +108,5 @@ grep -q "^SQLite 3.50.2: 0 of 20 rows kept" "$target_dir/unusual-sqlite/sqlite-3
 # wal-index) are left out there.
 build_from "$amalgamation_3_50" sqlite-3.50.2-setlk -DSQLITE_THREADSAFE=1 \
     -DSQLITE_ENABLE_SETLK_TIMEOUT=1 -DSQLITE_DEBUG
-run_tests sqlite-3.50.2-setlk 6 wal_reset:: wal_reset_soak:: \
+run_tests sqlite-3.50.2-setlk 7 wal_reset:: wal_reset_soak:: \
     --skip without_the_rule --skip the_tripwire_reports

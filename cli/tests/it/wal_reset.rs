@@ -329,3 +329,19 @@ fn a_checkpoint_lock_held_elsewhere_defers_the_reset_and_the_commit_appends() {
         .unwrap();
     assert_eq!(n, 3);
 }
+
+#[test]
+fn the_rule_pragma_refuses_a_value_other_than_on_off_or_auto() {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = open(&dir.path().join("state.db"), hermes_guard::VFS_NAME);
+    let err = conn
+        .query_row("PRAGMA hermes_guard_wal_reset_guard=maybe", [], |r| {
+            r.get::<_, String>(0)
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("on, off or auto"), "{err}");
+    let auto: String = conn
+        .query_row("PRAGMA hermes_guard_wal_reset_guard=auto", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(auto == "on", hermes_guard::wal_reset_guard_on());
+}
