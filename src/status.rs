@@ -445,6 +445,25 @@ mod tests {
     }
 
     #[test]
+    fn the_wal_reset_guard_reads_on_or_off_in_json_and_a_status_without_it_reads_off() {
+        let json = serde_json::json!({
+            "database": "/srv/state.db", "retired": false, "reason": null, "main": null,
+            "wal": null, "shm": null, "capture": null, "capture_error": null, "refusals": 0,
+            "backfill_at_loss": null, "main_torn": false, "shield_active": false,
+            "shield_shm_active": false, "wal_reset_guard": "on", "wal_resets_deferred": 4,
+        });
+        let status: GuardStatus = serde_json::from_value(json.clone()).unwrap();
+        assert!(status.wal_reset_guard);
+        assert_eq!(status.wal_resets_deferred, 4);
+        assert_eq!(serde_json::to_value(&status).unwrap()["wal_reset_guard"], "on");
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("wal_reset_guard");
+        let status: GuardStatus = serde_json::from_value(older).unwrap();
+        assert!(!status.wal_reset_guard);
+        assert_eq!(serde_json::to_value(&status).unwrap()["wal_reset_guard"], "off");
+    }
+
+    #[test]
     fn a_wal_checkpointed_partly_or_cut_short_tears_the_main_file() {
         let progress = |frames, backfilled, attempted| Backfill {
             frames,

@@ -145,3 +145,33 @@ impl DbState {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::shows_damage;
+    use crate::status::Backfill;
+
+    fn at(frames: u32, backfilled: u32) -> Backfill {
+        Backfill {
+            frames,
+            backfilled,
+            attempted: backfilled,
+        }
+    }
+
+    #[test]
+    fn nbackfill_past_a_nonzero_mxframe_is_damage() {
+        assert!(shows_damage(&at(21, 63)));
+    }
+
+    #[test]
+    fn a_reset_in_flight_with_mxframe_zero_is_no_alarm() {
+        assert!(!shows_damage(&at(0, 63)));
+    }
+
+    #[test]
+    fn a_partial_or_complete_checkpoint_is_no_alarm() {
+        assert!(!shows_damage(&at(63, 21)));
+        assert!(!shows_damage(&at(63, 63)));
+    }
+}
