@@ -455,12 +455,18 @@ mod tests {
         let status: GuardStatus = serde_json::from_value(json.clone()).unwrap();
         assert!(status.wal_reset_guard);
         assert_eq!(status.wal_resets_deferred, 4);
-        assert_eq!(serde_json::to_value(&status).unwrap()["wal_reset_guard"], "on");
+        assert_eq!(
+            serde_json::to_value(&status).unwrap()["wal_reset_guard"],
+            "on"
+        );
         let mut older = json;
         older.as_object_mut().unwrap().remove("wal_reset_guard");
         let status: GuardStatus = serde_json::from_value(older).unwrap();
         assert!(!status.wal_reset_guard);
-        assert_eq!(serde_json::to_value(&status).unwrap()["wal_reset_guard"], "off");
+        assert_eq!(
+            serde_json::to_value(&status).unwrap()["wal_reset_guard"],
+            "off"
+        );
     }
 
     #[test]
