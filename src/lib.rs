@@ -41,7 +41,10 @@
 //! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
 //!   whose directory was deleted is captured; [`ORPHAN_DIR_ENV`] for extension hosts);
 //!   [`set_stale_wal_policy`] / [`stale_wal_policy`] with [`StaleWalPolicy`] (set a stale WAL
-//!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts).
+//!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts); [`set_wal_reset_guard`] /
+//!   [`wal_reset_guard`] / [`wal_reset_guard_on`] with [`WalResetGuard`] (keeping SQLite's WAL
+//!   resets and checkpoints apart where [`sqlite_has_wal_reset_race`]; [`WAL_RESET_GUARD_ENV`]
+//!   for extension hosts).
 //! - What they report: [`GuardStatus`] (with [`Backfill`], [`StaleWalStatus`],
 //!   [`StaleWalAction`]), [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`],
 //!   [`FileId`].
@@ -73,6 +76,7 @@ mod stale_wal;
 mod status;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
+mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 use unsupported as vfs;
 // The shim needs Linux (inotify, epoll, /proc/self/mountinfo, MADV_WIPEONFORK); elsewhere the
@@ -93,6 +97,10 @@ pub use stale_wal::{
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
+pub use wal_reset::{
+    set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
+    WalResetGuard, WAL_RESET_GUARD_ENV,
+};
 
 pub use manifest::Manifest;
 

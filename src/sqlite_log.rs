@@ -38,6 +38,12 @@ pub(crate) fn captured(database: &Path, capture: &Path) {
     );
 }
 
+/// Issue 27's tripwire: the wal-index shows `nBackfill` past `mxFrame` (`message` says where):
+/// `SQLITE_CORRUPT`, what the committed frames it hides amount to.
+pub(crate) fn wal_index_alarm(message: &str) {
+    emit(ffi::SQLITE_CORRUPT, message);
+}
+
 /// `sqlite3_log(code, "%s", message)`.
 fn emit(code: c_int, message: &str) {
     // A path cannot hold a NUL; anything else that does is shown with U+FFFD there.

@@ -107,6 +107,19 @@ pub struct GuardStatus {
     /// refused (`shm-lost`) until they are all closed: the unix VFS shares one `-shm` mapping
     /// per file in a process. Close them (a pool: dispose of it), then reconnect.
     pub retired_connections_here: usize,
+    /// Issue 27: the shim keeps SQLite's WAL resets and checkpoints apart on this connection
+    /// (SQLite's WAL-reset race, 3.7.0–3.51.2; `"on"` / `"off"` in JSON). On by default where
+    /// the running SQLite has the race; `PRAGMA hermes_guard_wal_reset_guard = on|off` sets it.
+    pub wal_reset_guard: bool,
+    /// WAL resets of this connection's answered `SQLITE_BUSY` because a checkpoint was running
+    /// (SQLite appended to the WAL instead; the next commit tries the reset again).
+    pub wal_resets_deferred: u64,
+    /// WAL resets of this connection's that went ahead with the checkpoint lock taken by the
+    /// shim.
+    pub wal_resets_guarded: u64,
+    /// Checkpoints of this connection's that ended with the wal-index's `nBackfill` past its
+    /// `mxFrame`: the race's damage, from whatever cause (logged at ERROR, and to `sqlite3_log`).
+    pub wal_index_alarms: u64,
 }
 
 /// What the guard did with a WAL found at the open that was not written on the main file at
@@ -218,6 +231,15 @@ struct StatusJson {
     stale_wal: Option<StaleWalStatus>,
     #[serde(default)]
     retired_connections_here: usize,
+    /// `"on"` or `"off"`.
+    #[serde(default)]
+    wal_reset_guard: String,
+    #[serde(default)]
+    wal_resets_deferred: u64,
+    #[serde(default)]
+    wal_resets_guarded: u64,
+    #[serde(default)]
+    wal_index_alarms: u64,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -248,6 +270,10 @@ impl From<GuardStatus> for StatusJson {
             log_lines_suppressed: s.log_lines_suppressed,
             stale_wal: s.stale_wal,
             retired_connections_here: s.retired_connections_here,
+            wal_reset_guard: if s.wal_reset_guard { "on" } else { "off" }.to_string(),
+            wal_resets_deferred: s.wal_resets_deferred,
+            wal_resets_guarded: s.wal_resets_guarded,
+            wal_index_alarms: s.wal_index_alarms,
         }
     }
 }
@@ -285,6 +311,10 @@ impl TryFrom<StatusJson> for GuardStatus {
             log_lines_suppressed: j.log_lines_suppressed,
             stale_wal: j.stale_wal,
             retired_connections_here: j.retired_connections_here,
+            wal_reset_guard: j.wal_reset_guard == "on",
+            wal_resets_deferred: j.wal_resets_deferred,
+            wal_resets_guarded: j.wal_resets_guarded,
+            wal_index_alarms: j.wal_index_alarms,
         })
     }
 }
@@ -371,6 +401,10 @@ mod tests {
             shield_shm_active: true,
             stale_wal: None,
             retired_connections_here: 0,
+            wal_reset_guard: true,
+            wal_resets_deferred: 2,
+            wal_resets_guarded: 3,
+            wal_index_alarms: 0,
             shield_off_reason: None,
             capture_attempts: 0,
             let_go: None,
@@ -411,10 +445,39 @@ mod tests {
             log_lines_suppressed: 11,
             stale_wal: None,
             retired_connections_here: 0,
+            wal_reset_guard: true,
+            wal_resets_deferred: 2,
+            wal_resets_guarded: 3,
+            wal_index_alarms: 0,
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());
         assert_eq!(json["database"], "/srv/state.db");
+    }
+
+    #[test]
+    fn the_wal_reset_guard_reads_on_or_off_in_json_and_a_status_without_it_reads_off() {
+        let json = serde_json::json!({
+            "database": "/srv/state.db", "retired": false, "reason": null, "main": null,
+            "wal": null, "shm": null, "capture": null, "capture_error": null, "refusals": 0,
+            "backfill_at_loss": null, "main_torn": false, "shield_active": false,
+            "shield_shm_active": false, "wal_reset_guard": "on", "wal_resets_deferred": 4,
+        });
+        let status: GuardStatus = serde_json::from_value(json.clone()).unwrap();
+        assert!(status.wal_reset_guard);
+        assert_eq!(status.wal_resets_deferred, 4);
+        assert_eq!(
+            serde_json::to_value(&status).unwrap()["wal_reset_guard"],
+            "on"
+        );
+        let mut older = json;
+        older.as_object_mut().unwrap().remove("wal_reset_guard");
+        let status: GuardStatus = serde_json::from_value(older).unwrap();
+        assert!(!status.wal_reset_guard);
+        assert_eq!(
+            serde_json::to_value(&status).unwrap()["wal_reset_guard"],
+            "off"
+        );
     }
 
     #[test]

@@ -6,7 +6,12 @@
 # tests/system-sqlite.sh loads instead of the system one (LD_LIBRARY_PATH):
 #   - SQLITE_SHM_DIRECTORY: the shared memory lives in that directory, not at <db>-shm
 #     (cli/tests/it/shm_directory.rs);
-#   - SQLITE_THREADSAFE=0: no mutex at all (cli/tests/it/single_threaded_sqlite.rs).
+#   - SQLITE_THREADSAFE=0: no mutex at all (cli/tests/it/single_threaded_sqlite.rs);
+#   - issue 27: SQLite 3.50.2, a version with the WAL-reset race, from the amalgamation bundled by
+#     libsqlite3-sys 0.35.0 (pinned by tests/sqlite-3-50/, a manifest of its own that is never
+#     built), plain and with SQLITE_ENABLE_SETLK_TIMEOUT and SQLITE_DEBUG (blocking locks, and
+#     the unix VFS's lock-order assertions): cli/tests/it/wal_reset*.rs, which without the rule
+#     lose the forced race's update there.
 # (The defines are passed to gcc as they are: a C file among them is compiled in too.)
 # Their tests are `#[ignore]`d in an ordinary run and run here with --ignored; the run fails
 # unless each ran and passed. Builds are kept under target/ while the amalgamation is the same.
@@ -28,7 +33,12 @@ amalgamation="$(dirname "$manifest")/sqlite3/sqlite3.c"
 
 # build <name> <defines...>: $target_dir/unusual-sqlite/<name>/libsqlite3.so.0
 build() {
-    local name="$1"; shift
+    build_from "$amalgamation" "$@"
+}
+
+# build_from <sqlite3.c> <name> <defines...>: as build, from another amalgamation.
+build_from() {
+    local amalgamation="$1" name="$2"; shift 2
     local out="$target_dir/unusual-sqlite/$name"
     local stamp="$amalgamation $*"
     if [ "$(cat "$out/stamp" 2>/dev/null)" != "$stamp" ]; then
@@ -68,3 +78,35 @@ void sqlite3_mutex_free(sqlite3_mutex *p) { (void)p; }
 C
 build threadsafe-0 -DSQLITE_THREADSAFE=0 "$noop_mutex"
 run_ignored threadsafe-0 single_threaded_sqlite:: 1
+
+# Issue 27: the WAL-reset race on a SQLite that has it (3.50.2), with the rule and without
+# (cli/tests/it/wal_reset.rs: the test without the rule asserts the loss on such a version).
+manifest_3_50="$(cargo metadata --format-version 1 --locked --manifest-path tests/sqlite-3-50/Cargo.toml \
+    2>/dev/null | python3 -c '
+import json, sys
+print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "libsqlite3-sys"))')"
+amalgamation_3_50="$(dirname "$manifest_3_50")/sqlite3/sqlite3.c"
+grep -q '#define SQLITE_VERSION  *"3.50.2"' "$amalgamation_3_50" \
+    || { echo "$amalgamation_3_50 is not SQLite 3.50.2" >&2; exit 1; }
+
+# run_tests <name> <expected count> <filters...>: as run_ignored, the ordinary tests.
+run_tests() {
+    local name="$1" expected="$2"; shift 2
+    local log="$target_dir/unusual-sqlite/$name/test.log"
+    echo "== $* on the $name build"
+    LD_LIBRARY_PATH="$target_dir/unusual-sqlite/$name" \
+        "$binary" --test-threads=2 --nocapture "$@" 2>&1 | tee "$log"
+    grep -q "test result: ok. $expected passed; 0 failed" "$log" \
+        || { echo "expected $expected passing tests under $* on the $name build" >&2; exit 1; }
+}
+build_from "$amalgamation_3_50" sqlite-3.50.2 -DSQLITE_THREADSAFE=1
+run_tests sqlite-3.50.2 9 wal_reset:: wal_reset_soak::
+grep -q "^SQLite 3.50.2: 0 of 20 rows kept" "$target_dir/unusual-sqlite/sqlite-3.50.2/test.log" \
+    || { echo "the forced race without the rule did not lose the update on 3.50.2" >&2; exit 1; }
+# SQLITE_DEBUG asserts `nBackfill == mxFrame` where a checkpoint finds the race's damage: the two
+# tests that make that damage on purpose (the race without the rule, the tripwire's hand-made
+# wal-index) are left out there.
+build_from "$amalgamation_3_50" sqlite-3.50.2-setlk -DSQLITE_THREADSAFE=1 \
+    -DSQLITE_ENABLE_SETLK_TIMEOUT=1 -DSQLITE_DEBUG
+run_tests sqlite-3.50.2-setlk 7 wal_reset:: wal_reset_soak:: \
+    --skip without_the_rule --skip the_tripwire_reports

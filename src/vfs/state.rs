@@ -26,8 +26,10 @@ mod healing;
 mod open_here;
 #[cfg(test)]
 mod tests;
+mod wal_reset;
 
 pub(crate) use healing::MainFile;
+pub(crate) use wal_reset::WalResetSlot;
 
 const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
@@ -120,6 +122,8 @@ pub(crate) struct DbState {
     shield: Shield,
     /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
     stale_wal: StaleWalSlot,
+    /// Issue 27: the WAL-reset rule's state for this connection (`state/wal_reset.rs`).
+    wal_reset: WalResetSlot,
     inner: Mutex<Inner>,
 }
 
@@ -304,6 +308,7 @@ impl DbState {
             dir,
             shield: Shield::new(),
             stale_wal: StaleWalSlot::default(),
+            wal_reset: WalResetSlot::new(),
             inner: Mutex::new(Inner {
                 main_id,
                 ..Inner::default()
@@ -528,6 +533,10 @@ impl DbState {
             log_lines_suppressed: retry::suppressed_lines(),
             stale_wal: self.stale_wal.report(),
             retired_connections_here,
+            wal_reset_guard: self.wal_reset.is_on(),
+            wal_resets_deferred: self.wal_reset.deferred(),
+            wal_resets_guarded: self.wal_reset.guarded(),
+            wal_index_alarms: self.wal_reset.alarms(),
         }
     }
 

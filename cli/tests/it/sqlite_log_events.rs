@@ -54,3 +54,32 @@ test_alone! {
         );
     }
 }
+
+test_alone! {
+    fn the_wal_reset_tripwire_reaches_sqlite3_log() {
+        // SAFETY: as above: one test, one thread, before anything in this process used SQLite.
+        unsafe { rusqlite::trace::config_log(Some(sink)) }.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let conn = open_guarded(&path);
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+        insert(&conn, "one").unwrap();
+        let log: u32 = conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
+            .unwrap();
+        // The race's damage, made by hand: nBackfill (offset 96 of the wal-index) past mxFrame.
+        let shm = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("state.db-shm"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_at(&shm, &(log + 5).to_ne_bytes(), 96).unwrap();
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+        let seen = SEEN.lock().clone();
+        let alarm = format!("hermes-guard: the wal-index of {} says", path.display());
+        assert!(
+            seen.iter().any(|(c, m)| *c == ffi::SQLITE_CORRUPT && m.starts_with(&alarm)),
+            "{seen:?}"
+        );
+    }
+}

@@ -134,13 +134,23 @@ pub(super) unsafe fn chain_vfs_name(out: *mut *mut c_char, rc: c_int) -> c_int {
     ffi::SQLITE_OK
 }
 
-/// `PRAGMA hermes_guard_status` and `PRAGMA hermes_guard_capture`; `None` for any other pragma.
+/// `PRAGMA hermes_guard_status`, `PRAGMA hermes_guard_capture` and `PRAGMA
+/// hermes_guard_wal_reset_guard [= on|off|auto]`; `None` for any other pragma.
 ///
 /// # Safety
 /// `az` is SQLite's `char *azArg[3]` for a PRAGMA file control.
 pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
     // SAFETY: azArg[1] is the pragma's name, NUL-terminated.
     let name = unsafe { CStr::from_ptr(*az.add(1)) }.to_bytes();
+    if name.eq_ignore_ascii_case(b"hermes_guard_wal_reset_guard") {
+        // SAFETY: azArg[2] is the pragma's argument, NULL or NUL-terminated.
+        let arg = unsafe { (*az.add(2)).as_ref().map(|p| CStr::from_ptr(p).to_bytes()) };
+        let (rc, text) = wal_reset_pragma(state, arg);
+        // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees
+        // it.
+        unsafe { *az = sqlite_string(&text) };
+        return Some(rc);
+    }
     let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
         Ok(())
     } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
@@ -161,4 +171,29 @@ pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_i
     // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees it.
     unsafe { *az = sqlite_string(&text) };
     Some(rc)
+}
+
+/// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]` (issue 27): sets the rule for this
+/// connection when given a value (`auto`: as a connection opened now would start), and answers
+/// what is in force, `on` or `off`.
+fn wal_reset_pragma(state: &DbState, arg: Option<&[u8]>) -> (c_int, String) {
+    let set = match arg.map(|a| a.to_ascii_lowercase()).as_deref() {
+        None => None,
+        Some(b"on" | b"1" | b"true") => Some(true),
+        Some(b"off" | b"0" | b"false") => Some(false),
+        Some(b"auto") => Some(crate::wal_reset::wal_reset_guard_on()),
+        Some(_) => {
+            let message = "hermes_guard_wal_reset_guard takes on, off or auto";
+            return (ffi::SQLITE_ERROR, message.into());
+        }
+    };
+    if let Some(on) = set {
+        state.wal_reset().set_on(on);
+    }
+    let now = if state.wal_reset().is_on() {
+        "on"
+    } else {
+        "off"
+    };
+    (ffi::SQLITE_OK, now.into())
 }

@@ -34,7 +34,9 @@
 //! - `open.rs` and `close.rs`: `xOpen` and `xClose`;
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
-//! - `shm.rs`: the shared-memory methods.
+//! - `shm.rs`: the shared-memory methods;
+//! - `wal_reset.rs`: issue 27, keeping SQLite's WAL reset and a checkpoint apart (and the
+//!   tripwire at a checkpoint's end).
 
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
@@ -110,6 +112,7 @@ mod open;
 mod pending;
 mod shm;
 mod sqlite_private;
+mod wal_reset;
 
 pub(super) use self::layout::os_file_size;
 pub(super) use self::open::open;

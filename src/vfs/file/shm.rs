@@ -5,6 +5,7 @@ use std::ffi::{c_int, c_void};
 
 use rusqlite::ffi;
 
+use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::identity::{identity_of_mapping, path_of_mapping};
 use crate::vfs::ffi_guard;
@@ -70,10 +71,13 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // Only the WAL write lock (0) and the checkpoint lock (1) are watched; every other lock
-    // (each read transaction's read mark, 3 and up) passes straight down after this one
-    // compare. The rest of the test is `shm_lock_write_or_checkpoint_slot`'s.
-    if (ofst as u32) < 2 {
+    // Watched: the WAL write lock (0), the checkpoint lock (1), and (issue 27) the read locks
+    // 1-4 together, `ofst` 4 and `n` 4, which SQLite asks for to reset the WAL. One compare
+    // keeps them apart from what passes straight down: every read mark a read transaction takes
+    // (`ofst` 3 to 7, `n` 1) has `ofst > n`; each watched request has `ofst <= n` (as has the
+    // recovery lock, `ofst` 1 or 2 and `n` 7 or 6, which the slow branch passes down). The
+    // rest of the test is `shm_lock_write_or_checkpoint_slot`'s.
+    if ofst <= n {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { shm_lock_write_or_checkpoint_slot::<HEAP>(f, ofst, n, flags) };
     }
@@ -84,11 +88,13 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
 
 pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
-/// `x_shm_lock` at `ofst` 0 or 1. An exclusive lock of one slot goes on to `shm_lock_exclusive_checked`
-/// (at 0: the WAL write lock, which opens every write transaction; at 1: the checkpoint lock,
-/// every checkpoint), as a tail call; any other call at 0 or 1 (a release, above all) clears
-/// what the check of that lock allowed first (clearing only ever costs a check more); the rest
-/// passes down. Out of line so that the pass-through of every other lock stays a few
+/// `x_shm_lock` with `ofst <= n`: `ofst` 0 or 1, or a request spanning several read locks. An
+/// exclusive lock of one slot (at 0: the WAL write lock, which opens every write transaction;
+/// at 1: the checkpoint lock, every checkpoint) goes on to `shm_lock_exclusive_checked`, as a
+/// tail call; any other call at 0 (a release, above all) clears what the check of that lock
+/// allowed first (clearing only ever costs a check more); one at 1 goes to `checkpoint_unlock`
+/// (the same, and issue 27's tripwire); the read locks 1-4 (`ofst` 4, `n` 4) go to issue 27's
+/// rule (`wal_reset.rs`); the rest passes down. Out of line so that the pass-through of every other lock stays a few
 /// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
 /// reaches it with a tail call. It stores flags and tail-calls, so it pushes nothing.
 ///
@@ -109,7 +115,7 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
         if flags == LOCK_EXCLUSIVE {
             if n == 1 {
                 // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not
-                // NULL (tail calls).
+                // NULL (tail calls). `ofst <= n`: 0 or 1.
                 return unsafe {
                     if ofst == 0 {
                         shm_lock_exclusive_checked::<HEAP, 0>(f)
@@ -118,17 +124,23 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
                     }
                 };
             }
-        } else {
+            if ofst == RESET_OFST && n == RESET_N {
+                // SAFETY: as above.
+                return unsafe { wal_reset_lock::<HEAP>(f, ofst, n, flags) };
+            }
+        } else if ofst == 0 {
             // SAFETY: not NULL (above), into the state the table holds.
             let state = unsafe { &*t.main_state };
             // Cleared whatever the release returns, as always; before it rather than after
             // (until it returns this connection writes nothing), so the call below is a tail
             // call.
-            if ofst == 0 {
-                state.end_of_transaction();
-            } else {
-                state.end_of_main_write();
-            }
+            state.end_of_transaction();
+        } else if ofst == 1 {
+            // SAFETY: as above.
+            return unsafe { checkpoint_unlock::<HEAP>(f, ofst, n, flags) };
+        } else if ofst == RESET_OFST && n == RESET_N {
+            // SAFETY: as above.
+            return unsafe { wal_reset_unlock::<HEAP>(f, ofst, n, flags) };
         }
     }
     sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)
@@ -181,6 +193,7 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
         }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
+        state.wal_reset().checkpoint_lock(rc == ffi::SQLITE_OK);
     }
     rc
 }
