@@ -36,8 +36,9 @@ pub struct HeldArgs {
 /// One process's held retired WALs.
 struct Holder {
     command: String,
-    /// The WAL's former path, with how many descriptors of it the process holds.
-    wals: BTreeMap<PathBuf, usize>,
+    /// The WAL's former path, with how many descriptors of it the process holds and the first
+    /// one's `/proc/<pid>/fd/<n>` (the bytes can be copied from there while the process lives).
+    wals: BTreeMap<PathBuf, (usize, PathBuf)>,
 }
 
 /// `<path>-wal (deleted)` → `<path>-wal`.
@@ -75,7 +76,7 @@ fn holders(under: Option<&Path>) -> BTreeMap<u32, Holder> {
             if under.is_some_and(|dir| !wal.starts_with(dir)) {
                 continue;
             }
-            *wals.entry(wal).or_insert(0) += 1;
+            wals.entry(wal).or_insert((0, fd.path())).0 += 1;
         }
         if !wals.is_empty() {
             let command = std::fs::read_to_string(entry.path().join("comm"))
@@ -89,7 +90,10 @@ fn holders(under: Option<&Path>) -> BTreeMap<u32, Holder> {
 
 pub fn held(args: HeldArgs) -> ExitCode {
     let found = holders(args.under.as_deref());
-    let descriptors: usize = found.values().flat_map(|h| h.wals.values()).sum();
+    let descriptors: usize = found
+        .values()
+        .flat_map(|h| h.wals.values().map(|(n, _)| n))
+        .sum();
     if args.json {
         let processes: Vec<_> = found
             .iter()
@@ -97,9 +101,10 @@ pub fn held(args: HeldArgs) -> ExitCode {
                 json!({
                     "pid": pid,
                     "command": h.command,
-                    "wals": h.wals.iter().map(|(wal, n)| {
+                    "wals": h.wals.iter().map(|(wal, (n, fd))| {
                         let mut row = json!({"descriptors": n});
                         crate::recover_cmd::put_path(&mut row, "wal", wal);
+                        crate::recover_cmd::put_path(&mut row, "copy_from", fd);
                         row
                     }).collect::<Vec<_>>(),
                 })
@@ -114,11 +119,13 @@ pub fn held(args: HeldArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     for (pid, h) in &found {
-        for (wal, n) in &h.wals {
+        for (wal, (n, fd)) in &h.wals {
             println!(
-                "pid {pid:<8} {:<16} {n} descriptor(s) of {} (deleted)",
+                "pid {pid:<8} {:<16} {n} descriptor(s) of {} (deleted); its bytes, while the \
+                 process lives: {}",
                 h.command,
-                wal.display()
+                wal.display(),
+                fd.display()
             );
         }
     }

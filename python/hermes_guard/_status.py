@@ -114,7 +114,7 @@ class GuardStatus:
     backfill_at_loss: Optional[Backfill]
     """How far the retired WAL had been checkpointed when the loss was seen."""
     main_torn: bool
-    """The loss left the live main file torn (see docs/recovery.md, `recover --rebuild`)."""
+    """The loss left the live main file torn (`hermes-guard help recovery`, `recover --rebuild`)."""
     shield_active: bool
     """The lock shield holds its read lock on the main file's SHARED range."""
     shield_shm_active: bool
@@ -135,6 +135,14 @@ class GuardStatus:
     """Process-wide: capture-failure and let-go log lines left out by the rate limits."""
     raw: Dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The JSON document itself, with any key this version does not know."""
+    wal_reset_guard: bool = False
+    """Whether the guard keeps SQLite's WAL resets and checkpoints apart on this connection (the
+    WAL-reset race of SQLite 3.7.0–3.51.2: on by default where the host SQLite has it)."""
+    wal_resets_deferred: int = 0
+    """WAL resets of this connection deferred because a checkpoint was running."""
+    wal_index_alarms: int = 0
+    """Checkpoints that ended with the wal-index's nBackfill past its mxFrame (the race's damage,
+    from any cause)."""
     retired_connections_here: int = 0
     """Connections of this process still open on this database whose generation is retired (this
     one included, when retired). A new connection to it in this process is refused (`shm-lost`)
@@ -172,6 +180,9 @@ class GuardStatus:
             generations_let_go=int(j.get("generations_let_go", 0)),
             log_lines_suppressed=int(j.get("log_lines_suppressed", 0)),
             raw=j,
+            wal_reset_guard=j.get("wal_reset_guard") == "on",
+            wal_resets_deferred=int(j.get("wal_resets_deferred", 0)),
+            wal_index_alarms=int(j.get("wal_index_alarms", 0)),
             retired_connections_here=int(j.get("retired_connections_here", 0)),
             stale_wal=j.get("stale_wal"),
         )

@@ -36,6 +36,13 @@ test_alone! {
             processes[0]["wals"][0]["wal"],
             sidecar(&path, "-wal").display().to_string()
         );
+        // Where the bytes can be copied from while the process lives.
+        let copy_from = processes[0]["wals"][0]["copy_from"].as_str().unwrap();
+        assert!(copy_from.starts_with(&format!("/proc/{me}/fd/")), "{doc}");
+        assert_eq!(
+            std::fs::read_link(copy_from).unwrap(),
+            std::path::PathBuf::from(format!("{} (deleted)", sidecar(&path, "-wal").display()))
+        );
 
         hermes_guard::test_hooks::clear_capture_fault(dir.path());
         assert_eq!(hermes_guard::retry_pending_captures(), 0);

@@ -258,7 +258,7 @@ impl DbState {
                      copied into the main file, {} attempted): the live database file now holds \
                      a torn mix of pages that the newer generation builds on. Stop its writers, \
                      run PRAGMA integrity_check on it, and rebuild it from the capture of this \
-                     generation (docs/recovery.md, \"A torn main file\")",
+                     generation (`hermes-guard help recovery`, \"A torn main file\")",
                     self.wal_path.display(),
                     b.backfilled,
                     b.frames,
