@@ -53,6 +53,9 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
     if registered.is_none() {
         // Before any file is opened through the guard: a forked child must be told apart.
         fork::install();
+        // A last capture attempt for what is still held when the process exits normally.
+        // SAFETY: `at_exit` is a plain `extern "C" fn()` that never unwinds (it catches panics).
+        unsafe { libc::atexit(file::at_exit) };
         // SAFETY: a NULL name asks for the default VFS; SQLite initialises itself if needed.
         let sub = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
         if sub.is_null() {

@@ -26,6 +26,10 @@ fn chmod(path: &Path, mode: u32) {
 /// A gateway writer running as `nobody` on `db` (in a directory it can write at first), with
 /// `env` added to its environment.
 fn gateway_as_nobody(db: &Path, env: &[(&str, &Path)]) -> Gateway {
+    gateway_as_nobody_logging(db, env, Stdio::inherit())
+}
+
+fn gateway_as_nobody_logging(db: &Path, env: &[(&str, &Path)], stderr: Stdio) -> Gateway {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_hermes-guard"));
     cmd.args([
         "writer",
@@ -43,7 +47,8 @@ fn gateway_as_nobody(db: &Path, env: &[(&str, &Path)]) -> Gateway {
     .uid(NOBODY)
     .gid(NOBODY)
     .stdin(Stdio::piped())
-    .stdout(Stdio::piped());
+    .stdout(Stdio::piped())
+    .stderr(stderr);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -142,5 +147,35 @@ fn with_a_fallback_directory_the_capture_lands_there_and_recover_finds_it_from_t
         count_like(&live, "%"),
         LIVE_BEFORE + IN_WAL,
         "every row, exactly once"
+    );
+}
+
+#[test]
+fn a_generation_still_held_at_exit_gets_a_last_attempt_and_a_plain_error_when_it_fails() {
+    let Some((top, dir, db)) = setup() else {
+        return;
+    };
+    let log = top.path().join("stderr.log");
+    let stderr = Stdio::from(fs::File::create(&log).unwrap());
+    let env = [("RUST_LOG", Path::new("error"))];
+    let mut gw = gateway_as_nobody_logging(&db, &env, stderr);
+    // A newer generation open at the close: no heal, so the generation stays held to the exit.
+    chmod(&dir, 0o755);
+    fs::remove_file(sidecar(&db, "-wal")).unwrap();
+    gw.send("write");
+    assert_eq!(gw.next_event("write")["refused"], true);
+    let newer = NewerGenerationOpen::start(&db);
+    gw.send("close");
+    gw.next_event("closed");
+    assert!(gw.quit().success());
+    drop(newer);
+    let said = fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("closed with its retired generation uncaptured"),
+        "{said}"
+    );
+    assert!(
+        said.contains("is exiting with the retired generation") && said.contains("LOST"),
+        "the last word at exit: {said}"
     );
 }

@@ -40,8 +40,11 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                         state.set_main_image(Some(Box::new(MainImage(held.ptr))));
                         log::error!(
                             "hermes-guard: {} closed with its retired generation uncaptured; its \
-                             descriptor is held and the capture is retried at the next open or \
-                             close (or hermes_guard::retry_pending_captures)",
+                             descriptors are held and the capture is retried at the next open or \
+                             close in this process, at its exit, or on request (Python: \
+                             hermes_guard.retry_pending_captures(); Rust: \
+                             hermes_guard::retry_pending_captures()); `hermes-guard held` shows \
+                             where its bytes are while the process lives",
                             state.db_path().display()
                         );
                         let mut pending = PENDING.lock();

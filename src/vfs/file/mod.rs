@@ -116,7 +116,7 @@ mod wal_reset;
 
 pub(super) use self::layout::os_file_size;
 pub(super) use self::open::open;
-pub(crate) use self::pending::{held, retry_pending_captures, Caller};
+pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
 use self::{
     close::*, controls::*, hot::*, layout::*, open::*, pending::*, shm::*, sqlite_private::*,
 };

@@ -94,3 +94,32 @@ pub(crate) fn held() -> (usize, usize) {
         .sum();
     (pending.len(), descriptors)
 }
+
+/// At a normal process exit (`atexit`, registered with the VFS): one last attempt at every held
+/// generation's capture (the fallback capture directory included); each that still fails is said
+/// plainly at ERROR — its rows end with the process. Panic-free; skipped if another thread holds
+/// the list (a process exiting under a running capture).
+pub(crate) extern "C" fn at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        if PENDING_COUNT.load(Ordering::Acquire) == 0 || PENDING.is_locked() {
+            return;
+        }
+        if retry_pending_captures(Caller::Application) == 0 {
+            return;
+        }
+        let Some(pending) = PENDING.try_lock() else {
+            return;
+        };
+        for (state, _) in pending.iter() {
+            log::error!(
+                "hermes-guard: this process is exiting with the retired generation of {} still \
+                 uncaptured ({}): the rows it committed after its last checkpoint are LOST with \
+                 the process (nothing could be written beside the database nor in the fallback \
+                 capture directory, {})",
+                state.db_path().display(),
+                state.capture_error().unwrap_or_default(),
+                crate::capture::fallback::ORPHAN_DIR_ENV
+            );
+        }
+    });
+}

@@ -73,6 +73,11 @@ impl DbState {
         }
     }
 
+    /// The last capture failure, while no capture exists.
+    pub(crate) fn capture_error(&self) -> Option<String> {
+        self.inner.lock().capture_error.clone()
+    }
+
     /// Whether the main file object must be kept open after SQLite closes it, because it is the
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
