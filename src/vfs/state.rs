@@ -4,6 +4,8 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::fs::File;
+use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -361,15 +363,37 @@ impl DbState {
         self.inner.lock().main_image = image;
     }
 
-    /// Called when SQLite has opened `<db>-wal` for this database. A WAL the guard cannot pin
-    /// is one whose loss it could neither see nor capture: the caller fails the open.
-    pub(crate) fn pin_wal(&self, wal_path: &Path) -> std::io::Result<()> {
-        let wal = PinnedWal::open(wal_path).inspect_err(|e| {
-            log::error!(
-                "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the open",
-                wal_path.display()
-            )
-        })?;
+    /// Called when SQLite has opened `<db>-wal` for this database, with SQLite's own descriptor
+    /// of it when the shim can see into the wrapped file (the unix VFS): the pin then borrows it,
+    /// and the guard holds no descriptor of its own while the generation is live. Otherwise (a
+    /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
+    /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
+    /// could neither see nor capture: the caller fails the open.
+    pub(crate) fn pin_wal(
+        &self,
+        wal_path: &Path,
+        sqlite: Option<ManuallyDrop<File>>,
+    ) -> std::io::Result<()> {
+        let borrowed = match sqlite {
+            Some(fd) => PinnedWal::borrowed(fd, wal_path).unwrap_or_else(|e| {
+                log::debug!(
+                    "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by                      path",
+                    wal_path.display()
+                );
+                None
+            }),
+            None => None,
+        };
+        let wal = match borrowed {
+            Some(wal) => wal,
+            None => PinnedWal::open(wal_path).inspect_err(|e| {
+                log::error!(
+                    "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the \
+                     open",
+                    wal_path.display()
+                )
+            })?,
+        };
         self.inner.lock().wal = Some(wal);
         self.last_wal_offset.store(i64::MAX, Ordering::Release);
         self.wal_pinned.store(true, Ordering::Release);
@@ -400,20 +424,29 @@ impl DbState {
         }
     }
 
-    /// Called when SQLite closes the WAL file object.
-    pub(crate) fn wal_closed(&self) {
+    /// Called when SQLite is about to close the WAL file object (before the wrapped close: a
+    /// pin that borrows SQLite's descriptor must let go of it, or own a `dup` of it, first).
+    /// A retired generation that is still to be captured, or may be healed at the main file's
+    /// close, keeps its WAL through a descriptor of the guard's own; every other pin is dropped.
+    pub(crate) fn wal_closing(&self) {
         let mut inner = self.inner.lock();
         let Some(id) = inner.wal.as_ref().map(PinnedWal::id) else {
             return;
         };
         JUST_CLOSED_WAL.with(|j| *j.borrow_mut() = Some((self.wal_path.clone(), id)));
-        if inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing() {
-            // The descriptor is the only way left to the retired frames: keep it for the retry.
-            return;
-        }
-        if healing::may_heal(&inner) {
+        let keep = (inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing())
             // Until the main file's close, which may check the frames back in (`healing.rs`).
-            return;
+            || healing::may_heal(&inner);
+        if keep {
+            // The descriptor is the only way left to the retired frames: keep it for the retry
+            // or the heal. Normally owned since the retirement (`check_pins`).
+            match inner.wal.as_mut().map(PinnedWal::own) {
+                Some(Err(e)) => log::error!(
+                    "hermes-guard: cannot keep a descriptor of the retired WAL {} ({id}) past its                      close: {e}; its frames that no capture holds are lost with SQLite's close",
+                    self.wal_path.display()
+                ),
+                _ => return,
+            }
         }
         inner.wal = None;
         inner.generation = None;

@@ -56,6 +56,7 @@ mod close_capture;
 mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
+mod descriptors;
 mod directory_deleted;
 mod directory_moved;
 mod exclusive_and_rollback;

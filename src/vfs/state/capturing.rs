@@ -61,7 +61,7 @@ impl DbState {
     /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
     /// shared memory), whatever SQLite asked before: a generation retired since the last check
     /// is captured now, from the descriptors still open, or kept for the retry (see
-    /// [`DbState::wal_closed`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
+    /// [`DbState::wal_closing`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
     /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
     pub(crate) fn check_at_close(&self) {
         if !self.wal_pinned() && !self.is_retired() {

@@ -222,6 +222,15 @@ impl DbState {
         };
         inner.reason = Some(reason);
         self.retired.store(true, Ordering::SeqCst);
+        // The retired WAL must outlive SQLite's descriptor of it: a descriptor of the guard's
+        // own from now on (a `dup`; failing that, tried again before SQLite's close).
+        if let Some(Err(e)) = inner.wal.as_mut().map(PinnedWal::own) {
+            log::warn!(
+                "hermes-guard: cannot take a descriptor of the retired WAL {}: {e}; tried again \
+                 before its close",
+                self.wal_path.display()
+            );
+        }
         // The WAL's writes go through the gate from now on, and it refuses them: its first
         // test is this flag (see `write_lock`).
         inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
