@@ -6,6 +6,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fs::File;
 use std::mem::ManuallyDrop;
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -18,11 +19,11 @@ use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{sidecar, Captured, ImageSource};
 use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
-use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 mod capturing;
+mod dir;
 mod gates;
 mod healing;
 mod open_here;
@@ -30,6 +31,7 @@ mod open_here;
 mod tests;
 mod wal_reset;
 
+use dir::DirSlot;
 pub(crate) use healing::MainFile;
 pub(crate) use wal_reset::WalResetSlot;
 
@@ -117,9 +119,9 @@ pub(crate) struct DbState {
     verified_changes: AtomicU64,
     /// `watch`'s lock-free half (NONE without a watch): what the fast check uses.
     fast_watch: FastWatch,
-    /// The database's directory, held since the open (shared per directory): the capture is
-    /// written into it, so it lands beside the database even if the directory was moved away.
-    dir: Option<Arc<DirHandle>>,
+    /// The database's directory (`state/dir.rs`): found and held when a capture or a heal needs
+    /// it, so it lands beside the database even if the directory was moved away.
+    dir: Mutex<DirSlot>,
     /// The lock shield of this connection (`shield.rs`).
     shield: Shield,
     /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
@@ -262,24 +264,12 @@ thread_local! {
 }
 
 impl DbState {
-    pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
+    /// `main_fd`: SQLite's descriptor of the main file, when the shim can see into the wrapped
+    /// file (the directory is then found when needed, see `state/dir.rs`).
+    pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<DbState> {
         // Watch first, pin second: a change after the pin is then always seen.
         let watch = db_path.parent().and_then(DirWatch::new);
-        let dir = db_path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .and_then(|parent| match DirHandle::open_shared(parent) {
-                Ok(dir) => Some(dir),
-                Err(e) => {
-                    log::warn!(
-                        "hermes-guard: cannot open the directory {} of {}: {e}; a capture will \
-                         be written by path, and not at all if the directory is moved away",
-                        parent.display(),
-                        db_path.display()
-                    );
-                    None
-                }
-            });
+        let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd));
         let main_id = match identity_of_path(&db_path) {
             Ok(id) => id,
             Err(e) => {
@@ -576,7 +566,7 @@ impl DbState {
     /// Where the capture written at `at` is now: inside the held directory, wherever that went
     /// since.
     fn capture_now(&self, at: &Path) -> PathBuf {
-        match (&self.dir, at.file_name()) {
+        match (self.dir(), at.file_name()) {
             (Some(dir), Some(name)) => dir.current_path().join(name),
             _ => at.to_path_buf(),
         }

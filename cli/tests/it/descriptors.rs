@@ -80,3 +80,26 @@ test_alone! {
         assert_eq!(count_like(&restored, &sentinel), 1);
     }
 }
+
+test_alone! {
+    fn databases_each_in_its_own_directory_cost_what_stock_costs() {
+        let base = tempfile::tempdir().unwrap();
+        warm_up(base.path());
+        let stock_base = base.path().join("stock");
+        let guarded_base = base.path().join("guarded");
+        fs::create_dir(&stock_base).unwrap();
+        fs::create_dir(&guarded_base).unwrap();
+        let before = open_descriptors().len();
+        let stock = open_many(&stock_base, open_stock);
+        let with_stock = open_descriptors().len();
+        let guarded = open_many(&guarded_base, open_guarded);
+        let with_both = open_descriptors().len();
+        drop((stock, guarded));
+        assert_eq!(
+            with_both - with_stock,
+            with_stock - before,
+            "{DATABASES} guarded databases against {DATABASES} stock ones"
+        );
+        assert_eq!(with_stock - before, 3 * DATABASES, "stock: main, WAL, -shm each");
+    }
+}

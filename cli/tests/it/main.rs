@@ -69,6 +69,7 @@ mod held_cli;
 mod lock_shield;
 mod long_names;
 mod main_replaced;
+mod many_databases;
 mod mounts;
 mod no_false_alarm;
 mod non_utf8_paths;

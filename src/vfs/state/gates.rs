@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use super::{DbState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::{Backfill, RetireReason};
-use crate::vfs::retry;
 use crate::vfs::watch::DirWatch;
 
 impl DbState {
@@ -237,7 +236,7 @@ impl DbState {
         self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
         // The fast check no longer vouches (see `check_fast` and `check`).
         self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
-        if self.dir.as_deref().is_some_and(retry::directory_deleted) {
+        if self.directory_deleted() {
             // Deleted on purpose, most likely: said once, at WARN, where the capture is decided
             // (`state/capturing.rs`), not as a loss.
             log::info!(

@@ -77,7 +77,7 @@ impl Fixture {
         let db = dir.path().join("state.db");
         fs::write(&db, b"main image").expect("write db");
         fs::write(sidecar(&db, "-wal"), wal).expect("write wal");
-        let state = DbState::new(db.clone());
+        let state = DbState::new(db.clone(), None);
         state.pin_wal(&sidecar(&db, "-wal"), None).expect("pin wal");
         Fixture {
             _dir: dir,
@@ -168,7 +168,7 @@ fn without_a_pinned_wal_the_main_lock_level_leaves_the_gate_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("rollback.db");
     fs::write(&db, b"x").expect("write");
-    let state = DbState::new(db);
+    let state = DbState::new(db, None);
     let gate = RecordingGate::default();
     state.attach_wal_gate(Box::new(gate.clone()));
     state.main_lock_level(true);
