@@ -367,7 +367,8 @@ impl DbState {
         let borrowed = match sqlite {
             Some(fd) => PinnedWal::borrowed(fd, wal_path).unwrap_or_else(|e| {
                 log::debug!(
-                    "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by                      path",
+                    "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by \
+                     path",
                     wal_path.display()
                 );
                 None
@@ -432,7 +433,8 @@ impl DbState {
             // or the heal. Normally owned since the retirement (`check_pins`).
             match inner.wal.as_mut().map(PinnedWal::own) {
                 Some(Err(e)) => log::error!(
-                    "hermes-guard: cannot keep a descriptor of the retired WAL {} ({id}) past its                      close: {e}; its frames that no capture holds are lost with SQLite's close",
+                    "hermes-guard: cannot keep a descriptor of the retired WAL {} ({id}) past its \
+                     close: {e}; its frames that no capture holds are lost with SQLite's close",
                     self.wal_path.display()
                 ),
                 _ => return,
