@@ -4,6 +4,7 @@
 use std::fmt;
 use std::fs::File;
 use std::io;
+use std::mem::ManuallyDrop;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -101,14 +102,30 @@ pub fn identity_of_fd<F: AsFd>(fd: F) -> io::Result<FileId> {
     Ok(FileId::of(&rustix::fs::fstat(fd)?))
 }
 
-/// A descriptor of the guard's own on one WAL inode, and the identity it was pinned with.
+/// The WAL inode a generation is pinned to, and a descriptor that reaches it.
+///
+/// Where the guard can see into the wrapped file (the unix VFS), the descriptor is SQLite's own
+/// (borrowed: no descriptor of the guard's while the generation is live); the guard takes one of
+/// its own (a `dup`, [`PinnedWal::own`]) when the generation retires and again, at the latest,
+/// before SQLite closes the WAL, so a retired generation stays readable after SQLite let go. For
+/// a VFS it cannot see into, a read-only descriptor of its own from the start.
 ///
 /// SQLite takes no POSIX lock on the WAL, so holding and closing a descriptor of our own on it
 /// cannot drop a lock anybody relies on (unlike a second descriptor on the main file or `-shm`).
 #[derive(Debug)]
 pub struct PinnedWal {
-    file: File,
+    file: WalDescriptor,
     id: FileId,
+}
+
+/// Whose descriptor a [`PinnedWal`] reads through.
+#[derive(Debug)]
+pub enum WalDescriptor {
+    /// The guard's own: closed when the pin is dropped.
+    Own(File),
+    /// SQLite's, never closed by the guard: valid only until SQLite closes the WAL, which the
+    /// shim never lets happen before the pin is dropped or made [`PinnedWal::own`].
+    Sqlite(ManuallyDrop<File>),
 }
 
 impl PinnedWal {
@@ -116,7 +133,20 @@ impl PinnedWal {
     pub fn open(path: &Path) -> io::Result<PinnedWal> {
         let file = File::open(path)?;
         let id = identity_of_fd(&file)?;
-        Ok(PinnedWal { file, id })
+        Ok(PinnedWal {
+            file: WalDescriptor::Own(file),
+            id,
+        })
+    }
+
+    /// Pins the inode `file` (SQLite's descriptor of the WAL, see [`WalDescriptor::Sqlite`])
+    /// refers to, if it is the file `path` names now: else `None`, and the caller pins by path.
+    pub fn borrowed(file: ManuallyDrop<File>, path: &Path) -> io::Result<Option<PinnedWal>> {
+        let id = identity_of_fd(&*file)?;
+        Ok((identity_of_path(path)? == Some(id)).then_some(PinnedWal {
+            file: WalDescriptor::Sqlite(file),
+            id,
+        }))
     }
 
     /// The pinned identity.
@@ -124,14 +154,26 @@ impl PinnedWal {
         self.id
     }
 
-    /// The held descriptor: reads through it reach the pinned inode whatever its name is now.
+    /// Makes the descriptor the guard's own: a `dup` (close-on-exec) of SQLite's, which outlives
+    /// SQLite's close of the WAL. Nothing to do when it already is.
+    pub fn own(&mut self) -> io::Result<()> {
+        if let WalDescriptor::Sqlite(sqlite) = &self.file {
+            self.file = WalDescriptor::Own(sqlite.try_clone()?);
+        }
+        Ok(())
+    }
+
+    /// The descriptor: reads through it reach the pinned inode whatever its name is now.
     pub fn file(&self) -> &File {
-        &self.file
+        match &self.file {
+            WalDescriptor::Own(file) => file,
+            WalDescriptor::Sqlite(file) => file,
+        }
     }
 
     /// The pinned WAL's size now.
     pub fn size(&self) -> io::Result<u64> {
-        Ok(self.file.metadata()?.len())
+        Ok(self.file().metadata()?.len())
     }
 }
 

@@ -82,8 +82,13 @@ fn unhex(h: &str) -> Option<Vec<u8>> {
 #[derive(Debug)]
 pub(crate) struct DirHandle {
     fd: OwnedFd,
+    /// Its identity.
+    id: FileId,
     /// The path it was opened by, for when `/proc` cannot say where it is now.
     opened_as: PathBuf,
+    /// Reached through a detached copy of a mount (see [`DirHandle::hidden`]): `/proc` names it
+    /// inside that copy, so its path is the one it was opened by.
+    detached: bool,
 }
 
 static SHARED: Mutex<Option<HashMap<FileId, Weak<DirHandle>>>> = Mutex::new(None);
@@ -103,10 +108,39 @@ impl DirHandle {
         map.retain(|_, w| w.strong_count() > 0);
         let handle = Arc::new(DirHandle {
             fd,
+            id,
             opened_as: dir.to_path_buf(),
+            detached: false,
         });
         map.insert(id, Arc::downgrade(&handle));
         Ok(handle)
+    }
+
+    /// The directory `dir` whose identity is `id`, hidden since under a mount (a mount over it
+    /// or over a directory above it): reached through a copy of the mount it is on, taken
+    /// without the mounts above it (`open_tree(OPEN_TREE_CLONE)`, which needs `CAP_SYS_ADMIN`).
+    /// Not shared; `None` when no ancestor's copy leads to it.
+    pub(crate) fn hidden(dir: &Path, id: FileId) -> Option<Arc<DirHandle>> {
+        use rustix::mount::{open_tree, OpenTreeFlags};
+        let flags = OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC;
+        dir.ancestors().skip(1).find_map(|above| {
+            let tree = open_tree(CWD, above, flags).ok()?;
+            let inside = dir.strip_prefix(above).ok()?;
+            let fd = open_dir(&tree, inside).ok()?;
+            (identity_of_fd(&fd).ok()? == id).then(|| {
+                Arc::new(DirHandle {
+                    fd,
+                    id,
+                    opened_as: dir.to_path_buf(),
+                    detached: true,
+                })
+            })
+        })
+    }
+
+    /// The directory's identity.
+    pub(crate) fn id(&self) -> FileId {
+        self.id
     }
 
     /// The descriptor.
@@ -117,6 +151,9 @@ impl DirHandle {
     /// Where the directory is now, byte for byte (`/proc/self/fd/N`); the path it was opened by
     /// when `/proc` cannot say.
     pub(crate) fn current_path(&self) -> PathBuf {
+        if self.detached {
+            return self.opened_as.clone();
+        }
         std::fs::read_link(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
             .ok()
             .filter(|p| p.is_absolute())

@@ -35,6 +35,11 @@ use crate::status::{StaleWalAction, StaleWalStatus};
 /// The least size of a record's buffer: above glibc's default mmap threshold (128 KiB).
 const OFF_HEAP: usize = 256 * 1024;
 
+/// The bytes a record hashes, read into the same buffer each time: one per process (issue 29: a
+/// buffer per connection cost up to 256 KiB of resident memory each, records are rare, and a
+/// record is written under no other lock of the guard's).
+static RECORD_BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
 /// Write transactions a due record waits for the restart that follows a checkpoint.
 const DUE_TRIES: u8 = 4;
 
@@ -55,8 +60,6 @@ pub(crate) struct StaleWalSlot {
     not_due: AtomicBool,
     /// Write transactions that found a due record's generation unchanged.
     tries: AtomicU8,
-    /// The bytes a record hashes, read into the same buffer each time.
-    buf: Mutex<Vec<u8>>,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
 }
@@ -141,7 +144,7 @@ impl StaleWalSlot {
         ];
         // The recorded fragments of the first pages in one read, into the connection's buffer
         // (zeroed once); a shorter file (a short read) is measured and read again.
-        let mut buf = self.buf.lock();
+        let mut buf = RECORD_BUF.lock();
         let span = recorded_span(RECORDED_PAGES, page_size);
         if buf.len() < span {
             // Kept off the heap's top: the C allocator serves this size from its own mapping,

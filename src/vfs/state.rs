@@ -4,6 +4,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
@@ -16,11 +19,11 @@ use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{sidecar, Captured, ImageSource};
 use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
-use crate::paths::DirHandle;
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 mod capturing;
+mod dir;
 mod gates;
 mod healing;
 mod open_here;
@@ -28,6 +31,7 @@ mod open_here;
 mod tests;
 mod wal_reset;
 
+use dir::DirSlot;
 pub(crate) use healing::MainFile;
 pub(crate) use wal_reset::WalResetSlot;
 
@@ -115,9 +119,9 @@ pub(crate) struct DbState {
     verified_changes: AtomicU64,
     /// `watch`'s lock-free half (NONE without a watch): what the fast check uses.
     fast_watch: FastWatch,
-    /// The database's directory, held since the open (shared per directory): the capture is
-    /// written into it, so it lands beside the database even if the directory was moved away.
-    dir: Option<Arc<DirHandle>>,
+    /// The database's directory (`state/dir.rs`): found and held when a capture or a heal needs
+    /// it, so it lands beside the database even if the directory was moved away.
+    dir: Mutex<DirSlot>,
     /// The lock shield of this connection (`shield.rs`).
     shield: Shield,
     /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
@@ -260,24 +264,12 @@ thread_local! {
 }
 
 impl DbState {
-    pub(crate) fn new(db_path: PathBuf) -> Arc<DbState> {
+    /// `main_fd`: SQLite's descriptor of the main file, when the shim can see into the wrapped
+    /// file (the directory is then found when needed, see `state/dir.rs`).
+    pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<DbState> {
         // Watch first, pin second: a change after the pin is then always seen.
         let watch = db_path.parent().and_then(DirWatch::new);
-        let dir = db_path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .and_then(|parent| match DirHandle::open_shared(parent) {
-                Ok(dir) => Some(dir),
-                Err(e) => {
-                    log::warn!(
-                        "hermes-guard: cannot open the directory {} of {}: {e}; a capture will \
-                         be written by path, and not at all if the directory is moved away",
-                        parent.display(),
-                        db_path.display()
-                    );
-                    None
-                }
-            });
+        let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd));
         let main_id = match identity_of_path(&db_path) {
             Ok(id) => id,
             Err(e) => {
@@ -361,15 +353,38 @@ impl DbState {
         self.inner.lock().main_image = image;
     }
 
-    /// Called when SQLite has opened `<db>-wal` for this database. A WAL the guard cannot pin
-    /// is one whose loss it could neither see nor capture: the caller fails the open.
-    pub(crate) fn pin_wal(&self, wal_path: &Path) -> std::io::Result<()> {
-        let wal = PinnedWal::open(wal_path).inspect_err(|e| {
-            log::error!(
-                "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the open",
-                wal_path.display()
-            )
-        })?;
+    /// Called when SQLite has opened `<db>-wal` for this database, with SQLite's own descriptor
+    /// of it when the shim can see into the wrapped file (the unix VFS): the pin then borrows it,
+    /// and the guard holds no descriptor of its own while the generation is live. Otherwise (a
+    /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
+    /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
+    /// could neither see nor capture: the caller fails the open.
+    pub(crate) fn pin_wal(
+        &self,
+        wal_path: &Path,
+        sqlite: Option<ManuallyDrop<File>>,
+    ) -> std::io::Result<()> {
+        let borrowed = match sqlite {
+            Some(fd) => PinnedWal::borrowed(fd, wal_path).unwrap_or_else(|e| {
+                log::debug!(
+                    "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by \
+                     path",
+                    wal_path.display()
+                );
+                None
+            }),
+            None => None,
+        };
+        let wal = match borrowed {
+            Some(wal) => wal,
+            None => PinnedWal::open(wal_path).inspect_err(|e| {
+                log::error!(
+                    "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the \
+                     open",
+                    wal_path.display()
+                )
+            })?,
+        };
         self.inner.lock().wal = Some(wal);
         self.last_wal_offset.store(i64::MAX, Ordering::Release);
         self.wal_pinned.store(true, Ordering::Release);
@@ -400,20 +415,30 @@ impl DbState {
         }
     }
 
-    /// Called when SQLite closes the WAL file object.
-    pub(crate) fn wal_closed(&self) {
+    /// Called when SQLite is about to close the WAL file object (before the wrapped close: a
+    /// pin that borrows SQLite's descriptor must let go of it, or own a `dup` of it, first).
+    /// A retired generation that is still to be captured, or may be healed at the main file's
+    /// close, keeps its WAL through a descriptor of the guard's own; every other pin is dropped.
+    pub(crate) fn wal_closing(&self) {
         let mut inner = self.inner.lock();
         let Some(id) = inner.wal.as_ref().map(PinnedWal::id) else {
             return;
         };
         JUST_CLOSED_WAL.with(|j| *j.borrow_mut() = Some((self.wal_path.clone(), id)));
-        if inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing() {
-            // The descriptor is the only way left to the retired frames: keep it for the retry.
-            return;
-        }
-        if healing::may_heal(&inner) {
+        let keep = (inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing())
             // Until the main file's close, which may check the frames back in (`healing.rs`).
-            return;
+            || healing::may_heal(&inner);
+        if keep {
+            // The descriptor is the only way left to the retired frames: keep it for the retry
+            // or the heal. Normally owned since the retirement (`check_pins`).
+            match inner.wal.as_mut().map(PinnedWal::own) {
+                Some(Err(e)) => log::error!(
+                    "hermes-guard: cannot keep a descriptor of the retired WAL {} ({id}) past its \
+                     close: {e}; its frames that no capture holds are lost with SQLite's close",
+                    self.wal_path.display()
+                ),
+                _ => return,
+            }
         }
         inner.wal = None;
         inner.generation = None;
@@ -543,7 +568,7 @@ impl DbState {
     /// Where the capture written at `at` is now: inside the held directory, wherever that went
     /// since.
     fn capture_now(&self, at: &Path) -> PathBuf {
-        match (&self.dir, at.file_name()) {
+        match (self.dir(), at.file_name()) {
             (Some(dir), Some(name)) => dir.current_path().join(name),
             _ => at.to_path_buf(),
         }

@@ -75,13 +75,13 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                 // SQLite lets go of the WAL here whatever it asked before: with
                 // `SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE` it never sent `SQLITE_FCNTL_HAS_MOVED`. A WAL
                 // retired since the last check is found now, while its descriptor and the main
-                // file are still open, and captured (or held, see `wal_closed`).
+                // file are still open, and captured (or held, see `wal_closing`).
                 state.check_at_close();
                 // Before the table goes (at the end of this call).
                 state.detach_wal_gate();
-                let rc = close_sub(&t, sub, heap);
-                state.wal_closed();
-                rc
+                // Before SQLite's descriptor goes: a pin that borrows it lets go or owns a dup.
+                state.wal_closing();
+                close_sub(&t, sub, heap)
             }
             _ => close_sub(&t, sub, heap),
         };

@@ -2,8 +2,11 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
+use std::fs::File;
 use std::io;
 use std::mem::size_of;
+use std::mem::ManuallyDrop;
+use std::os::fd::FromRawFd;
 use std::ptr;
 use std::sync::Arc;
 
@@ -129,7 +132,7 @@ pub(crate) unsafe fn open(
     let path = unsafe { cstr_path(z_name) };
     let (kind, state) = match path {
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
-            let state = DbState::new(path);
+            let state = DbState::new(path, prefix.map(|p| p.h).filter(|&h| h >= 0));
             DbState::opened_here(&state);
             state.set_main_image(Some(Box::new(MainImage(sub))));
             // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS.
@@ -144,7 +147,15 @@ pub(crate) unsafe fn open(
             // SAFETY: `main` is NULL or the main database's file object, open while its WAL is.
             match unsafe { guard_state(main) } {
                 Some(state) => {
-                    if state.pin_wal(&path).is_err() {
+                    let sqlite_fd = prefix.filter(|p| p.h >= 0).map(|p| {
+                        // SAFETY: `prefix` was checked to be the `unixFile` the wrapped xOpen just
+                        // filled in; `h` is its descriptor of the WAL, open until the WAL's
+                        // x_close closes it — and x_close has the state let go of it, or own a
+                        // dup of it, first (`DbState::wal_closing`). `ManuallyDrop`: the guard
+                        // never closes it.
+                        ManuallyDrop::new(unsafe { File::from_raw_fd(p.h) })
+                    });
+                    if state.pin_wal(&path, sqlite_fd).is_err() {
                         return ffi::SQLITE_CANTOPEN;
                     }
                     (Kind::Wal, Some(state))

@@ -61,7 +61,7 @@ impl DbState {
     /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
     /// shared memory), whatever SQLite asked before: a generation retired since the last check
     /// is captured now, from the descriptors still open, or kept for the retry (see
-    /// [`DbState::wal_closed`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
+    /// [`DbState::wal_closing`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
     /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
     pub(crate) fn check_at_close(&self) {
         if !self.wal_pinned() && !self.is_retired() {
@@ -185,18 +185,33 @@ impl DbState {
                 identity: wal.id(),
             });
         };
-        let orphan_dir = match &self.dir {
-            Some(dir) if retry::directory_deleted(dir) => retry::open_orphan_dir(&self.db_path)
-                .map_err(|why| CaptureError::Io {
-                    database: self.db_path.clone(),
-                    artifact: retry::orphan_capture_dir().unwrap_or_default(),
-                    source: std::io::Error::other(why),
-                })?,
-            _ => None,
+        // Found now if the retirement did not (`state/dir.rs`).
+        let dir = self.dir();
+        let deleted = self.directory_deleted();
+        let orphan_dir = if deleted {
+            retry::open_orphan_dir(&self.db_path).map_err(|why| CaptureError::Io {
+                database: self.db_path.clone(),
+                artifact: retry::orphan_capture_dir().unwrap_or_default(),
+                source: std::io::Error::other(why),
+            })?
+        } else {
+            None
         };
+        if deleted && orphan_dir.is_none() && dir.is_none() {
+            // Never by path: another directory may have its name now.
+            return Err(CaptureError::Io {
+                database: self.db_path.clone(),
+                artifact: self
+                    .db_path
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default(),
+                source: std::io::Error::other("the database's directory was deleted"),
+            });
+        }
         let input = CaptureInput {
             database: &self.db_path,
-            dir: orphan_dir.as_deref().or(self.dir.as_deref()),
+            dir: orphan_dir.as_deref().or(dir.as_deref()),
             wal,
             main: main.as_ref(),
             main_id: inner.main_id,
@@ -248,10 +263,7 @@ impl DbState {
     /// descriptors released as the connection's files close (see `worth_capturing`). Returns
     /// whether it did.
     fn let_go_if_orphaned(&self, inner: &mut Inner) -> bool {
-        let Some(dir) = &self.dir else {
-            return false;
-        };
-        if !retry::directory_deleted(dir) || retry::orphan_capture_dir().is_some() {
+        if !self.directory_deleted() || retry::orphan_capture_dir().is_some() {
             return false;
         }
         let directory = self

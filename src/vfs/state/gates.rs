@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use super::{DbState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::{Backfill, RetireReason};
-use crate::vfs::retry;
 use crate::vfs::watch::DirWatch;
 
 impl DbState {
@@ -222,13 +221,22 @@ impl DbState {
         };
         inner.reason = Some(reason);
         self.retired.store(true, Ordering::SeqCst);
+        // The retired WAL must outlive SQLite's descriptor of it: a descriptor of the guard's
+        // own from now on (a `dup`; failing that, tried again before SQLite's close).
+        if let Some(Err(e)) = inner.wal.as_mut().map(PinnedWal::own) {
+            log::warn!(
+                "hermes-guard: cannot take a descriptor of the retired WAL {}: {e}; tried again \
+                 before its close",
+                self.wal_path.display()
+            );
+        }
         // The WAL's writes go through the gate from now on, and it refuses them: its first
         // test is this flag (see `write_lock`).
         inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
         self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
         // The fast check no longer vouches (see `check_fast` and `check`).
         self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
-        if self.dir.as_deref().is_some_and(retry::directory_deleted) {
+        if self.directory_deleted() {
             // Deleted on purpose, most likely: said once, at WARN, where the capture is decided
             // (`state/capturing.rs`), not as a loss.
             log::info!(

@@ -299,8 +299,7 @@ fn put_back_and_checkpoint(
 ) -> Result<Healed, String> {
     let wal = inner.wal.as_ref().ok_or("no pinned WAL")?.file();
     let dir = state
-        .dir
-        .as_deref()
+        .dir()
         .ok_or("no descriptor of the database's directory")?;
     let name = state
         .wal_path

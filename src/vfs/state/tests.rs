@@ -77,8 +77,8 @@ impl Fixture {
         let db = dir.path().join("state.db");
         fs::write(&db, b"main image").expect("write db");
         fs::write(sidecar(&db, "-wal"), wal).expect("write wal");
-        let state = DbState::new(db.clone());
-        state.pin_wal(&sidecar(&db, "-wal")).expect("pin wal");
+        let state = DbState::new(db.clone(), None);
+        state.pin_wal(&sidecar(&db, "-wal"), None).expect("pin wal");
         Fixture {
             _dir: dir,
             db,
@@ -168,7 +168,7 @@ fn without_a_pinned_wal_the_main_lock_level_leaves_the_gate_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("rollback.db");
     fs::write(&db, b"x").expect("write");
-    let state = DbState::new(db);
+    let state = DbState::new(db, None);
     let gate = RecordingGate::default();
     state.attach_wal_gate(Box::new(gate.clone()));
     state.main_lock_level(true);
@@ -435,7 +435,7 @@ fn a_capture_copies_the_pinned_wal_and_the_in_memory_image() {
 #[test]
 fn a_live_wal_is_let_go_at_its_close_and_may_be_deleted_while_it_is_the_one_pinned() {
     let f = Fixture::with_a_frame();
-    f.state.wal_closed();
+    f.state.wal_closing();
     assert!(!f.state.holds_wal());
     assert!(!f.state.wal_pinned());
     assert!(
@@ -447,7 +447,7 @@ fn a_live_wal_is_let_go_at_its_close_and_may_be_deleted_while_it_is_the_one_pinn
 #[test]
 fn a_wal_replaced_before_its_delete_is_not_deleted() {
     let f = Fixture::with_a_frame();
-    f.state.wal_closed();
+    f.state.wal_closing();
     replace(&f.path("-wal"));
     assert!(!may_delete(&f.path("-wal")), "another generation's WAL now");
     assert!(
@@ -462,7 +462,7 @@ fn a_retired_wal_is_held_past_its_close_until_captured() {
     f.state
         .set_main_image(Some(Box::new(MemImage(b"image".to_vec()))));
     f.lose_wal();
-    f.state.wal_closed();
+    f.state.wal_closing();
     assert!(
         f.state.holds_wal(),
         "uncaptured: the descriptor is the only way to its frames"

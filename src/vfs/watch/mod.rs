@@ -327,6 +327,28 @@ impl Drop for DirWatch {
     }
 }
 
+/// Directory watches refused for want of `max_user_watches` (issue 29).
+static WATCHES_REFUSED: AtomicU64 = AtomicU64::new(0);
+
+/// A watch the kernel refused: the user's inotify watches (`fs.inotify.max_user_watches`, shared
+/// by every process of the user) are used up. Said at WARN at the 1st, 2nd, 4th, ... refusal;
+/// the databases in `dir` are checked in full at every transaction start (three `stat`s).
+fn out_of_watches(dir: &Path, held_here: usize) {
+    let n = WATCHES_REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
+    if n.is_power_of_two() {
+        let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
+            .map_or_else(|_| "?".into(), |s| s.trim().to_owned());
+        log::warn!(
+            "hermes-guard: no inotify watch on {}: the user's watches are used up \
+             (fs.inotify.max_user_watches = {limit}; this process holds {held_here}); databases \
+             there are checked in full at every write transaction (three stat calls) instead of \
+             by the watch. Raise the limit (sysctl fs.inotify.max_user_watches) to restore the \
+             fast path ({n} refused so far)",
+            dir.display()
+        );
+    }
+}
+
 impl Watcher {
     fn new() -> Option<Watcher> {
         let fork_marker = ForkMarker::new()?;
@@ -398,6 +420,10 @@ impl Watcher {
             // events); its watch is widened, never narrowed.
             let wd = match inotify::add_watch(&self.inotify, dir, events | WatchFlags::MASK_ADD) {
                 Ok(wd) => wd,
+                Err(rustix::io::Errno::NOSPC) => {
+                    out_of_watches(dir, self.by_wd.len());
+                    return None;
+                }
                 Err(e) => {
                     log::debug!(
                         "hermes-guard: no inotify watch on {} ({e}); full checks there",
