@@ -1,0 +1,190 @@
+//! Crash-point enumeration: run a workload once to count its durable steps (the filesystem
+//! enumerates them), then once per step with the power cut there, and check every disk image
+//! ([`ALL_MODES`]) each cut leaves.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::model::{Crash, Data, Names, ALL_MODES};
+use crate::LazyFs;
+
+/// How long a workload may run before it is taken as hung.
+const WORKLOAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One run of a workload up to a power cut.
+pub struct Run {
+    /// The durable steps performed before the cut.
+    pub steps: Vec<String>,
+    /// What the disk holds.
+    pub crash: Crash,
+    /// The row ids the workload acknowledged (their commit returned OK).
+    pub acked: Vec<i64>,
+    /// The workload's stderr.
+    pub stderr: String,
+}
+
+/// What a check sees of one crash point.
+pub struct Point<'a> {
+    /// `crash before step k of n` or `crash after the last step`.
+    pub label: String,
+    /// The disk image, a directory holding the database as `db_name`.
+    pub image: &'a Path,
+    /// The row ids acknowledged before the cut.
+    pub acked: &'a [i64],
+    /// The image's modes.
+    pub names: Names,
+    /// The image's modes.
+    pub data: Data,
+}
+
+/// Kills the workload when a test fails before it ended.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A scratch directory: `template` (the starting state), then one directory per run.
+pub struct Enumeration {
+    /// The starting state, copied into each run's backing directory.
+    pub template: PathBuf,
+    scratch: PathBuf,
+    workload: PathBuf,
+    args: Vec<String>,
+    runs: usize,
+}
+
+impl Enumeration {
+    /// Runs `workload args... <db in mount> <acks>` over copies of `template` (under `scratch`);
+    /// `db_name` is the database's name inside the template.
+    pub fn new(
+        template: &Path,
+        scratch: &Path,
+        workload: &Path,
+        args: &[&str],
+        db_name: &str,
+    ) -> Self {
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        args.push(db_name.to_string());
+        Enumeration {
+            template: template.to_path_buf(),
+            scratch: scratch.to_path_buf(),
+            workload: workload.to_path_buf(),
+            args,
+            runs: 0,
+        }
+    }
+
+    /// One run, the power cut at step `crash_before` (or after the workload ended).
+    pub fn run(&mut self, crash_before: Option<usize>) -> std::io::Result<Run> {
+        self.runs += 1;
+        let dir = self.scratch.join(format!("run-{}", self.runs));
+        let (backing, mnt) = (dir.join("backing"), dir.join("mnt"));
+        copy_dir(&self.template, &backing)?;
+        std::fs::create_dir(&mnt)?;
+        let acks = dir.join("acks");
+        let stderr_path = dir.join("stderr");
+        let lazy = LazyFs::mount(&backing, &mnt, crash_before)?;
+        let (db_name, scenario) = self.args.split_last().expect("a database name");
+        let child = Command::new(&self.workload)
+            .args(scenario)
+            .arg(mnt.join(db_name))
+            .arg(&acks)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path)?)
+            .spawn()?;
+        let mut child = ChildGuard(child);
+        let started = Instant::now();
+        while child.0.try_wait()?.is_none() {
+            if started.elapsed() > WORKLOAD_TIMEOUT {
+                panic!(
+                    "the workload {:?} hung at crash point {crash_before:?}",
+                    self.args
+                );
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(child);
+        if let Some(k) = crash_before {
+            assert!(
+                lazy.frozen(),
+                "the workload did not reach step {k} again: {:?}",
+                lazy.steps()
+            );
+        }
+        let steps = lazy.steps();
+        let crash = lazy.power_cut()?;
+        let acked = std::fs::read_to_string(&acks)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| l.parse().expect("an acknowledged id"))
+            .collect();
+        let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+        Ok(Run {
+            steps,
+            crash,
+            acked,
+            stderr,
+        })
+    }
+
+    /// Every crash point of the workload: before each durable step and after the last; `check`
+    /// sees each disk image of each. Returns the number of crash points.
+    pub fn each_point(&mut self, mut check: impl FnMut(&Point<'_>)) -> std::io::Result<usize> {
+        let full = self.run(None)?;
+        assert!(
+            full.stderr.is_empty(),
+            "the workload failed without a crash: {}",
+            full.stderr
+        );
+        let n = full.steps.len();
+        let mut points = 0;
+        for k in (1..=n).map(Some).chain([None]) {
+            let run = if k.is_none() {
+                None
+            } else {
+                Some(self.run(k)?)
+            };
+            let run = run.as_ref().unwrap_or(&full);
+            let label = match k {
+                Some(k) => format!("crash before step {k} of {n} ({})", full.steps[k - 1]),
+                None => format!("crash after the last of {n} steps"),
+            };
+            for (i, (names, data)) in ALL_MODES.into_iter().enumerate() {
+                let image = self.scratch.join(format!("image-{}-{i}", self.runs));
+                run.crash.write_image(&image, names, data)?;
+                check(&Point {
+                    label: label.clone(),
+                    image: &image,
+                    acked: &run.acked,
+                    names,
+                    data,
+                });
+                std::fs::remove_dir_all(&image)?;
+            }
+            points += 1;
+            let _ = std::fs::remove_dir_all(self.scratch.join(format!("run-{}", self.runs)));
+        }
+        Ok(points)
+    }
+}
+
+/// Copies the directory tree `from` to `to` (created).
+pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let dest = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &dest)?;
+        } else {
+            std::fs::copy(entry.path(), &dest)?;
+        }
+    }
+    Ok(())
+}
