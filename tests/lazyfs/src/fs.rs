@@ -27,6 +27,11 @@ const TTL: Duration = Duration::ZERO;
 #[derive(Debug)]
 pub(crate) struct Inner {
     pub backing: PathBuf,
+    /// Where unlinked (and renamed-over) files are kept, as `<id>`, so that a power cut that
+    /// undoes the unlink brings back the same inode, as a disk would: `<backing>.lazyfs-unlinked`.
+    pub graveyard: PathBuf,
+    /// The files in the graveyard (their `st_nlink` reads 0).
+    pub buried: HashMap<u64, PathBuf>,
     pub model: Model,
     /// Backing inode number to id, for the files alive in the backing directory.
     pub ids: HashMap<u64, u64>,
@@ -53,8 +58,14 @@ struct Handle {
 impl Inner {
     /// The state of `backing`, everything in it durable.
     pub fn new(backing: PathBuf, crash_before: Option<usize>) -> std::io::Result<Self> {
+        let mut name = backing.file_name().unwrap_or_default().to_os_string();
+        name.push(".lazyfs-unlinked");
+        let graveyard = backing.with_file_name(name);
+        std::fs::create_dir_all(&graveyard)?;
         let mut inner = Inner {
             backing,
+            graveyard,
+            buried: HashMap::new(),
             model: Model::default(),
             ids: HashMap::new(),
             paths: HashMap::new(),
@@ -144,7 +155,11 @@ impl Inner {
             crtime: SystemTime::UNIX_EPOCH,
             kind: FileType::from_std(meta.file_type()).unwrap_or(FileType::RegularFile),
             perm: (meta.mode() & 0o7777) as u16,
-            nlink: meta.nlink() as u32,
+            nlink: if self.buried.contains_key(&id) {
+                0
+            } else {
+                meta.nlink() as u32
+            },
             uid: meta.uid(),
             gid: meta.gid(),
             rdev: meta.rdev() as u32,
@@ -324,6 +339,17 @@ impl Filesystem for LazyFsFs {
             with |= rustix::fs::RenameFlags::NOREPLACE;
         }
         let (a, b) = (s.backing.join(&from), s.backing.join(&to));
+        if std::fs::symlink_metadata(&a).is_err() {
+            return reply.error(Errno::ENOENT);
+        }
+        if let Ok(target) = std::fs::symlink_metadata(&b) {
+            if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+                return reply.error(Errno::EEXIST);
+            }
+            if !target.is_dir() {
+                attempt!(reply, s.bury_or_remove(&to).map_err(io));
+            }
+        }
         let cwd = rustix::fs::CWD;
         attempt!(
             reply,
@@ -642,6 +668,25 @@ impl LazyFsFs {
 }
 
 impl Inner {
+    /// Moves the file at `rel` (its last link) into the graveyard instead of freeing it; other
+    /// links or a directory are removed for real.
+    fn bury_or_remove(&mut self, rel: &Path) -> std::io::Result<()> {
+        let path = self.backing.join(rel);
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.is_dir() {
+            return std::fs::remove_dir(&path);
+        }
+        match self.ids.get(&meta.ino()) {
+            Some(&id) if meta.nlink() == 1 => {
+                let grave = self.graveyard.join(id.to_string());
+                std::fs::rename(&path, &grave)?;
+                self.buried.insert(id, grave);
+                Ok(())
+            }
+            _ => std::fs::remove_file(&path),
+        }
+    }
+
     fn add_handle(&mut self, id: u64, file: File, flags: i32) -> u64 {
         let fh = self.next_fh;
         self.next_fh += 1;

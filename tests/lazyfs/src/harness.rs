@@ -22,6 +22,8 @@ pub struct Run {
     pub acked: Vec<i64>,
     /// The workload's stderr.
     pub stderr: String,
+    /// The backing directory the workload wrote through the mount.
+    pub backing: PathBuf,
 }
 
 /// What a check sees of one crash point.
@@ -32,6 +34,8 @@ pub struct Point<'a> {
     pub image: &'a Path,
     /// The row ids acknowledged before the cut.
     pub acked: &'a [i64],
+    /// The durable steps performed before the cut.
+    pub steps: &'a [String],
     /// The image's modes.
     pub names: Names,
     /// The image's modes.
@@ -130,11 +134,13 @@ impl Enumeration {
             crash,
             acked,
             stderr,
+            backing,
         })
     }
 
     /// Every crash point of the workload: before each durable step and after the last; `check`
-    /// sees each disk image of each. Returns the number of crash points.
+    /// sees the disk each leaves under each of [`ALL_MODES`] (a run per mode: the disk is restored
+    /// in place, every surviving file keeping its inode). Returns the number of crash points.
     pub fn each_point(&mut self, mut check: impl FnMut(&Point<'_>)) -> std::io::Result<usize> {
         let full = self.run(None)?;
         assert!(
@@ -145,30 +151,24 @@ impl Enumeration {
         let n = full.steps.len();
         let mut points = 0;
         for k in (1..=n).map(Some).chain([None]) {
-            let run = if k.is_none() {
-                None
-            } else {
-                Some(self.run(k)?)
-            };
-            let run = run.as_ref().unwrap_or(&full);
             let label = match k {
                 Some(k) => format!("crash before step {k} of {n} ({})", full.steps[k - 1]),
                 None => format!("crash after the last of {n} steps"),
             };
-            for (i, (names, data)) in ALL_MODES.into_iter().enumerate() {
-                let image = self.scratch.join(format!("image-{}-{i}", self.runs));
-                run.crash.write_image(&image, names, data)?;
+            for (names, data) in ALL_MODES {
+                let run = self.run(k)?;
+                run.crash.restore(names, data)?;
                 check(&Point {
                     label: label.clone(),
-                    image: &image,
+                    image: &run.backing,
                     acked: &run.acked,
+                    steps: &run.steps,
                     names,
                     data,
                 });
-                std::fs::remove_dir_all(&image)?;
+                let _ = std::fs::remove_dir_all(self.scratch.join(format!("run-{}", self.runs)));
             }
             points += 1;
-            let _ = std::fs::remove_dir_all(self.scratch.join(format!("run-{}", self.runs)));
         }
         Ok(points)
     }

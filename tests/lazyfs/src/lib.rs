@@ -3,7 +3,9 @@
 //! [`LazyFs::mount`] serves a backing directory at a mount point through FUSE. Everything written
 //! is visible at once; only what an `fsync`/`fdatasync` of the file (its data) or of its directory
 //! (its names) made durable survives [`LazyFs::power_cut`], which unmounts and returns the
-//! [`Crash`]: [`Crash::write_image`] writes the disk it leaves into a directory, with the names
+//! [`Crash`]: [`Crash::restore`] turns the backing directory into the disk it leaves, in place
+//! (a file that survives keeps its inode, as on a disk), and [`Crash::write_image`] writes a copy
+//! of it into another directory, with the names
 //! of [`Names::Strict`] (POSIX) or [`Names::Ordered`] (journaled metadata) and the unsynced data
 //! dropped or torn ([`Data`]). With a crash point armed (`crash_before`: the 1-based number of a
 //! durable step) the filesystem freezes at that step without performing it and fails everything
@@ -92,18 +94,20 @@ impl LazyFs {
     pub fn power_cut(mut self) -> io::Result<Crash> {
         self.unmount()?;
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let mut visible = HashMap::new();
+        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
         for (&ino, &id) in &inner.ids {
             if inner.model.dirs.contains(&id) {
                 continue;
             }
-            let Some(rel) = inner.paths.get(&id) else {
-                continue;
+            let path = match (inner.buried.get(&id), inner.paths.get(&id)) {
+                (Some(grave), _) => grave.clone(),
+                (None, Some(rel)) => inner.backing.join(rel),
+                (None, None) => continue,
             };
-            let path = inner.backing.join(rel);
             match std::fs::symlink_metadata(&path) {
                 Ok(meta) if meta.ino() == ino && meta.is_file() => {
                     visible.insert(id, std::fs::read(&path)?);
+                    located.insert(id, path);
                 }
                 _ => {}
             }
@@ -111,6 +115,9 @@ impl LazyFs {
         Ok(Crash {
             model: inner.model.clone(),
             visible,
+            located,
+            backing: inner.backing.clone(),
+            graveyard: inner.graveyard.clone(),
         })
     }
 

@@ -15,8 +15,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
-use std::io;
-use std::path::Path;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 
 /// The page size of a torn write.
 pub const PAGE: usize = 4096;
@@ -115,11 +115,93 @@ impl Model {
 pub struct Crash {
     /// The durable state.
     pub model: Model,
-    /// Every reachable file's visible bytes at the cut, per id.
+    /// Every file's visible bytes at the cut, per id (unlinked ones included).
     pub visible: HashMap<u64, Vec<u8>>,
+    /// Where each file is now: in the backing directory, or in the graveyard once unlinked.
+    pub located: HashMap<u64, PathBuf>,
+    /// The backing directory.
+    pub backing: PathBuf,
+    /// Where the unlinked files are kept (`<backing>.lazyfs-unlinked`).
+    pub graveyard: PathBuf,
 }
 
 impl Crash {
+    /// Turns the backing directory into the disk this crash leaves, under `names` and `data`, in
+    /// place: every file that survives is the same inode as before the cut (moved back from the
+    /// graveyard when an unlink or a rename over it is undone), its bytes those `data` says.
+    pub fn restore(&self, names: Names, data: Data) -> io::Result<()> {
+        for (&id, path) in &self.located {
+            let grave = self.graveyard.join(id.to_string());
+            if path != &grave {
+                std::fs::rename(path, &grave)?;
+            }
+        }
+        for entry in std::fs::read_dir(&self.backing)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                std::fs::remove_dir_all(&path)?;
+            } else {
+                std::fs::remove_file(&path)?;
+            }
+        }
+        let table = match names {
+            Names::Strict => &self.model.strict,
+            Names::Ordered => &self.model.ordered,
+        };
+        let mut placed = HashMap::new();
+        let mut seen = HashSet::new();
+        self.restore_dir(
+            table,
+            self.model.root,
+            &self.backing,
+            data,
+            &mut placed,
+            &mut seen,
+        )?;
+        std::fs::remove_dir_all(&self.graveyard)
+    }
+
+    fn restore_dir(
+        &self,
+        table: &HashMap<u64, Entries>,
+        dir: u64,
+        dest: &Path,
+        data: Data,
+        placed: &mut HashMap<u64, PathBuf>,
+        seen: &mut HashSet<u64>,
+    ) -> io::Result<()> {
+        if !seen.insert(dir) {
+            return Ok(());
+        }
+        let Some(entries) = table.get(&dir) else {
+            return Ok(());
+        };
+        for (name, &id) in entries {
+            let path = dest.join(name);
+            if self.model.dirs.contains(&id) {
+                std::fs::create_dir(&path)?;
+                self.restore_dir(table, id, &path, data, placed, seen)?;
+                continue;
+            }
+            if let Some(first) = placed.get(&id) {
+                std::fs::hard_link(first, &path)?;
+                continue;
+            }
+            let grave = self.graveyard.join(id.to_string());
+            if grave.exists() {
+                std::fs::rename(&grave, &path)?;
+            }
+            let mut file = std::fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .open(&path)?;
+            file.write_all(&self.file_bytes(id, data))?;
+            placed.insert(id, path);
+        }
+        Ok(())
+    }
+
     /// Writes the disk this crash leaves, under `names` and `data`, into the directory `dest`
     /// (created; it must not exist yet).
     pub fn write_image(&self, dest: &Path, names: Names, data: Data) -> io::Result<()> {

@@ -232,3 +232,34 @@ fn the_durable_steps_are_enumerated_in_order() {
         ]
     );
 }
+
+#[test]
+fn restored_in_place_an_undone_unlink_brings_back_the_same_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let s = setup(&[("f", b"kept")]);
+    let inode = fs::metadata(s.backing.join("f")).unwrap().ino();
+    let lazy = mount(&s, None);
+    fs::remove_file(lazy.path().join("f")).unwrap();
+    let crash = lazy.power_cut().unwrap();
+    crash.restore(Names::Strict, Data::Drop).unwrap();
+    let meta = fs::metadata(s.backing.join("f")).unwrap();
+    assert_eq!(meta.ino(), inode);
+    assert_eq!(fs::read(s.backing.join("f")).unwrap(), b"kept");
+}
+
+#[test]
+fn restored_in_place_the_backing_directory_holds_only_what_is_durable() {
+    let s = setup(&[("f", b"unlinked"), ("g", b"old")]);
+    let lazy = mount(&s, None);
+    fs::remove_file(lazy.path().join("f")).unwrap();
+    fs::remove_file(lazy.path().join("g")).unwrap();
+    dir_sync(lazy.path());
+    fs::write(lazy.path().join("g"), b"new, name never synced").unwrap();
+    let crash = lazy.power_cut().unwrap();
+    crash.restore(Names::Strict, Data::Drop).unwrap();
+    let left: Vec<_> = fs::read_dir(&s.backing)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -7,11 +7,16 @@
 //! - `commits-full`, `commits-normal`: 24 commits through `hermes-guard` with
 //!   `synchronous=FULL`/`NORMAL`, automatic checkpoints every 4 pages and a
 //!   `wal_checkpoint(TRUNCATE)` after the 12th, then close (the last checkpoint, the WAL unlinked).
+//! - `lost-wal`: 6 commits through `hermes-guard` (`synchronous=FULL`, no automatic checkpoint),
+//!   then the `-wal` unlinked under the connection (a cleanup); the next write is refused and the
+//!   retired generation captured (staging directory, files, manifest, rename), then the close
+//!   heals it back (the heal at close: staging WAL, `healed.json`, rename, checkpoint, unlink).
 
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::process::ExitCode;
 
+use hermes_guard::GuardExt;
 use rusqlite::{Connection, OpenFlags};
 
 /// Rows a commit scenario writes.
@@ -26,6 +31,7 @@ fn main() -> ExitCode {
     let result = match scenario.as_str() {
         "commits-full" => commits(db, acks, "FULL"),
         "commits-normal" => commits(db, acks, "NORMAL"),
+        "lost-wal" => lost_wal(db, acks),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -73,4 +79,37 @@ fn commits(db: &str, acks: &str, synchronous: &str) -> Result<(), String> {
         }
     }
     conn.close().map_err(|(_, e)| e.to_string())
+}
+
+/// Rows committed before the WAL is lost.
+const BEFORE_LOSS: i64 = 6;
+
+fn lost_wal(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;",
+    )
+    .map_err(err)?;
+    for id in 1..=BEFORE_LOSS {
+        conn.execute(
+            "INSERT INTO t(id, v) VALUES (?1, printf('%01500d', ?1))",
+            [id],
+        )
+        .map_err(err)?;
+        ack(acks, id)?;
+    }
+    std::fs::remove_file(format!("{db}-wal")).map_err(|e| e.to_string())?;
+    match conn.execute(
+        "INSERT INTO t(id, v) VALUES (?1, 'after the loss')",
+        [BEFORE_LOSS + 1],
+    ) {
+        Err(e) if conn.classify(&e) == hermes_guard::ErrorClass::WalLost => {}
+        other => {
+            return Err(format!(
+                "the write after the loss was not refused: {other:?}"
+            ))
+        }
+    }
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
 }
