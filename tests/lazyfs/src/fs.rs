@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::model::{Entries, Model};
@@ -135,6 +135,14 @@ impl Inner {
         };
         self.paths.insert(id, rel);
         id
+    }
+
+    /// Where the file `ino` is in the backing filesystem now (the graveyard once unlinked).
+    fn located(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
+        match self.buried.get(&ino.0) {
+            Some(grave) => Ok(grave.clone()),
+            None => Ok(self.backing.join(self.path(ino)?)),
+        }
     }
 
     fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
@@ -623,6 +631,60 @@ impl Filesystem for LazyFsFs {
         );
     }
 
+    // Extended attributes pass through (the guard keeps its WAL-base record in one). They are not
+    // modelled: a file surviving a power cut keeps the ones it had at the cut.
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let s = attempt!(reply, self.live());
+        let path = attempt!(reply, s.located(ino));
+        let flags = rustix::fs::XattrFlags::from_bits_retain(flags as u32);
+        attempt!(
+            reply,
+            rustix::fs::lsetxattr(&path, name, value, flags).map_err(|e| io(e.into()))
+        );
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let s = attempt!(reply, self.live());
+        let path = attempt!(reply, s.located(ino));
+        let mut buf = vec![0u8; 1 << 16];
+        let n = attempt!(
+            reply,
+            rustix::fs::lgetxattr(&path, name, &mut buf[..]).map_err(|e| io(e.into()))
+        );
+        xattr_reply(reply, &buf[..n], size);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let s = attempt!(reply, self.live());
+        let path = attempt!(reply, s.located(ino));
+        let mut buf = vec![0u8; 1 << 16];
+        let n = attempt!(
+            reply,
+            rustix::fs::llistxattr(&path, &mut buf[..]).map_err(|e| io(e.into()))
+        );
+        xattr_reply(reply, &buf[..n], size);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let s = attempt!(reply, self.live());
+        let path = attempt!(reply, s.located(ino));
+        attempt!(
+            reply,
+            rustix::fs::lremovexattr(&path, name).map_err(|e| io(e.into()))
+        );
+        reply.ok();
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -700,6 +762,17 @@ impl Inner {
             },
         );
         fh
+    }
+}
+
+/// Answers a getxattr/listxattr: the size asked (`size` 0), the bytes, or ERANGE.
+fn xattr_reply(reply: ReplyXattr, bytes: &[u8], size: u32) {
+    if size == 0 {
+        reply.size(bytes.len() as u32);
+    } else if bytes.len() <= size as usize {
+        reply.data(bytes);
+    } else {
+        reply.error(Errno::ERANGE);
     }
 }
 

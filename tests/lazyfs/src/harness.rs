@@ -2,6 +2,7 @@
 //! enumerates them), then once per step with the power cut there, and check every disk image
 //! ([`ALL_MODES`]) each cut leaves.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -184,7 +185,21 @@ pub fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
             copy_dir(&entry.path(), &dest)?;
         } else {
             std::fs::copy(entry.path(), &dest)?;
+            copy_xattrs(&entry.path(), &dest)?;
         }
+    }
+    Ok(())
+}
+
+/// Copies the extended attributes of `from` to `to` (the guard's WAL-base record is one).
+fn copy_xattrs(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut names = vec![0u8; 1 << 16];
+    let n = rustix::fs::llistxattr(from, &mut names[..])?;
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name = std::ffi::OsStr::from_bytes(name);
+        let mut value = vec![0u8; 1 << 16];
+        let len = rustix::fs::lgetxattr(from, name, &mut value[..])?;
+        rustix::fs::lsetxattr(to, name, &value[..len], rustix::fs::XattrFlags::empty())?;
     }
     Ok(())
 }

@@ -11,6 +11,10 @@
 //!   then the `-wal` unlinked under the connection (a cleanup); the next write is refused and the
 //!   retired generation captured (staging directory, files, manifest, rename), then the close
 //!   heals it back (the heal at close: staging WAL, `healed.json`, rename, checkpoint, unlink).
+//! - `write-and-die`: rows 11 to 15 committed through `hermes-guard` (`synchronous=FULL`, no
+//!   checkpoint), then SIGKILL to itself: the WAL stays beside the database (to make a stale WAL).
+//! - `open-stale`: opens through `hermes-guard` (which sets a stale WAL aside), commits row 100
+//!   with `synchronous=FULL`, closes.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -32,6 +36,8 @@ fn main() -> ExitCode {
         "commits-full" => commits(db, acks, "FULL"),
         "commits-normal" => commits(db, acks, "NORMAL"),
         "lost-wal" => lost_wal(db, acks),
+        "write-and-die" => write_and_die(db, acks),
+        "open-stale" => open_stale(db, acks),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -111,5 +117,34 @@ fn lost_wal(db: &str, acks: &str) -> Result<(), String> {
             ))
         }
     }
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
+}
+
+fn write_and_die(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")
+        .map_err(err)?;
+    for id in 11..=15 {
+        conn.execute(
+            "INSERT INTO t(id, v) VALUES (?1, printf('%01500d', ?1))",
+            [id],
+        )
+        .map_err(err)?;
+        ack(acks, id)?;
+    }
+    rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL)
+        .map_err(|e| e.to_string())?;
+    unreachable!("SIGKILL")
+}
+
+fn open_stale(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch("PRAGMA synchronous=FULL;")
+        .map_err(err)?;
+    conn.execute("INSERT INTO t(id, v) VALUES (100, 'after the restore')", [])
+        .map_err(err)?;
+    ack(acks, 100)?;
     hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
 }
