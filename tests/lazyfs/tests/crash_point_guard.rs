@@ -142,3 +142,91 @@ fn no_acknowledged_row_lost(point: &Point<'_>) {
 fn crash_point_capture_and_heal_at_close_lose_no_acknowledged_row() {
     enumerate("lost-wal", no_acknowledged_row_lost);
 }
+
+/// `dir/state.db` restored from a copy holding rows 1 to 5, and beside it the WAL of a writer
+/// killed after committing rows 11 to 15 on the database as it was before the restore (rows 1 to
+/// 8, checkpointed): a stale WAL. Returns that WAL's bytes.
+fn template_with_stale_wal(dir: &Path) -> Vec<u8> {
+    template(dir);
+    let db = dir.join("state.db");
+    let conn = Connection::open(&db).unwrap();
+    conn.execute_batch("INSERT INTO t(id, v) SELECT value, 'restored' FROM generate_series(1, 5)")
+        .unwrap_or_else(|_| {
+            for id in 1..=5 {
+                conn.execute("INSERT INTO t(id, v) VALUES (?1, 'restored')", [id])
+                    .unwrap();
+            }
+        });
+    drop(conn);
+    let backup = dir.with_extension("backup");
+    std::fs::copy(&db, &backup).unwrap();
+    let conn = Connection::open(&db).unwrap();
+    for id in 6..=8 {
+        conn.execute("INSERT INTO t(id, v) VALUES (?1, 'later')", [id])
+            .unwrap();
+    }
+    drop(conn);
+    let status = std::process::Command::new(WORKLOAD)
+        .args([
+            "write-and-die",
+            db.to_str().unwrap(),
+            dir.with_extension("acks").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the writer was killed");
+    std::fs::copy(&backup, &db).unwrap();
+    std::fs::read(dir.join("state.db-wal")).expect("the killed writer's WAL")
+}
+
+#[test]
+fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
+    let scratch = tempfile::tempdir().unwrap();
+    let template_dir = scratch.path().join("template");
+    let stale = template_with_stale_wal(&template_dir);
+    let mut runs = Enumeration::new(
+        &template_dir,
+        scratch.path(),
+        Path::new(WORKLOAD),
+        &["open-stale"],
+        "state.db",
+    );
+    let full = runs.run(None).unwrap();
+    assert!(
+        full.steps
+            .iter()
+            .any(|s| s.starts_with("link state.db-wal -> ")
+                || s.starts_with("rename state.db-wal -> ")),
+        "the open did not set the stale WAL aside: {:?}",
+        full.steps
+    );
+    let points = runs
+        .each_point(|point| {
+            let what = format!("{} ({:?}, {:?})", point.label, point.names, point.data);
+            let live = live_rows(point);
+            assert!(
+                point.acked.iter().all(|id| live.contains(id)),
+                "{what}: {live:?}"
+            );
+            let at_path = std::fs::read(point.image.join("state.db-wal")).ok();
+            let in_capture = captures(point.image).into_iter().any(|dir| {
+                let check = verify_capture(&dir).unwrap();
+                assert!(
+                    check.verified(),
+                    "{what}: {} lies: {:?}",
+                    dir.display(),
+                    check.problems
+                );
+                std::fs::read(dir.join(&check.manifest.wal.file))
+                    .ok()
+                    .as_ref()
+                    == Some(&stale)
+            });
+            assert!(
+                in_capture || at_path.as_ref() == Some(&stale),
+                "{what}: the stale WAL is neither at the path nor in a complete capture"
+            );
+        })
+        .unwrap();
+    println!("open-stale: {points} crash points");
+}
