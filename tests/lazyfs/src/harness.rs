@@ -140,6 +140,7 @@ impl Enumeration {
     }
 
     /// Every crash point of the workload: before each durable step and after the last; `check`
+    /// (`LAZYFS_PRINT_STEPS=1` prints the steps of the run without a crash first)
     /// sees the disk each leaves under each of [`ALL_MODES`] (a run per mode: the disk is restored
     /// in place, every surviving file keeping its inode). Returns the number of crash points.
     pub fn each_point(&mut self, mut check: impl FnMut(&Point<'_>)) -> std::io::Result<usize> {
@@ -150,6 +151,11 @@ impl Enumeration {
             full.stderr
         );
         let n = full.steps.len();
+        if std::env::var_os("LAZYFS_PRINT_STEPS").is_some() {
+            for (i, step) in full.steps.iter().enumerate() {
+                eprintln!("{:?} step {}: {step}", self.args, i + 1);
+            }
+        }
         let mut points = 0;
         for k in (1..=n).map(Some).chain([None]) {
             let label = match k {

@@ -230,3 +230,76 @@ fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
         .unwrap();
     println!("open-stale: {points} crash points");
 }
+
+/// `dir/state.db` live with row 50 (a newer generation) and beside it the capture of rows 1 to 6
+/// (lost with their `-wal`, not healed).
+fn template_with_capture(dir: &Path) {
+    template(dir);
+    let status = std::process::Command::new(WORKLOAD)
+        .args([
+            "lose-to-newer",
+            dir.join("state.db").to_str().unwrap(),
+            dir.with_extension("acks").to_str().unwrap(),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(captures(dir).len(), 1);
+}
+
+/// `recover --apply`'s merge again, to the end, on the image: what it inserted.
+fn apply_again(image: &Path) -> u64 {
+    let capture = Capture::open(&captures(image)[0]).unwrap();
+    let options = hermes_guard::recover::MergeOptions::default();
+    let report =
+        hermes_guard::recover::apply(&capture, &image.join("state.db"), &options, &mut |_| {})
+            .unwrap();
+    report.inserted()
+}
+
+#[test]
+fn crash_point_recover_apply_merges_each_row_once() {
+    let scratch = tempfile::tempdir().unwrap();
+    let template_dir = scratch.path().join("template");
+    template_with_capture(&template_dir);
+    let mut runs = Enumeration::new(
+        &template_dir,
+        scratch.path(),
+        Path::new(WORKLOAD),
+        &["apply"],
+        "state.db",
+    );
+    let expected: BTreeSet<i64> = (1..=6).chain([50]).collect();
+    let points = runs
+        .each_point(|point| {
+            let what = format!("{} ({:?}, {:?})", point.label, point.names, point.data);
+            let live = live_rows(point);
+            let missing = expected.difference(&live).count() as u64;
+            if point.acked.contains(&0) {
+                assert_eq!(
+                    missing, 0,
+                    "{what}: the merge returned OK and then was lost: {live:?}"
+                );
+            }
+            assert!(live.is_subset(&expected), "{what}: {live:?}");
+            assert!(
+                live.contains(&50),
+                "{what}: the newer generation's row is gone: {live:?}"
+            );
+            let captured = captured_rows(point);
+            assert!(
+                expected
+                    .iter()
+                    .all(|id| live.contains(id) || captured.contains(id)),
+                "{what}"
+            );
+            assert_eq!(
+                apply_again(point.image),
+                missing,
+                "{what}: the merge again inserted other than what was missing"
+            );
+            assert_eq!(live_rows(point), expected, "{what}: after the merge again");
+        })
+        .unwrap();
+    println!("apply: {points} crash points");
+}

@@ -13,6 +13,11 @@
 //!   heals it back (the heal at close: staging WAL, `healed.json`, rename, checkpoint, unlink).
 //! - `write-and-die`: rows 11 to 15 committed through `hermes-guard` (`synchronous=FULL`, no
 //!   checkpoint), then SIGKILL to itself: the WAL stays beside the database (to make a stale WAL).
+//! - `lose-to-newer`: rows 1 to 6 committed through `hermes-guard`, the `-wal` and `-shm` unlinked, a second
+//!   process (`newer`) commits row 50 (a newer generation), the first connection's write is refused and
+//!   its generation captured; the heal at close declines (something newer is at the path).
+//! - `apply`: `recover --apply`'s merge (`hermes_guard::recover::apply`) of the one capture
+//!   beside the database; acknowledges 0 when it returned OK.
 //! - `open-stale`: opens through `hermes-guard` (which sets a stale WAL aside), commits row 100
 //!   with `synchronous=FULL`, closes.
 
@@ -38,6 +43,9 @@ fn main() -> ExitCode {
         "lost-wal" => lost_wal(db, acks),
         "write-and-die" => write_and_die(db, acks),
         "open-stale" => open_stale(db, acks),
+        "lose-to-newer" => lose_to_newer(db, acks),
+        "apply" => apply(db, acks),
+        "newer" => newer(db, acks),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -147,4 +155,71 @@ fn open_stale(db: &str, acks: &str) -> Result<(), String> {
         .map_err(err)?;
     ack(acks, 100)?;
     hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
+}
+
+fn lose_to_newer(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch("PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;")
+        .map_err(err)?;
+    for id in 1..=BEFORE_LOSS {
+        conn.execute(
+            "INSERT INTO t(id, v) VALUES (?1, printf('%01500d', ?1))",
+            [id],
+        )
+        .map_err(err)?;
+        ack(acks, id)?;
+    }
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(format!("{db}{suffix}")).map_err(|e| e.to_string())?;
+    }
+    // The newer generation from another process (in this one it would share the unix VFS's
+    // mapping of the old -shm).
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let status = std::process::Command::new(exe)
+        .args(["newer", db, acks])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("the newer writer failed: {status}"));
+    }
+    match conn.execute("INSERT INTO t(id, v) VALUES (51, 'refused')", []) {
+        Err(e) if conn.classify(&e) == hermes_guard::ErrorClass::WalLost => {}
+        other => {
+            return Err(format!(
+                "the write after the loss was not refused: {other:?}"
+            ))
+        }
+    }
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
+}
+
+fn newer(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch("PRAGMA synchronous=FULL;")
+        .map_err(err)?;
+    conn.execute("INSERT INTO t(id, v) VALUES (50, 'newer generation')", [])
+        .map_err(err)?;
+    ack(acks, 50)?;
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
+}
+
+fn apply(db: &str, acks: &str) -> Result<(), String> {
+    hermes_guard::register().map_err(|e| e.to_string())?;
+    let db = std::path::Path::new(db);
+    let parent = db.parent().ok_or("no parent")?;
+    let capture = std::fs::read_dir(parent)
+        .map_err(|e| e.to_string())?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.contains(".retired-wal-") && !name.ends_with(".partial")
+        })
+        .ok_or("no capture beside the database")?;
+    let capture = hermes_guard::recover::Capture::open(&capture).map_err(|e| e.to_string())?;
+    let options = hermes_guard::recover::MergeOptions::default();
+    hermes_guard::recover::apply(&capture, db, &options, &mut |_| {}).map_err(|e| e.to_string())?;
+    ack(acks, 0)
 }
