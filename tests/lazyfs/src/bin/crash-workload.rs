@@ -18,6 +18,13 @@
 //!   its generation captured; the heal at close declines (something newer is at the path).
 //! - `apply`: `recover --apply`'s merge (`hermes_guard::recover::apply`) of the one capture
 //!   beside the database; acknowledges 0 when it returned OK.
+//! - `store-lose`: the session store (`hermes-guard-store`) appends 5 messages to session `s`
+//!   (acknowledged 1 to 5), its `-wal` and `-shm` are unlinked, the next append is refused and
+//!   captured, another process (`store-newer`) appends message 50 with the self-heal off, then the
+//!   store closes (the heal at close declines: the main file changed).
+//! - `store-open`: opens the store (its self-heal merges the capture back), acknowledges 0, closes.
+//! - `store-lose-then-open`: `store-lose`, then `store-open` in another process, through the same
+//!   mount (the self-heal merges only a capture of the very main file: same device and inode).
 //! - `open-stale`: opens through `hermes-guard` (which sets a stale WAL aside), commits row 100
 //!   with `synchronous=FULL`, closes.
 
@@ -46,6 +53,10 @@ fn main() -> ExitCode {
         "lose-to-newer" => lose_to_newer(db, acks),
         "apply" => apply(db, acks),
         "newer" => newer(db, acks),
+        "store-lose" => store_lose(db, acks),
+        "store-newer" => store_newer(db, acks),
+        "store-open" => store_open(db, acks),
+        "store-lose-then-open" => store_lose(db, acks).and_then(|()| store_reopen(db, acks)),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -222,4 +233,76 @@ fn apply(db: &str, acks: &str) -> Result<(), String> {
     let options = hermes_guard::recover::MergeOptions::default();
     hermes_guard::recover::apply(&capture, db, &options, &mut |_| {}).map_err(|e| e.to_string())?;
     ack(acks, 0)
+}
+
+fn store_lose(db: &str, acks: &str) -> Result<(), String> {
+    use hermes_guard_store::{NewMessage, NewSession, SessionDb};
+    let err = |e: hermes_guard_store::StoreError| e.to_string();
+    // The session checkpointed by a first store's close; its messages only in the WAL.
+    let first = SessionDb::open(db).map_err(err)?;
+    first
+        .create_session(&NewSession::new("s", "gateway"))
+        .map_err(err)?;
+    first.close().map(drop).map_err(|(_, e)| e.to_string())?;
+    let store = SessionDb::open(db).map_err(err)?;
+    for id in 1..=5 {
+        store
+            .append_message("s", &NewMessage::new("user", format!("message {id}")))
+            .map_err(err)?;
+        ack(acks, id)?;
+    }
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(format!("{db}{suffix}")).map_err(|e| e.to_string())?;
+    }
+    if store
+        .append_message("s", &NewMessage::new("user", "refused"))
+        .is_ok()
+    {
+        return Err("the append after the loss was not refused".into());
+    }
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let status = std::process::Command::new(exe)
+        .args(["store-newer", db, acks])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err(format!("the newer store failed: {status}"));
+    }
+    store.close().map(drop).map_err(|(_, e)| e.to_string())
+}
+
+fn store_newer(db: &str, acks: &str) -> Result<(), String> {
+    use hermes_guard_store::{NewMessage, SessionDb, StoreOptions};
+    let err = |e: hermes_guard_store::StoreError| e.to_string();
+    let options = StoreOptions {
+        self_heal: false,
+        ..StoreOptions::default()
+    };
+    let store = SessionDb::open_with(db, options).map_err(err)?;
+    store
+        .append_message("s", &NewMessage::new("user", "message 50"))
+        .map_err(err)?;
+    ack(acks, 50)?;
+    store.close().map(drop).map_err(|(_, e)| e.to_string())
+}
+
+fn store_open(db: &str, acks: &str) -> Result<(), String> {
+    let err = |e: hermes_guard_store::StoreError| e.to_string();
+    let store = hermes_guard_store::SessionDb::open(db).map_err(err)?;
+    ack(acks, 0)?;
+    store.close().map(drop).map_err(|(_, e)| e.to_string())
+}
+
+/// `store-open` in a process of its own.
+fn store_reopen(db: &str, acks: &str) -> Result<(), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let status = std::process::Command::new(exe)
+        .args(["store-open", db, acks])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("store-open failed: {status}"))
+    }
 }
