@@ -716,11 +716,10 @@ impl LazyFsFs {
         if !s.step(format!("{call} {}", rel.display())) {
             return reply.error(Errno::EIO);
         }
-        let path = s.backing.join(&rel);
         let done = if dir {
-            std::fs::remove_dir(&path)
+            std::fs::remove_dir(s.backing.join(&rel))
         } else {
-            std::fs::remove_file(&path)
+            s.bury_or_remove(&rel)
         };
         attempt!(reply, done.map_err(io));
         s.paths.retain(|_, p| p != &rel);

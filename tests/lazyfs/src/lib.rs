@@ -95,6 +95,7 @@ impl LazyFs {
         self.unmount()?;
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+
         for (&ino, &id) in &inner.ids {
             if inner.model.dirs.contains(&id) {
                 continue;
@@ -121,11 +122,27 @@ impl LazyFs {
         })
     }
 
+    /// Unmounts; when the mount is busy (a file still open there), detaches it lazily so that no
+    /// mount outlives the test, and says so.
     fn unmount(&mut self) -> io::Result<()> {
-        match self.session.take() {
-            Some(session) => session.umount_and_join(),
-            None => Ok(()),
-        }
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        session.umount_and_join().map_err(|e| {
+            let detach =
+                rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "unmounting {} failed ({e}): something still uses it; detached lazily ({})",
+                    self.mountpoint.display(),
+                    match detach {
+                        Ok(()) => "done".to_string(),
+                        Err(d) => format!("failed too: {d}"),
+                    }
+                ),
+            )
+        })
     }
 }
 

@@ -190,7 +190,7 @@ fn an_unsynced_multi_page_write_is_torn_at_page_granularity() {
 }
 
 #[test]
-fn at_the_crash_point_the_step_is_not_performed_and_everything_after_fails() {
+fn at_an_armed_step_the_filesystem_freezes_without_performing_it() {
     let s = setup(&[]);
     let lazy = mount(&s, Some(2));
     let mut f = File::create(lazy.path().join("f")).unwrap(); // step 1: create
@@ -262,4 +262,16 @@ fn restored_in_place_the_backing_directory_holds_only_what_is_durable() {
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn a_power_cut_while_a_file_is_open_fails_and_leaves_no_mount_behind() {
+    let s = setup(&[("f", b"x")]);
+    let lazy = mount(&s, None);
+    let open = File::open(lazy.path().join("f")).unwrap();
+    let err = lazy.power_cut().unwrap_err();
+    assert!(err.to_string().contains("detached lazily (done)"), "{err}");
+    drop(open);
+    let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(s.mnt.to_str().unwrap()), "{mounts}");
 }
