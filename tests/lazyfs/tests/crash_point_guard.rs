@@ -1,7 +1,8 @@
 //! The guard's own write paths through the power-loss filesystem, the power cut before every
 //! durable step: after each crash every acknowledged row is live or in a capture `verify`
 //! accepts (one whose `healed.json` says healed counts only as live), no complete capture's
-//! manifest lies about its files, and the live file passes `integrity_check` through the guard.
+//! manifest lies about its files, the live file passes `integrity_check` through the guard, and
+//! `recover --apply` of the captures then leaves every acknowledged row live.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -137,6 +138,27 @@ fn no_acknowledged_row_lost(point: &Point<'_>) {
     assert!(
         lost.is_empty(),
         "{} ({:?}, {:?}): acknowledged rows {lost:?} are neither live ({live:?}) nor captured ({captured:?})",
+        point.label,
+        point.names,
+        point.data
+    );
+    // recover --apply of every complete capture: it succeeds, and the acknowledged rows are then
+    // all live (a healed capture merges nothing: its rows are already there).
+    for dir in captures(point.image) {
+        let capture = Capture::open(&dir).unwrap();
+        let options = hermes_guard::recover::MergeOptions::default();
+        hermes_guard::recover::apply(
+            &capture,
+            &point.image.join("state.db"),
+            &options,
+            &mut |_| {},
+        )
+        .unwrap_or_else(|e| panic!("{}: recover --apply {}: {e}", point.label, dir.display()));
+    }
+    let after = live_rows(point);
+    assert!(
+        point.acked.iter().all(|id| after.contains(id)),
+        "{} ({:?}, {:?}): after recover --apply: {after:?}",
         point.label,
         point.names,
         point.data
