@@ -13,6 +13,7 @@
 
 mod fs;
 pub mod harness;
+mod inner;
 pub mod model;
 
 use std::collections::HashMap;
@@ -25,7 +26,7 @@ pub use model::{Crash, Data, Model, Names, ALL_MODES};
 
 /// A mounted power-loss filesystem; unmounted on drop.
 pub struct LazyFs {
-    inner: Arc<Mutex<fs::Inner>>,
+    inner: Arc<Mutex<inner::Inner>>,
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
 }
@@ -40,7 +41,7 @@ impl LazyFs {
         mountpoint: &Path,
         crash_before: Option<usize>,
     ) -> io::Result<Self> {
-        let inner = Arc::new(Mutex::new(fs::Inner::new(
+        let inner = Arc::new(Mutex::new(inner::Inner::new(
             backing.canonicalize()?,
             crash_before,
         )?));
