@@ -189,6 +189,9 @@ HERMES_GUARD_DISTRO_PYTHON="$distro_python" bash python/run-tests.sh
 echo "== the loom model of the lock-free protocol (tests/loom.sh)"
 bash tests/loom.sh
 
+echo "== power loss: the crash-point tests through the power-loss filesystem (tests/crash-points.sh)"
+bash tests/crash-points.sh
+
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh
 

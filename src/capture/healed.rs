@@ -8,8 +8,9 @@
 //! written and synced under a staging name); that rename is the heal's commit point. So a reader
 //! of a `started` record tells an interrupted heal by what is in the database's directory:
 //!
-//! - the staging file still there (same inode): the rename never happened, the live file was not
-//!   touched — the heal is rolled back and the rows are in the capture only;
+//! - the staging file still there (same inode, or, under a new device or inode number after a
+//!   power cut or a copy, the same bytes as the capture's WAL): the rename never happened, the
+//!   live file was not touched — the heal is rolled back and the rows are in the capture only;
 //! - the staging file gone: the rename happened, and from then on every open replays the WAL at
 //!   the path as after a crash (or a checkpoint already copied it) — the rows are live.
 //!
@@ -151,7 +152,9 @@ pub fn heal_state(dir: &Path, database: &Path) -> io::Result<HealState> {
         },
         (HealPhase::Started, Some(put_back)) => {
             let staging = staging_path(dir, database, &put_back.suffix);
-            if identity_of_path(&staging)? == Some(put_back.identity) {
+            if identity_of_path(&staging)? == Some(put_back.identity)
+                || holds_capture_prefix(dir, &staging)?
+            {
                 HealState::RolledBack { record }
             } else {
                 HealState::Healed {
@@ -161,6 +164,40 @@ pub fn heal_state(dir: &Path, database: &Path) -> io::Result<HealState> {
             }
         }
     })
+}
+
+/// Whether `staging` is there holding a prefix of the capture's WAL, byte for byte (its header at
+/// least): the staging file under another device or inode number than the record names, as after
+/// a power cut on a filesystem whose device number changes at the next mount (FUSE, network
+/// filesystems), or a directory copied elsewhere. Its bytes are the retired WAL's committed
+/// prefix, salts included, so another heal's file (a reused pid) does not match.
+fn holds_capture_prefix(dir: &Path, staging: &Path) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let staged = match File::open(staging) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    let Ok(manifest) = super::Manifest::read(dir) else {
+        return Ok(false);
+    };
+    let wal = File::open(dir.join(&manifest.wal.file))?;
+    let len = staged.metadata()?.len();
+    if len < crate::walfile::WAL_HEADER_SIZE as u64 || len > wal.metadata()?.len() {
+        return Ok(false);
+    }
+    let (mut a, mut b) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
+    let mut at = 0u64;
+    while at < len {
+        let n = a.len().min((len - at) as usize);
+        staged.read_exact_at(&mut a[..n], at)?;
+        wal.read_exact_at(&mut b[..n], at)?;
+        if a[..n] != b[..n] {
+            return Ok(false);
+        }
+        at += n as u64;
+    }
+    Ok(true)
 }
 
 /// `<db>-wal<suffix>` beside the capture `dir` (a capture is written in its database's

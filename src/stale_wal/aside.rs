@@ -21,7 +21,9 @@ use crate::walfile::{parse_main_header, WalScanner};
 
 /// Moves the stale WAL (which `wal` has open) and the `-shm` (if any) of `database` into a new
 /// capture beside it, with a manifest of reason `stale-wal`. On failure everything moved is put
-/// back and the staging directory removed.
+/// back and the staging directory removed. The WAL is hard-linked into the staging directory and
+/// unlinked from the path only once the capture is renamed into place and its directory fsynced:
+/// a crash at any point leaves it at the path or in a complete capture (issue 28).
 pub(crate) fn set_aside(
     database: &Path,
     wal: &File,
@@ -50,10 +52,25 @@ pub(crate) fn set_aside(
 
     let wal_id = identity_of_fd(wal).map_err(|e| io_err(&wal_src, e))?;
     let mut moved: Vec<(&Path, &str)> = Vec::new();
+    let mut linked = false;
     let result = (|| -> io::Result<()> {
         let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
-        rustix::fs::renameat_with(&dir, &wal_src, &staging, wal_name.as_str(), NOREPLACE)?;
-        moved.push((&wal_src, &wal_name));
+        // Linked in, not renamed: the WAL stays at the path until the capture is complete and
+        // durable, so a crash (a kill, a power cut) before that never leaves it in the
+        // `.partial` directory alone (issue 28). A filesystem without hard links renames.
+        match rustix::fs::linkat(
+            &dir,
+            &wal_src,
+            &staging,
+            wal_name.as_str(),
+            AtFlags::empty(),
+        ) {
+            Ok(()) => linked = true,
+            Err(_) => {
+                rustix::fs::renameat_with(&dir, &wal_src, &staging, wal_name.as_str(), NOREPLACE)?;
+                moved.push((&wal_src, &wal_name));
+            }
+        }
         let st = rustix::fs::statat(&staging, wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
         if st.st_ino as u64 != wal_id.ino {
             return Err(io::Error::other(
@@ -92,6 +109,11 @@ pub(crate) fn set_aside(
             NOREPLACE,
         )?;
         rustix::fs::fsync(&dir)?;
+        // Complete and durable: the linked WAL leaves the path now, durably. Failing here fails
+        // the set-aside (the open is refused, never replayed); the capture stays.
+        if linked {
+            unlink_captured(&dir, &wal_src, wal_id)?;
+        }
         Ok(())
     })();
     match result {
@@ -104,6 +126,9 @@ pub(crate) fn set_aside(
             // whatever cannot go back stays in the staging directory, and the error says so.
             let mut kept = Vec::new();
             if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&staging_name)) {
+                if linked {
+                    let _ = rustix::fs::unlinkat(&staging, wal_name.as_str(), AtFlags::empty());
+                }
                 for (src, inside) in moved.iter().rev() {
                     if rustix::fs::renameat_with(&staging, *inside, &dir, *src, NOREPLACE).is_err()
                     {
@@ -127,6 +152,15 @@ pub(crate) fn set_aside(
             ))
         }
     }
+}
+
+/// Unlinks `name` in `dir` if it is still the WAL `wal` (linked into the capture), and fsyncs `dir`.
+fn unlink_captured(dir: &impl AsFd, name: &Path, wal: FileId) -> io::Result<()> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if st.st_ino as u64 == wal.ino {
+        rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
+    }
+    Ok(rustix::fs::fsync(dir)?)
 }
 
 /// Every rename of a set-aside: never over an existing name.

@@ -1,0 +1,159 @@
+//! A power-loss test filesystem (LazyFS semantics) for hermes-guard's crash-point tests.
+//!
+//! [`LazyFs::mount`] serves a backing directory at a mount point through FUSE. Everything written
+//! is visible at once; only what an `fsync`/`fdatasync` of the file (its data) or of its directory
+//! (its names) made durable survives [`LazyFs::power_cut`], which unmounts and returns the
+//! [`Crash`]: [`Crash::restore`] turns the backing directory into the disk it leaves, in place
+//! (a file that survives keeps its inode, as on a disk), and [`Crash::write_image`] writes a copy
+//! of it into another directory, with the names
+//! of [`Names::Strict`] (POSIX) or [`Names::Ordered`] (journaled metadata) and the unsynced data
+//! dropped or torn ([`Data`]). With a crash point armed (`crash_before`: the 1-based number of a
+//! durable step) the filesystem freezes at that step without performing it and fails everything
+//! after with `EIO`: the program stops there as a power cut would stop it. See README.md.
+
+mod fs;
+pub mod harness;
+mod inner;
+pub mod model;
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+pub use model::{Crash, Data, Model, Names, ALL_MODES};
+
+/// A mounted power-loss filesystem; unmounted on drop.
+pub struct LazyFs {
+    inner: Arc<Mutex<inner::Inner>>,
+    session: Option<fuser::BackgroundSession>,
+    mountpoint: PathBuf,
+}
+
+impl LazyFs {
+    /// Mounts `backing` at `mountpoint` (both existing directories); everything already in
+    /// `backing` is durable. `crash_before`: the durable step at which to freeze (1-based).
+    ///
+    /// Needs `/dev/fuse` and root (or `fusermount3` from the `fuse3` package).
+    pub fn mount(
+        backing: &Path,
+        mountpoint: &Path,
+        crash_before: Option<usize>,
+    ) -> io::Result<Self> {
+        let inner = Arc::new(Mutex::new(inner::Inner::new(
+            backing.canonicalize()?,
+            crash_before,
+        )?));
+        let mut config = fuser::Config::default();
+        config.mount_options = vec![
+            fuser::MountOption::FSName("lazyfs".into()),
+            fuser::MountOption::Subtype("lazyfs".into()),
+            fuser::MountOption::DefaultPermissions,
+        ];
+        config.acl = fuser::SessionACL::All;
+        let session = fuser::spawn_mount(fs::LazyFsFs(inner.clone()), mountpoint, &config)
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "mounting the power-loss filesystem at {} failed: {e} (it needs /dev/fuse \
+                         and root, or fusermount3 from the fuse3 package)",
+                        mountpoint.display()
+                    ),
+                )
+            })?;
+        Ok(LazyFs {
+            inner,
+            session: Some(session),
+            mountpoint: mountpoint.to_path_buf(),
+        })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// The durable steps performed so far, in order (`fsync state.db-wal`, `rename a -> b`...).
+    pub fn steps(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .steps
+            .clone()
+    }
+
+    /// Whether the armed crash point was reached.
+    pub fn frozen(&self) -> bool {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).frozen
+    }
+
+    /// Cuts the power: unmounts (the caller has stopped every program using the mount and closed
+    /// its own files there, or the unmount fails with EBUSY) and
+    /// returns what the disk holds, to be written out with [`Crash::write_image`].
+    pub fn power_cut(mut self) -> io::Result<Crash> {
+        self.unmount()?;
+        let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+
+        for (&ino, &id) in &inner.ids {
+            if inner.model.dirs.contains(&id) {
+                continue;
+            }
+            let path = match (inner.buried.get(&id), inner.paths.get(&id)) {
+                (Some(grave), _) => grave.clone(),
+                (None, Some(rel)) => inner.backing.join(rel),
+                (None, None) => continue,
+            };
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.ino() == ino && meta.is_file() => {
+                    visible.insert(id, std::fs::read(&path)?);
+                    located.insert(id, path);
+                }
+                _ => {}
+            }
+        }
+        Ok(Crash {
+            model: inner.model.clone(),
+            visible,
+            located,
+            backing: inner.backing.clone(),
+            graveyard: inner.graveyard.clone(),
+        })
+    }
+
+    /// Unmounts; when the mount is busy (a file still open there), detaches it lazily so that no
+    /// mount outlives the test, and says so.
+    fn unmount(&mut self) -> io::Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        session.umount_and_join().map_err(|e| {
+            let detach =
+                rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "unmounting {} failed ({e}): something still uses it; detached lazily ({})",
+                    self.mountpoint.display(),
+                    match detach {
+                        Ok(()) => "done".to_string(),
+                        Err(d) => format!("failed too: {d}"),
+                    }
+                ),
+            )
+        })
+    }
+}
+
+impl Drop for LazyFs {
+    fn drop(&mut self) {
+        if let Err(e) = self.unmount() {
+            eprintln!(
+                "lazyfs: unmounting {} failed: {e}",
+                self.mountpoint.display()
+            );
+        }
+    }
+}
