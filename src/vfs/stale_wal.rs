@@ -241,6 +241,11 @@ pub(super) fn before_wal_open(
     let Some(wal) = open_wal(db, wal_path) else {
         return ffi::SQLITE_OK;
     };
+    // Another thread of this process is setting this database's WAL aside: step back at once
+    // (`SQLITE_BUSY`, giving up SHARED), so that its EXCLUSIVE is not kept waiting on ours.
+    if Turn::taken(state.main_id()) {
+        return ffi::SQLITE_BUSY;
+    }
     // The quick look (the header, the record, the first pages) outside the lock; a WAL it leaves
     // in doubt is read in full under the lock.
     match judge(db, main, &wal, true) {
@@ -374,12 +379,12 @@ fn open_wal(db: &Path, wal_path: &Path) -> Option<File> {
     }
 }
 
-/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) a few times over a few
-/// milliseconds — an opener on its way holds SHARED only until it maps the `-shm` or steps back
-/// — and leaves the file at SHARED when it fails. The span is drawn at random, so that two
-/// guarded openers in two processes do not step back in step.
+/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) every millisecond for
+/// 10 to 50 ms — an opener on its way holds SHARED only until it maps the `-shm` or steps back —
+/// and leaves the file at SHARED when it fails. The span is drawn at random, so that two guarded
+/// openers in two processes do not step back in step.
 fn exclusive(locks: &dyn MainLocks) -> c_int {
-    let tries = 2 + (jitter() % 8);
+    let tries = 10 + (jitter() % 40);
     let mut rc = ffi::SQLITE_BUSY;
     for i in 0..tries {
         if i > 0 {
@@ -425,6 +430,11 @@ static TURNS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
 struct Turn(Option<FileId>);
 
 impl Turn {
+    /// Whether another thread has the turn for `main`.
+    fn taken(main: Option<FileId>) -> bool {
+        main.is_some_and(|id| TURNS.lock().contains(&id))
+    }
+
     fn take(main: Option<FileId>) -> Option<Turn> {
         let Some(id) = main else {
             return Some(Turn(None));
