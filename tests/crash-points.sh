@@ -5,7 +5,7 @@
 # their sum. Needs /dev/fuse and root (the mount is a direct mount(2); without root, fusermount3
 # from Debian's fuse3 package). Without FUSE it fails with the
 # reason (it never skips silently); outside CI (CI unset) it is skipped with the reason printed.
-# Built in the debug profile (it reuses the root `cargo test` build); about 20 s once built.
+# Built in the debug profile (it reuses the root `cargo test` build); under a minute once built.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

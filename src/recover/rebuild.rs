@@ -29,6 +29,13 @@ pub struct RebuildReport {
     pub from_live: MergeReport,
 }
 
+/// `fsync` of the directory `dir`: its entries made durable.
+fn sync_dir(dir: &Path) -> Result<(), RecoverError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| RecoverError::io(dir.to_path_buf(), "fsync the directory", e))
+}
+
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&crate::paths::path_display(p))
 }
@@ -131,10 +138,12 @@ pub fn rebuild_torn(
                 .map_err(io(&side, "move aside"))?;
         }
     }
+    // The torn generation durable where it is kept (its entries, then the directory's own
+    // entry and the sidecars' departure) before the swap can be; then the swap itself.
+    sync_dir(&kept)?;
+    sync_dir(parent)?;
     std::fs::rename(&new, database).map_err(io(&new, "swap in the rebuilt file"))?;
-    if let Ok(d) = std::fs::File::open(parent) {
-        let _ = d.sync_all();
-    }
+    sync_dir(parent)?;
     drop(holder);
     log::warn!(
         "hermes-guard: rebuilt {} from the capture {} plus {} row(s) of the live generation; the \

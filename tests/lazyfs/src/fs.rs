@@ -66,7 +66,7 @@ impl Filesystem for LazyFsFs {
         let s = attempt!(reply, self.live());
         let meta = match fh.and_then(|fh| s.handles.get(&fh.0)) {
             Some(h) => h.file.metadata(),
-            None => std::fs::symlink_metadata(s.backing.join(attempt!(reply, s.path(ino)))),
+            None => std::fs::symlink_metadata(attempt!(reply, s.located(ino))),
         };
         let meta = attempt!(reply, meta.map_err(io));
         reply.attr(&TTL, &s.attr(ino.0, &meta));
@@ -91,7 +91,7 @@ impl Filesystem for LazyFsFs {
         reply: ReplyAttr,
     ) {
         let s = attempt!(reply, self.live());
-        let path = s.backing.join(attempt!(reply, s.path(ino)));
+        let path = attempt!(reply, s.located(ino));
         if let Some(size) = size {
             let done = match fh.and_then(|fh| s.handles.get(&fh.0)) {
                 Some(h) => h.file.set_len(size),
@@ -228,7 +228,7 @@ impl Filesystem for LazyFsFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let mut s = attempt!(reply, self.live());
-        let path = s.backing.join(attempt!(reply, s.path(ino)));
+        let path = attempt!(reply, s.located(ino));
         let file = attempt!(reply, open_backing(&path, flags.0, None).map_err(io));
         let fh = s.add_handle(ino.0, file, flags.0);
         reply.opened(FileHandle(fh), FopenFlags::empty());

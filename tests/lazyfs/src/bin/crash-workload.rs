@@ -27,6 +27,15 @@
 //!   mount (the self-heal merges only a capture of the very main file: same device and inode).
 //! - `open-stale`: opens through `hermes-guard` (which sets a stale WAL aside), commits row 100
 //!   with `synchronous=FULL`, closes.
+//! - `main-replaced`: rows 1 to 6 committed through `hermes-guard` and checkpointed (TRUNCATE),
+//!   then `restored.db` (beside the database) renamed over it (a restore); the next write is
+//!   refused (`MainReplaced`) and the retired generation captured: acknowledges -1 when the status
+//!   names the capture; then the close.
+//! - `orphan`: the database is `<root>/d/state.db`; with the orphan capture directory set to
+//!   `<root>/orphans`, rows 1 to 6 committed, `<root>/d` deleted whole, then the close lets the
+//!   generation go into the orphan directory; acknowledges -1 when the close returned OK.
+//! - `rebuild`: `recover --rebuild --apply` (`hermes_guard::recover::rebuild_torn`) of the live
+//!   database from the one capture beside it; acknowledges 0 when it returned OK.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -57,6 +66,9 @@ fn main() -> ExitCode {
         "store-newer" => store_newer(db, acks),
         "store-open" => store_open(db, acks),
         "store-lose-then-open" => store_lose(db, acks).and_then(|()| store_reopen(db, acks)),
+        "main-replaced" => main_replaced(db, acks),
+        "orphan" => orphan(db, acks),
+        "rebuild" => rebuild(db, acks),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -216,9 +228,8 @@ fn newer(db: &str, acks: &str) -> Result<(), String> {
     hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
 }
 
-fn apply(db: &str, acks: &str) -> Result<(), String> {
-    hermes_guard::register().map_err(|e| e.to_string())?;
-    let db = std::path::Path::new(db);
+/// The one complete capture beside `db`.
+fn capture_beside(db: &std::path::Path) -> Result<hermes_guard::recover::Capture, String> {
     let parent = db.parent().ok_or("no parent")?;
     let capture = std::fs::read_dir(parent)
         .map_err(|e| e.to_string())?
@@ -229,7 +240,13 @@ fn apply(db: &str, acks: &str) -> Result<(), String> {
             name.contains(".retired-wal-") && !name.ends_with(".partial")
         })
         .ok_or("no capture beside the database")?;
-    let capture = hermes_guard::recover::Capture::open(&capture).map_err(|e| e.to_string())?;
+    hermes_guard::recover::Capture::open(&capture).map_err(|e| e.to_string())
+}
+
+fn apply(db: &str, acks: &str) -> Result<(), String> {
+    hermes_guard::register().map_err(|e| e.to_string())?;
+    let db = std::path::Path::new(db);
+    let capture = capture_beside(db)?;
     let options = hermes_guard::recover::MergeOptions::default();
     hermes_guard::recover::apply(&capture, db, &options, &mut |_| {}).map_err(|e| e.to_string())?;
     ack(acks, 0)
@@ -305,4 +322,65 @@ fn store_reopen(db: &str, acks: &str) -> Result<(), String> {
     } else {
         Err(format!("store-open failed: {status}"))
     }
+}
+
+/// Rows 1 to 6 committed with `synchronous=FULL` and no automatic checkpoint.
+fn six_rows(conn: &Connection, acks: &str) -> Result<(), String> {
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;",
+    )
+    .map_err(err)?;
+    for id in 1..=BEFORE_LOSS {
+        conn.execute(
+            "INSERT INTO t(id, v) VALUES (?1, printf('%01500d', ?1))",
+            [id],
+        )
+        .map_err(err)?;
+        ack(acks, id)?;
+    }
+    Ok(())
+}
+
+fn main_replaced(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    six_rows(&conn, acks)?;
+    // An empty WAL, as a restore tool leaves it (cli/tests/it/main_replaced.rs).
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .map_err(|e| e.to_string())?;
+    let restored = std::path::Path::new(db).with_file_name("restored.db");
+    std::fs::rename(restored, db).map_err(|e| e.to_string())?;
+    match conn.execute("INSERT INTO t(id, v) VALUES (51, 'into the old inode')", []) {
+        Err(e) if conn.classify(&e) == hermes_guard::ErrorClass::MainReplaced => {}
+        other => {
+            return Err(format!(
+                "the write after the restore was not refused: {other:?}"
+            ))
+        }
+    }
+    let status = conn.guard_status().map_err(|e| e.to_string())?;
+    if status.capture.is_some() {
+        ack(acks, -1)?;
+    }
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())
+}
+
+fn orphan(db: &str, acks: &str) -> Result<(), String> {
+    let dir = std::path::Path::new(db).parent().ok_or("no parent")?;
+    let root = dir.parent().ok_or("no root")?;
+    hermes_guard::set_orphan_capture_dir(Some(root.join("orphans")));
+    let conn = open(db)?;
+    six_rows(&conn, acks)?;
+    std::fs::remove_dir_all(dir).map_err(|e| e.to_string())?;
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())?;
+    ack(acks, -1)
+}
+
+fn rebuild(db: &str, acks: &str) -> Result<(), String> {
+    hermes_guard::register().map_err(|e| e.to_string())?;
+    let db = std::path::Path::new(db);
+    let capture = capture_beside(db)?;
+    let options = hermes_guard::recover::MergeOptions::default();
+    hermes_guard::recover::rebuild_torn(&capture, db, &options).map_err(|e| e.to_string())?;
+    ack(acks, 0)
 }
