@@ -231,14 +231,34 @@ class Capture:
         put_back = record.get("put_back")
         if record.get("phase") == "done" or not put_back:
             return "healed"
-        staging = self.path.parent / (os.path.basename(self.database) + "-wal" + put_back["suffix"])
-        try:
-            st = os.stat(staging, follow_symlinks=False)
-        except FileNotFoundError:
-            return "healed"
-        if _file_id(put_back["identity"]) == (st.st_dev, st.st_ino):
-            return "rolled-back"
+        # The rule of `heal_state` in src/capture/healed.rs: the staging file still there (by its
+        # inode, or holding the captured WAL's prefix byte for byte), beside the capture or at the
+        # database's recorded path, means the heal never reached the live file.
+        name = os.path.basename(self.database) + "-wal" + put_back["suffix"]
+        places = [self.path.parent / name, Path(os.path.dirname(self.database) or ".") / name]
+        for staging in dict.fromkeys(places):
+            try:
+                st = os.stat(staging, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if _file_id(put_back["identity"]) == (st.st_dev, st.st_ino) or self._holds_wal_prefix(
+                staging
+            ):
+                return "rolled-back"
         return "healed"
+
+    def _holds_wal_prefix(self, staging: Path) -> bool:
+        """Whether `staging` holds a prefix of the captured WAL (its header at least)."""
+        size = staging.stat().st_size
+        if size < 32 or size > self.wal_file.stat().st_size:
+            return False
+        with open(staging, "rb") as a, open(self.wal_file, "rb") as b:
+            while size > 0:
+                chunk = a.read(min(size, 1 << 20))
+                if not chunk or chunk != b.read(len(chunk)):
+                    return False
+                size -= len(chunk)
+        return True
 
     @property
     def healed(self) -> bool:

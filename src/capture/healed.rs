@@ -151,10 +151,16 @@ pub fn heal_state(dir: &Path, database: &Path) -> io::Result<HealState> {
             interrupted: true,
         },
         (HealPhase::Started, Some(put_back)) => {
-            let staging = staging_path(dir, database, &put_back.suffix);
-            if identity_of_path(&staging)? == Some(put_back.identity)
-                || holds_capture_prefix(dir, &staging)?
-            {
+            let mut still_staged = false;
+            for staging in staging_paths(dir, database, &put_back.suffix) {
+                if identity_of_path(&staging)? == Some(put_back.identity)
+                    || holds_capture_prefix(dir, &staging)?
+                {
+                    still_staged = true;
+                    break;
+                }
+            }
+            if still_staged {
                 HealState::RolledBack { record }
             } else {
                 HealState::Healed {
@@ -200,14 +206,21 @@ fn holds_capture_prefix(dir: &Path, staging: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// `<db>-wal<suffix>` beside the capture `dir` (a capture is written in its database's
-/// directory, under the name the database has there).
-fn staging_path(dir: &Path, database: &Path, suffix: &str) -> PathBuf {
-    let parent = dir.parent().unwrap_or(Path::new("."));
+/// Where `<db>-wal<suffix>` is staged: beside the database, which is beside the capture `dir`
+/// (wherever the directory went since), or — for a capture in a fallback capture directory — at
+/// the database's recorded path.
+fn staging_paths(dir: &Path, database: &Path, suffix: &str) -> Vec<PathBuf> {
     let mut name = database.file_name().unwrap_or_default().to_owned();
     name.push("-wal");
     name.push(suffix);
-    parent.join(name)
+    let mut paths = vec![dir.parent().unwrap_or(Path::new(".")).join(&name)];
+    if let Some(parent) = database.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let recorded = parent.join(&name);
+        if recorded != paths[0] {
+            paths.push(recorded);
+        }
+    }
+    paths
 }
 
 /// Writes `record` as the capture's `healed.json` (in the capture directory `dir`), durably: a

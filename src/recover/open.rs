@@ -459,12 +459,10 @@ pub fn list_captures(path: &Path) -> Result<Vec<CaptureListing>, RecoverError> {
 /// and recording its path in their manifest.
 fn in_fallback_dirs(path: &Path, prefix: &[u8]) -> Vec<CaptureListing> {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let canonical = fs::canonicalize(&absolute).ok();
     let same_database = |recorded: &Path| {
         recorded == absolute
-            || matches!(
-                (fs::canonicalize(recorded), fs::canonicalize(&absolute)),
-                (Ok(a), Ok(b)) if a == b
-            )
+            || (canonical.is_some() && fs::canonicalize(recorded).ok() == canonical)
     };
     let own_dir = absolute.parent().map(Path::to_path_buf);
     let mut found = Vec::new();

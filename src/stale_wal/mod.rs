@@ -485,23 +485,24 @@ pub(crate) fn mapped_here(id: FileId) -> bool {
         return true;
     };
     maps.lines().any(|line| {
-        let mut f = line.split_whitespace();
-        let (Some(_), Some(_), Some(_), Some(dev), Some(ino)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
+        let mut f = line.split_whitespace().skip(3);
+        let (Some(dev), Some(ino)) = (f.next(), f.next()) else {
             return false;
         };
-        let Some((major, minor)) = dev.split_once(':') else {
-            return false;
-        };
-        let (Ok(major), Ok(minor), Ok(ino)) = (
-            u32::from_str_radix(major, 16),
-            u32::from_str_radix(minor, 16),
-            ino.parse::<u64>(),
-        ) else {
-            return false;
-        };
-        ino == id.ino && rustix::fs::makedev(major, minor) as u64 == id.dev
+        file_id_of(dev, ino) == Some(id)
+    })
+}
+
+/// The file a `/proc` line names by its device (`major:minor`, hex) and inode (decimal), as
+/// `/proc/self/maps` and `/proc/locks` write them.
+pub(crate) fn file_id_of(dev: &str, ino: &str) -> Option<FileId> {
+    let (major, minor) = dev.split_once(':')?;
+    Some(FileId {
+        dev: rustix::fs::makedev(
+            u32::from_str_radix(major, 16).ok()?,
+            u32::from_str_radix(minor, 16).ok()?,
+        ) as u64,
+        ino: ino.parse().ok()?,
     })
 }
 

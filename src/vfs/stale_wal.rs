@@ -26,9 +26,9 @@ use crate::capture::{sidecar, ImageSource};
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
 use crate::paths::path_display;
 use crate::stale_wal::{
-    encode_record, fragment_len, hex16, judge_generation, judge_pages, look_at_wal, mapped_here,
-    page_hash, read_record, recorded_span, set_aside, stale_wal_policy, write_record, Mismatch,
-    StaleWalPolicy, Verdict, RECORDED_PAGES,
+    encode_record, file_id_of, fragment_len, hex16, judge_generation, judge_pages, look_at_wal,
+    mapped_here, page_hash, read_record, recorded_span, set_aside, stale_wal_policy, write_record,
+    Mismatch, StaleWalPolicy, Verdict, RECORDED_PAGES,
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
 
@@ -503,18 +503,11 @@ fn lock_line_covers(line: &str, id: FileId, byte: i64) -> bool {
     let (Some(file), Some(start), Some(end)) = (f.get(at), f.get(at + 1), f.get(at + 2)) else {
         return false;
     };
-    let mut parts = file.split(':');
-    let (Some(major), Some(minor), Some(ino)) = (parts.next(), parts.next(), parts.next()) else {
+    // `maj:min:ino`: the device in hex, the inode in decimal.
+    let Some((dev, ino)) = file.rsplit_once(':') else {
         return false;
     };
-    let (Ok(major), Ok(minor), Ok(ino)) = (
-        u32::from_str_radix(major, 16),
-        u32::from_str_radix(minor, 16),
-        ino.parse::<u64>(),
-    ) else {
-        return false;
-    };
-    if ino != id.ino || rustix::fs::makedev(major, minor) as u64 != id.dev {
+    if file_id_of(dev, ino) != Some(id) {
         return false;
     }
     let start = start.parse::<i64>().unwrap_or(i64::MAX);
@@ -531,8 +524,6 @@ fn lock_line_covers(line: &str, id: FileId, byte: i64) -> bool {
 /// `quick`: stop before the full read of the WAL, answering `None` when every other test left
 /// the WAL in doubt (the full look is then made under the lock).
 fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<Verdict> {
-    let verdict = Some;
-
     let first = match look_at_wal(wal, None) {
         Ok(look) => look,
         Err(e) => {
@@ -540,34 +531,34 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<V
                 "hermes-guard: cannot read the WAL of {} ({e})",
                 db.display()
             );
-            return verdict(Verdict::NothingToReplay);
+            return Some(Verdict::NothingToReplay);
         }
     };
     let record = match judge_generation(&first, read_record(wal.as_fd())) {
         Ok(record) => record,
-        Err(v) => return verdict(v),
+        Err(v) => return Some(v),
     };
-    let main_now = identity_of_path(db).ok().flatten();
     let now = |p: u32| read_page(main, p, record.page_size);
     if record
         .pages
         .iter()
         .all(|r| now(r.page).as_ref() == Some(&r.hash))
     {
-        return verdict(Verdict::Continues { by_pages: false });
+        return Some(Verdict::Continues { by_pages: false });
     }
     if quick {
         return None;
     }
+    let main_now = identity_of_path(db).ok().flatten();
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     match look_at_wal(wal, Some(&pages)) {
-        Ok(full) => verdict(judge_pages(&record, main_now, now, &full)),
+        Ok(full) => Some(judge_pages(&record, main_now, now, &full)),
         Err(e) => {
             log::info!(
                 "hermes-guard: cannot read the WAL of {} ({e})",
                 db.display()
             );
-            verdict(Verdict::NothingToReplay)
+            Some(Verdict::NothingToReplay)
         }
     }
 }

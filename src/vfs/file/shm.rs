@@ -94,8 +94,8 @@ pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_
 /// tail call; any other call at 0 (a release, above all) clears what the check of that lock
 /// allowed first (clearing only ever costs a check more); one at 1 goes to `checkpoint_unlock`
 /// (the same, and issue 27's tripwire); the read locks 1-4 (`ofst` 4, `n` 4) go to issue 27's
-/// rule (`wal_reset.rs`); the rest passes down. Out of line so that the pass-through of every other lock stays a few
-/// instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
+/// rule (`wal_reset.rs`); the rest passes down. Out of line so that the pass-through of every
+/// other lock stays a few instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
 /// reaches it with a tail call. It stores flags and tail-calls, so it pushes nothing.
 ///
 /// # Safety

@@ -302,7 +302,6 @@ fn open_fallback_dir(
     database: &std::path::Path,
     beside: &std::io::Error,
 ) -> Result<std::sync::Arc<crate::paths::DirHandle>, CaptureError> {
-    let dir = retry::orphan_capture_dir().or_else(fallback::default_dir);
     let fail = |artifact: PathBuf, why: String| CaptureError::Io {
         database: database.to_path_buf(),
         artifact,
@@ -311,7 +310,12 @@ fn open_fallback_dir(
              either: {why}"
         )),
     };
-    let Some(dir) = dir else {
+    if let Some(orphan) = retry::open_orphan_dir(database)
+        .map_err(|why| fail(retry::orphan_capture_dir().unwrap_or_default(), why))?
+    {
+        return Ok(orphan);
+    }
+    let Some(dir) = fallback::default_dir() else {
         return Err(fail(
             PathBuf::new(),
             format!(
@@ -320,8 +324,7 @@ fn open_fallback_dir(
             ),
         ));
     };
-    if retry::orphan_capture_dir().is_none() {
-        fallback::make_private(&dir).map_err(|e| fail(dir.clone(), e.to_string()))?;
-    }
-    crate::paths::DirHandle::open_shared(&dir).map_err(|e| fail(dir.clone(), e.to_string()))
+    fallback::make_private(&dir)
+        .and_then(|()| crate::paths::DirHandle::open_shared(&dir))
+        .map_err(|e| fail(dir.clone(), e.to_string()))
 }

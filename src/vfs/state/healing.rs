@@ -308,18 +308,19 @@ fn put_back_and_checkpoint(
         .to_owned();
     // The record goes into the capture; a generation no capture could be written for is healed
     // without one (nothing to record: nothing could merge it twice).
-    let capture = inner.capture.as_deref();
-    let capture_dir = match capture {
-        // Beside the database (through its directory, wherever that went), else (a fallback
-        // capture directory) by its path.
-        Some(capture) => Some(
-            capture
+    // The record goes into the capture — beside the database (through its directory, wherever
+    // that went), else (a fallback capture directory) by its path. A generation no capture could
+    // be written for is healed without one: nothing to record, nothing could merge it twice.
+    let record_in = match inner.capture.as_deref() {
+        Some(capture) => {
+            let beside = capture
                 .file_name()
-                .map(|name| crate::paths::open_dir(dir.fd(), Path::new(name)))
-                .and_then(Result::ok)
+                .and_then(|name| crate::paths::open_dir(dir.fd(), Path::new(name)).ok());
+            let fd = beside
                 .map_or_else(|| crate::paths::open_dir(rustix::fs::CWD, capture), Ok)
-                .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?,
-        ),
+                .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?;
+            Some((capture, fd))
+        }
         None => None,
     };
     let prefix = committed_prefix(wal)?;
@@ -344,7 +345,7 @@ fn put_back_and_checkpoint(
             Ok(staged) => Some(staged),
             // Nothing can be written beside the database, and no copy of the generation exists:
             // healed in place, as stock SQLite's close does (not crash-safe, never worse).
-            Err(e) if capture.is_none() && fallback::wants_fallback(&e) => {
+            Err(e) if record_in.is_none() && fallback::wants_fallback(&e) => {
                 log::warn!(
                     "hermes-guard: the retired WAL of {} cannot be put back beside it ({e}): \
                      healing it straight into the main file, as SQLite's own close does",
@@ -365,13 +366,9 @@ fn put_back_and_checkpoint(
             identity: staged.id,
         });
     }
-    let recorded = match &capture_dir {
-        Some(d) => write_record(d.as_fd(), &record).map_err(|e| {
-            format!(
-                "recording the heal's start in {}: {e}",
-                capture.unwrap_or(Path::new("")).display()
-            )
-        }),
+    let recorded = match &record_in {
+        Some((capture, d)) => write_record(d.as_fd(), &record)
+            .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display())),
         None => Ok(()),
     };
     if let Err(e) = recorded {
@@ -385,7 +382,7 @@ fn put_back_and_checkpoint(
         Some(staged) => staged.rename_into_place(dir.fd(), &name).inspect_err(|_| {
             // Nothing reached the live file: rolled back (the staging file gone, the record
             // would read as done: it goes too).
-            if let Some(d) = &capture_dir {
+            if let Some((_, d)) = &record_in {
                 let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
                 let _ = rustix::fs::fsync(d);
             }
@@ -430,17 +427,16 @@ fn put_back_and_checkpoint(
     }
     record.phase = HealPhase::Done;
     record.at = now();
-    if let Some(Err(e)) = capture_dir
-        .as_ref()
-        .map(|d| write_record(d.as_fd(), &record))
-    {
-        // The `started` record with the staging file gone already reads as healed.
-        log::warn!(
-            "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); its \
-             start record already says the rows are live",
-            state.db_path.display(),
-            capture.unwrap_or(Path::new("")).display()
-        );
+    if let Some((capture, d)) = &record_in {
+        if let Err(e) = write_record(d.as_fd(), &record) {
+            // The `started` record with the staging file gone already reads as healed.
+            log::warn!(
+                "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); \
+                 its start record already says the rows are live",
+                state.db_path.display(),
+                capture.display()
+            );
+        }
     }
     // Checkpointed: the WAL at the path goes (put back, or never moved after a lost -shm), if it
     // is still the one the heal wrote from.
