@@ -15,22 +15,6 @@ use rusqlite::Connection;
 
 const ROWS: usize = 5;
 
-/// A guarded connection with checkpointed history and `ROWS` rows only in its WAL, whose
-/// sidecars (`suffixes`) are then unlinked, and whose next write is refused (captured).
-fn lone_loss(path: &Path, suffixes: &[&str]) -> Connection {
-    let conn = open_guarded(path);
-    checkpointed_history(&conn);
-    for i in 0..ROWS {
-        insert(&conn, &format!("{SENTINEL_PREFIX}{i}")).unwrap();
-    }
-    for suffix in suffixes {
-        fs::remove_file(sidecar(path, suffix)).unwrap();
-    }
-    assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
-    assert!(conn.guard_status().unwrap().capture.is_some());
-    conn
-}
-
 fn live_rows(path: &Path, pattern: &str) -> i64 {
     let live = Connection::open(path).unwrap();
     assert!(integrity_ok(&live));
@@ -41,7 +25,7 @@ fn live_rows(path: &Path, pattern: &str) -> i64 {
 fn a_lone_connections_unlinked_wal_is_checkpointed_back_at_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let conn = lone_loss(&path, &["-wal", "-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-wal", "-shm"]);
 
     drop(conn);
 
@@ -65,7 +49,7 @@ fn a_lone_connections_unlinked_wal_is_checkpointed_back_at_close() {
 fn a_lone_connections_unlinked_shm_is_checkpointed_back_at_close() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let conn = lone_loss(&path, &["-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-shm"]);
 
     drop(conn);
 
@@ -81,7 +65,7 @@ fn a_lone_connections_unlinked_shm_is_checkpointed_back_at_close() {
 fn the_library_close_heals_a_lone_loss_too() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let conn = lone_loss(&path, &["-wal", "-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-wal", "-shm"]);
 
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
@@ -95,7 +79,7 @@ fn the_library_close_heals_a_lone_loss_too() {
 fn a_newer_generation_open_at_the_close_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let conn = lone_loss(&path, &["-wal", "-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-wal", "-shm"]);
     let newer = NewerGenerationOpen::start(&path);
 
     drop(conn);
@@ -114,7 +98,7 @@ fn a_newer_generation_open_at_the_close_is_never_overwritten() {
 fn a_newer_generation_written_checkpointed_and_closed_in_between_is_never_overwritten() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
-    let conn = lone_loss(&path, &["-wal", "-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-wal", "-shm"]);
     // Another process: opens, commits 3 rows, checkpoints them into the main file (TRUNCATE)
     // and closes; then whatever it left at the path is cleaned away (its close could not
     // delete its -wal while the retired connection's shield holds SHARED): at the retired
@@ -148,7 +132,7 @@ fn a_main_file_copied_over_in_between_is_never_overwritten() {
             .unwrap();
         fs::copy(&path, &backup).unwrap();
     }
-    let conn = lone_loss(&path, &["-wal", "-shm"]);
+    let conn = lone_loss(&path, ROWS, &["-wal", "-shm"]);
     // A restore copies an older file over the live one in place: same inode.
     std::thread::sleep(std::time::Duration::from_millis(20));
     fs::copy(&backup, &path).unwrap();

@@ -557,3 +557,19 @@ pub fn close_while_restarted(conn: Connection, path: &Path) {
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     drop(restarted);
 }
+
+/// A guarded connection with checkpointed history (20 rows) and `rows` rows only in its WAL,
+/// whose sidecars (`suffixes`) are then unlinked, and whose next write is refused (captured).
+pub fn lone_loss(path: &Path, rows: usize, suffixes: &[&str]) -> Connection {
+    let conn = open_guarded(path);
+    checkpointed_history(&conn);
+    for i in 0..rows {
+        insert(&conn, &format!("{SENTINEL_PREFIX}{i}")).unwrap();
+    }
+    for suffix in suffixes {
+        fs::remove_file(sidecar(path, suffix)).unwrap();
+    }
+    assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
+    assert!(conn.guard_status().unwrap().capture.is_some());
+    conn
+}

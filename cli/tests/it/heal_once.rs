@@ -10,23 +10,6 @@ use std::path::{Path, PathBuf};
 use crate::common::*;
 use hermes_guard::manifest::{heal_state, HealPhase, HealRecord, HealState, HEALED_NAME};
 use hermes_guard::FileId;
-use rusqlite::Connection;
-
-/// A guarded connection with checkpointed history (20 rows) and `rows` rows only in its WAL,
-/// whose sidecars (`suffixes`) are then unlinked, and whose next write is refused (captured).
-fn lone_loss(path: &Path, rows: usize, suffixes: &[&str]) -> Connection {
-    let conn = open_guarded(path);
-    checkpointed_history(&conn);
-    for i in 0..rows {
-        insert(&conn, &format!("{SENTINEL_PREFIX}{i}")).unwrap();
-    }
-    for suffix in suffixes {
-        fs::remove_file(sidecar(path, suffix)).unwrap();
-    }
-    assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
-    assert!(conn.guard_status().unwrap().capture.is_some());
-    conn
-}
 
 fn sentinels(path: &Path) -> i64 {
     let live = open_guarded(path);
