@@ -6,7 +6,7 @@ use std::fs::File;
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -174,76 +174,5 @@ impl PinnedWal {
     /// The pinned WAL's size now.
     pub fn size(&self) -> io::Result<u64> {
         Ok(self.file().metadata()?.len())
-    }
-}
-
-/// The inode behind the shared-memory mapping that contains `addr`, read from
-/// `/proc/self/maps`. This is exact where a `stat` of the `-shm` pathname is not: the unix VFS
-/// shares one mapping per database inode in a process, so a second connection may be attached to
-/// a `-shm` that was unlinked before it opened.
-pub fn identity_of_mapping(addr: usize) -> Option<FileId> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().find_map(|line| parse_maps_line(line, addr))
-}
-
-/// The pathname the kernel gives for the shared mapping that contains `addr` (its
-/// `/proc/self/map_files` link, bytes as they are), if it can be read: in an
-/// `SQLITE_SHM_DIRECTORY` build the `-shm` is not `<db>-shm` but a file in that directory. Ends in
-/// ` (deleted)` for an unlinked file, which no `stat` then finds.
-pub fn path_of_mapping(addr: usize) -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let (lo, hi) = maps.lines().find_map(|line| {
-        let range = line.split_whitespace().next()?;
-        let (lo, hi) = range.split_once('-')?;
-        let lo = usize::from_str_radix(lo, 16).ok()?;
-        let hi = usize::from_str_radix(hi, 16).ok()?;
-        (lo <= addr && addr < hi).then_some((lo, hi))
-    })?;
-    std::fs::read_link(format!("/proc/self/map_files/{lo:x}-{hi:x}")).ok()
-}
-
-fn parse_maps_line(line: &str, addr: usize) -> Option<FileId> {
-    let mut fields = line.split_whitespace();
-    let (lo, hi) = fields.next()?.split_once('-')?;
-    let (lo, hi) = (
-        usize::from_str_radix(lo, 16).ok()?,
-        usize::from_str_radix(hi, 16).ok()?,
-    );
-    if addr < lo || addr >= hi {
-        return None;
-    }
-    let _perms = fields.next()?;
-    let _offset = fields.next()?;
-    let (major, minor) = fields.next()?.split_once(':')?;
-    let ino: u64 = fields.next()?.parse().ok()?;
-    if ino == 0 {
-        return None;
-    }
-    let dev = rustix::fs::makedev(
-        u32::from_str_radix(major, 16).ok()?,
-        u32::from_str_radix(minor, 16).ok()?,
-    );
-    Some(FileId {
-        dev: dev as u64,
-        ino,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn maps_line_inside_the_range_yields_the_inode() {
-        let line = "7f00a000-7f00b000 rw-s 00000000 fd:01 123456   /tmp/x/state.db-shm";
-        let id = parse_maps_line(line, 0x7f00a010).expect("inside");
-        assert_eq!(id.ino, 123456);
-        assert_eq!(id.dev, rustix::fs::makedev(0xfd, 0x01) as u64);
-    }
-
-    #[test]
-    fn maps_line_outside_the_range_yields_nothing() {
-        let line = "7f00a000-7f00b000 rw-s 00000000 fd:01 123456   /tmp/x/state.db-shm";
-        assert!(parse_maps_line(line, 0x7f00b000).is_none());
     }
 }

@@ -479,33 +479,6 @@ pub fn stale_wal_policy() -> StaleWalPolicy {
     }
 }
 
-/// Whether this process maps the file `id` (a connection of its own uses that `-shm`).
-pub(crate) fn mapped_here(id: FileId) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return true;
-    };
-    maps.lines().any(|line| {
-        let mut f = line.split_whitespace().skip(3);
-        let (Some(dev), Some(ino)) = (f.next(), f.next()) else {
-            return false;
-        };
-        file_id_of(dev, ino) == Some(id)
-    })
-}
-
-/// The file a `/proc` line names by its device (`major:minor`, hex) and inode (decimal), as
-/// `/proc/self/maps` and `/proc/locks` write them.
-pub(crate) fn file_id_of(dev: &str, ino: &str) -> Option<FileId> {
-    let (major, minor) = dev.split_once(':')?;
-    Some(FileId {
-        dev: rustix::fs::makedev(
-            u32::from_str_radix(major, 16).ok()?,
-            u32::from_str_radix(minor, 16).ok()?,
-        ) as u64,
-        ino: ino.parse().ok()?,
-    })
-}
-
 mod aside;
 pub(crate) use aside::{check_main_for_capture, set_aside};
 

@@ -104,12 +104,3 @@ fn pages_recorded_or_copied_from_a_frame_continue_anything_else_is_stale() {
         Verdict::Stale(_)
     ));
 }
-
-#[test]
-fn a_proc_device_and_inode_name_the_file() {
-    let id = file_id_of("08:1f", "5678").unwrap();
-    assert_eq!(id.ino, 5678);
-    assert_eq!(id.dev, rustix::fs::makedev(8, 31) as u64);
-    assert_eq!(file_id_of("0801", "5678"), None, "no colon");
-    assert_eq!(file_id_of("08:1f", "x"), None, "no inode");
-}

@@ -6,11 +6,13 @@
 
 mod file;
 mod fork;
+mod in_use;
 mod locked_fds;
 mod methods;
 mod retry;
 mod shield;
 mod stale_wal;
+mod stale_wal_gate;
 pub(crate) mod state;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;

@@ -1,7 +1,7 @@
 //! Issue 19, the shim's side: the WAL-base record written when a guarded writer's WAL starts a
-//! generation, and the judgement of an existing WAL before SQLite opens it (`crate::stale_wal`
-//! has the record, the rules and the capture; this file the hooks, the wal-index reads and the
-//! `-shm` probe).
+//! generation (`crate::stale_wal` has the record, the rules and the capture; this file the hooks
+//! and the wal-index reads; `stale_wal_gate.rs` the judgement of an existing WAL before SQLite
+//! opens it).
 //!
 //! Costs: a record is due at this connection's first write and after each checkpoint (the main
 //! file's sync that ends it; the WAL restarts then or at the next write): one atomic load per
@@ -12,7 +12,6 @@
 
 use std::ffi::c_int;
 use std::fs::File;
-use std::io;
 use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -22,14 +21,10 @@ use rusqlite::ffi;
 
 use super::ffi_guard;
 use super::state::DbState;
-use crate::capture::{sidecar, ImageSource};
-use crate::identity::{identity_of_fd, identity_of_path, FileId};
+use crate::capture::ImageSource;
+use crate::identity::identity_of_fd;
 use crate::paths::path_display;
-use crate::stale_wal::{
-    encode_record, file_id_of, fragment_len, hex16, judge_generation, judge_pages, look_at_wal,
-    mapped_here, page_hash, read_record, recorded_span, set_aside, stale_wal_policy, write_record,
-    Mismatch, StaleWalPolicy, Verdict, RECORDED_PAGES,
-};
+use crate::stale_wal::{encode_record, recorded_span, write_record, Mismatch, RECORDED_PAGES};
 use crate::status::{StaleWalAction, StaleWalStatus};
 
 /// The least size of a record's buffer: above glibc's default mmap threshold (128 KiB).
@@ -42,10 +37,6 @@ static RECORD_BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
 /// Write transactions a due record waits for the restart that follows a checkpoint.
 const DUE_TRIES: u8 = 4;
-
-/// `UNIX_SHM_DMS` of the unix VFS: the `-shm` byte every connection that maps it holds a read
-/// lock on (`(22 + SQLITE_SHM_NLOCK) * 4 + SQLITE_SHM_NLOCK`).
-const UNIX_SHM_DMS: i64 = 128;
 
 /// One connection's part of issue 19 (held by its `DbState`).
 #[derive(Default)]
@@ -178,7 +169,13 @@ impl StaleWalSlot {
         }
     }
 
-    fn set_report(&self, action: StaleWalAction, capture: Option<&Path>, m: &Mismatch, wal: File) {
+    pub(super) fn set_report(
+        &self,
+        action: StaleWalAction,
+        capture: Option<&Path>,
+        m: &Mismatch,
+        wal: File,
+    ) {
         let Ok(wal) = identity_of_fd(&wal) else {
             return;
         };
@@ -208,397 +205,4 @@ unsafe fn salts_word(p: *const u8) -> u64 {
     // SAFETY: as the caller promises.
     let (a, b) = unsafe { (load_u32(p, 32), load_u32(p, 36)) };
     u64::from(a) | (u64::from(b) << 32)
-}
-
-/// The connection's main file through its own methods (the guard's table, as SQLite calls it):
-/// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
-pub(super) trait MainLocks {
-    /// `xLock(level)`: an SQLite result code.
-    fn lock(&self, level: c_int) -> c_int;
-    /// `xUnlock(level)`: an SQLite result code.
-    fn unlock(&self, level: c_int) -> c_int;
-}
-
-/// Before SQLite opens `wal_path` for the database of `state` (whose main file `main` reads and
-/// `locks` locks; SQLite holds SHARED on it): whether an existing WAL continues the main file
-/// now at the path. `SQLITE_OK` lets the open go on (after a stale WAL was set aside, SQLite
-/// creates a fresh one); `SQLITE_BUSY` makes SQLite give up its SHARED lock and retry through
-/// the busy handler (another opener is between its SHARED lock and its use of the WAL);
-/// otherwise the open fails with the code returned (the strict mode, or a stale WAL that could
-/// not be set aside).
-///
-/// A stale WAL is judged and moved only under EXCLUSIVE on the main file: in WAL mode every open
-/// connection keeps SHARED from its first read, and an opener takes SHARED before it looks for a
-/// `-wal`, so while the guard holds EXCLUSIVE no process or thread has the WAL open and none can
-/// open it; every opener sees the stale WAL before, or none after.
-pub(super) fn before_wal_open(
-    state: &DbState,
-    main: &dyn ImageSource,
-    locks: &dyn MainLocks,
-    wal_path: &Path,
-) -> c_int {
-    let db = state.db_path();
-    let Some(wal) = open_wal(db, wal_path) else {
-        return ffi::SQLITE_OK;
-    };
-    // Another thread of this process is setting this database's WAL aside: step back at once
-    // (`SQLITE_BUSY`, giving up SHARED), so that its EXCLUSIVE is not kept waiting on ours.
-    if Turn::taken(state.main_id()) {
-        return ffi::SQLITE_BUSY;
-    }
-    // The quick look (the header, the record, the first pages) outside the lock; a WAL it leaves
-    // in doubt is read in full under the lock.
-    match judge(db, main, &wal, true) {
-        None | Some(Verdict::Stale(_)) => {}
-        Some(verdict) => {
-            say(db, &verdict);
-            return ffi::SQLITE_OK;
-        }
-    }
-    drop(wal);
-    let shm_path = sidecar(db, "-shm");
-    if in_use(&shm_path) {
-        return ffi::SQLITE_OK;
-    }
-    // One set-aside of a database at a time in this process: the other threads step back
-    // (`SQLITE_BUSY`, giving up their SHARED lock) instead of keeping the lock from the first.
-    let Some(_turn) = Turn::take(state.main_id()) else {
-        return ffi::SQLITE_BUSY;
-    };
-    match exclusive(locks) {
-        ffi::SQLITE_OK => {}
-        ffi::SQLITE_BUSY => {
-            // Somebody holds SHARED. A connection that has the WAL open maps the -shm within
-            // moments of its SHARED lock: then it is in use, not this open's to judge; else it
-            // is an opener on its way, and this open waits as SQLite does.
-            if in_use(&shm_path) {
-                return ffi::SQLITE_OK;
-            }
-            log::debug!(
-                "hermes-guard: {} looks stale and another opener holds {} SHARED: waiting \
-                 (SQLITE_BUSY, the busy handler retries)",
-                wal_path.display(),
-                db.display()
-            );
-            return ffi::SQLITE_BUSY;
-        }
-        rc => {
-            log::info!(
-                "hermes-guard: {} looks stale but EXCLUSIVE on {} failed (SQLite code {rc}); no \
-                 judgement",
-                wal_path.display(),
-                db.display()
-            );
-            return ffi::SQLITE_OK;
-        }
-    }
-    let _back_to_shared = BackToShared(locks);
-    // Again, on the WAL now at the path, now that nobody else can start on it.
-    let Some(wal) = open_wal(db, wal_path) else {
-        return ffi::SQLITE_OK;
-    };
-    let m = match judge(db, main, &wal, false) {
-        Some(Verdict::Stale(m)) => m,
-        Some(verdict) => {
-            say(db, &verdict);
-            return ffi::SQLITE_OK;
-        }
-        None => return ffi::SQLITE_OK,
-    };
-    let slot = state.stale_wal();
-    match stale_wal_policy() {
-        StaleWalPolicy::Refuse => {
-            log::error!(
-                "hermes-guard: refusing to open {}: {} was not written on it ({}). Nothing was \
-                 moved (strict mode, {}=refuse). If the database file was restored on purpose, \
-                 move {} and {}-shm away (keep them: with the database file they were written \
-                 on, `hermes-guard recover` brings their rows back) and open again",
-                db.display(),
-                wal_path.display(),
-                m.detail,
-                crate::stale_wal::POLICY_ENV,
-                wal_path.display(),
-                db.display()
-            );
-            slot.set_report(StaleWalAction::Refused, None, &m, wal);
-            ffi::SQLITE_CANTOPEN_DIRTYWAL
-        }
-        StaleWalPolicy::SetAside => {
-            let mut header = [0u8; 100];
-            let _ = main.read_at(&mut header, 0);
-            match set_aside(db, &wal, identity_of_path(db).ok().flatten(), &header, &m) {
-                Ok(dir) => {
-                    log::error!(
-                        "hermes-guard: {} was not written on the database file now at {} ({}): \
-                         it was NOT replayed (that would undo the restore and corrupt the file). \
-                         It and the -shm are set aside, byte for byte, in {}; the database opens \
-                         as it is. Its frames only make sense on the main file they were written \
-                         on: if that file still exists (the copy taken before the restore), \
-                         `hermes-guard recover {} --main <that file>` brings the dead \
-                         generation's rows back",
-                        wal_path.display(),
-                        db.display(),
-                        m.detail,
-                        dir.display(),
-                        dir.display()
-                    );
-                    slot.set_report(StaleWalAction::SetAside, Some(&dir), &m, wal);
-                    ffi::SQLITE_OK
-                }
-                Err(e) => {
-                    log::error!(
-                        "hermes-guard: {} was not written on {} ({}) and cannot be set aside \
-                         ({e}); refusing the open so that it is not replayed",
-                        wal_path.display(),
-                        db.display(),
-                        m.detail
-                    );
-                    slot.set_report(StaleWalAction::Refused, None, &m, wal);
-                    ffi::SQLITE_CANTOPEN_DIRTYWAL
-                }
-            }
-        }
-    }
-}
-
-/// The WAL at `wal_path`, read-only; `None` when there is none (or it cannot be read: said at
-/// INFO, and SQLite goes on as always).
-fn open_wal(db: &Path, wal_path: &Path) -> Option<File> {
-    match File::open(wal_path) {
-        Ok(f) => Some(f),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-        Err(e) => {
-            log::info!(
-                "hermes-guard: cannot read {} before SQLite opens it ({e}); no judgement of \
-                 whether it belongs to {}",
-                wal_path.display(),
-                db.display()
-            );
-            None
-        }
-    }
-}
-
-/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) every millisecond for
-/// 10 to 50 ms — an opener on its way holds SHARED only until it maps the `-shm` or steps back —
-/// and leaves the file at SHARED when it fails. The span is drawn at random, so that two guarded
-/// openers in two processes do not step back in step.
-fn exclusive(locks: &dyn MainLocks) -> c_int {
-    let tries = 10 + (jitter() % 40);
-    let mut rc = ffi::SQLITE_BUSY;
-    for i in 0..tries {
-        if i > 0 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        rc = locks.lock(ffi::SQLITE_LOCK_EXCLUSIVE);
-        if rc == ffi::SQLITE_OK {
-            return rc;
-        }
-        // A refused EXCLUSIVE may leave PENDING: back to SHARED, as SQLite's pager does.
-        locks.unlock(ffi::SQLITE_LOCK_SHARED);
-        if rc != ffi::SQLITE_BUSY {
-            return rc;
-        }
-    }
-    rc
-}
-
-/// A few bits that differ between processes and threads and from call to call.
-fn jitter() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let id = std::thread::current().id();
-    let h = page_hash(format!("{t} {id:?} {}", std::process::id()).as_bytes());
-    h as u32
-}
-
-/// Back to SHARED (what SQLite holds) when the set-aside is done, whatever its outcome.
-struct BackToShared<'a>(&'a dyn MainLocks);
-
-impl Drop for BackToShared<'_> {
-    fn drop(&mut self) {
-        self.0.unlock(ffi::SQLITE_LOCK_SHARED);
-    }
-}
-
-/// Databases (main file identities) a thread of this process is setting a stale WAL aside for.
-static TURNS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
-
-/// This thread's turn at setting aside the stale WAL of one database; `None` when another
-/// thread has it.
-struct Turn(Option<FileId>);
-
-impl Turn {
-    /// Whether another thread has the turn for `main`.
-    fn taken(main: Option<FileId>) -> bool {
-        main.is_some_and(|id| TURNS.lock().contains(&id))
-    }
-
-    fn take(main: Option<FileId>) -> Option<Turn> {
-        let Some(id) = main else {
-            return Some(Turn(None));
-        };
-        let mut turns = TURNS.lock();
-        if turns.contains(&id) {
-            return None;
-        }
-        turns.push(id);
-        Some(Turn(Some(id)))
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if let Some(id) = self.0 {
-            TURNS.lock().retain(|t| *t != id);
-        }
-    }
-}
-
-/// Whether the WAL's `-shm` is in use: mapped by a connection of this process, or its
-/// dead-man-switch byte locked by another process (read from `/proc/locks`:
-/// opening the `-shm` to ask `fcntl` would drop this process's own POSIX locks on it at the
-/// close). Said at INFO when it is.
-fn in_use(shm_path: &Path) -> bool {
-    let Ok(Some(id)) = identity_of_path(shm_path) else {
-        return false;
-    };
-    let why = if mapped_here(id) {
-        "this process uses it"
-    } else if dms_locked(id) {
-        "another process has it open"
-    } else {
-        return false;
-    };
-    log::warn!(
-        "hermes-guard: the WAL beside {} looks stale (not written on the database file now at \
-         the path) but {why}: it was opened, and replayed, before this open could set it aside, \
-         as SQLite always does; nothing was moved (a restore of the file may have been undone \
-         by that opener)",
-        shm_path.display()
-    );
-    true
-}
-
-/// Whether `/proc/locks` lists a lock on the `-shm` `id` covering its dead-man-switch byte.
-/// Unreadable: taken as locked (the open goes on as stock's would).
-fn dms_locked(id: FileId) -> bool {
-    let Ok(locks) = std::fs::read_to_string("/proc/locks") else {
-        return true;
-    };
-    locks
-        .lines()
-        .filter(|l| !l.contains("->"))
-        .any(|line| lock_line_covers(line, id, UNIX_SHM_DMS))
-}
-
-/// Whether one line of `/proc/locks` (`1: POSIX ADVISORY READ 1234 08:01:5678 128 128`) is a
-/// lock on the file `id` whose range holds `byte`.
-fn lock_line_covers(line: &str, id: FileId, byte: i64) -> bool {
-    let f: Vec<&str> = line.split_whitespace().collect();
-    let Some(at) = f.iter().position(|w| w.matches(':').count() == 2) else {
-        return false;
-    };
-    let (Some(file), Some(start), Some(end)) = (f.get(at), f.get(at + 1), f.get(at + 2)) else {
-        return false;
-    };
-    // `maj:min:ino`: the device in hex, the inode in decimal.
-    let Some((dev, ino)) = file.rsplit_once(':') else {
-        return false;
-    };
-    if file_id_of(dev, ino) != Some(id) {
-        return false;
-    }
-    let start = start.parse::<i64>().unwrap_or(i64::MAX);
-    let end = if *end == "EOF" {
-        i64::MAX
-    } else {
-        end.parse::<i64>().unwrap_or(-1)
-    };
-    (start..=end).contains(&byte)
-}
-
-/// The judgement of the WAL `wal` against the main file `main` now.
-///
-/// `quick`: stop before the full read of the WAL, answering `None` when every other test left
-/// the WAL in doubt (the full look is then made under the lock).
-fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<Verdict> {
-    let first = match look_at_wal(wal, None) {
-        Ok(look) => look,
-        Err(e) => {
-            log::info!(
-                "hermes-guard: cannot read the WAL of {} ({e})",
-                db.display()
-            );
-            return Some(Verdict::NothingToReplay);
-        }
-    };
-    let record = match judge_generation(&first, read_record(wal.as_fd())) {
-        Ok(record) => record,
-        Err(v) => return Some(v),
-    };
-    let now = |p: u32| read_page(main, p, record.page_size);
-    if record
-        .pages
-        .iter()
-        .all(|r| now(r.page).as_ref() == Some(&r.hash))
-    {
-        return Some(Verdict::Continues { by_pages: false });
-    }
-    if quick {
-        return None;
-    }
-    let main_now = identity_of_path(db).ok().flatten();
-    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
-    match look_at_wal(wal, Some(&pages)) {
-        Ok(full) => Some(judge_pages(&record, main_now, now, &full)),
-        Err(e) => {
-            log::info!(
-                "hermes-guard: cannot read the WAL of {} ({e})",
-                db.display()
-            );
-            Some(Verdict::NothingToReplay)
-        }
-    }
-}
-
-/// The recorded hash of page `page` (1-based) of the main file, `None` beyond its end or
-/// unreadable.
-fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<String> {
-    let offset = u64::from(page - 1) * u64::from(page_size);
-    if offset + u64::from(page_size) > main.size().ok()? {
-        return None;
-    }
-    let mut buf = vec![0u8; fragment_len(page, page_size)];
-    main.read_at(&mut buf, offset).ok()?;
-    Some(hex16(page_hash(&buf)))
-}
-
-/// The verdicts that let SQLite go on, said at the level they deserve.
-fn say(db: &Path, verdict: &Verdict) {
-    match verdict {
-        Verdict::NoRecord => log::info!(
-            "hermes-guard: {}-wal holds frames but no record of the database file it was written \
-             on (written by unguarded processes only, or a filesystem without extended \
-             attributes): SQLite replays it as always, without a judgement",
-            db.display()
-        ),
-        Verdict::OtherGeneration { recorded, found } => log::info!(
-            "hermes-guard: {}-wal is generation {:08x} {:08x}, not the recorded {:08x} {:08x} \
-             (an unguarded process restarted it): SQLite replays it as always, without a \
-             judgement",
-            db.display(),
-            found[0],
-            found[1],
-            recorded[0],
-            recorded[1]
-        ),
-        Verdict::Continues { by_pages: true } => log::debug!(
-            "hermes-guard: {}-wal continues the database (changed since the WAL's generation \
-             began only by checkpoints of it)",
-            db.display()
-        ),
-        _ => {}
-    }
 }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::in_use;
 use super::retry::{self, Backoff};
 use super::shield::Shield;
 use super::stale_wal::StaleWalSlot;
@@ -138,6 +139,10 @@ struct Inner {
     shm_id: Option<FileId>,
     /// The `-shm`'s pathname when it is not `<db>-shm` ([`DbState::pin_shm`]).
     shm_check_path: Option<PathBuf>,
+    /// The `-shm` this connection maps, on the process's list while held (`in_use.rs`).
+    shm_here: Option<in_use::ShmHere>,
+    /// The (main file, WAL) pair this connection has open, on the process's list while held.
+    wal_here: Option<in_use::WalHere>,
     reason: Option<RetireReason>,
     capture: Option<PathBuf>,
     capture_error: Option<String>,
@@ -385,7 +390,13 @@ impl DbState {
                 )
             })?,
         };
-        self.inner.lock().wal = Some(wal);
+        let mut inner = self.inner.lock();
+        inner.wal_here = None;
+        inner.wal_here = inner
+            .main_id
+            .map(|main| in_use::WalHere::new(main, wal.id()));
+        inner.wal = Some(wal);
+        drop(inner);
         self.last_wal_offset.store(i64::MAX, Ordering::Release);
         self.wal_pinned.store(true, Ordering::Release);
         Ok(())
@@ -440,6 +451,7 @@ impl DbState {
                 _ => return,
             }
         }
+        inner.wal_here = None;
         inner.wal = None;
         inner.generation = None;
         self.wal_pinned.store(false, Ordering::Release);
@@ -487,6 +499,9 @@ impl DbState {
             inner.shm_id = id;
             inner.shm_check_path = check_path;
         }
+        if inner.shm_here.is_none() {
+            inner.shm_here = inner.shm_id.map(in_use::ShmHere::new);
+        }
         inner.wal_index = Some(index);
     }
 
@@ -504,6 +519,7 @@ impl DbState {
     /// The next mapping is a new generation, pinned afresh; a retired one keeps its pin.
     pub(crate) fn shm_unmapped(&self) {
         let mut inner = self.inner.lock();
+        inner.shm_here = None;
         if inner.reason.is_none() {
             inner.shm_id = None;
             inner.shm_check_path = None;
@@ -514,6 +530,8 @@ impl DbState {
     /// Called when the main file object is finally closed.
     pub(crate) fn main_closed(&self) {
         let mut inner = self.inner.lock();
+        inner.shm_here = None;
+        inner.wal_here = None;
         inner.main_image = None;
         inner.wal = None;
         inner.generation = None;

@@ -7,7 +7,6 @@ use rusqlite::ffi;
 
 use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
-use crate::identity::{identity_of_mapping, path_of_mapping};
 use crate::vfs::ffi_guard;
 use crate::vfs::state::{Gate, Site};
 
@@ -36,10 +35,13 @@ pub(super) unsafe extern "C" fn x_shm_map(
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as *const u8;
             if !addr.is_null() {
+                let unix = t.unix_prefix;
                 state.pin_shm(
                     || {
-                        let id = identity_of_mapping(addr as usize)?;
-                        Some((id, path_of_mapping(addr as usize)))
+                        // SAFETY: the wrapped file was checked at its open to have the
+                        // `unixFile` layout (`unix`); xShmMap just succeeded.
+                        let (_, id, name) = unsafe { shm_node(sub) }.filter(|_| unix)?;
+                        Some((id, Some(name)))
                     },
                     Box::new(WalIndexView(addr)),
                 );

@@ -28,6 +28,8 @@ pub(super) fn check_running_version() {
 
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
@@ -178,6 +180,38 @@ pub(super) unsafe fn main_descriptor(
         return Err("the database is not on a local filesystem".into());
     }
     Ok(p.h)
+}
+
+/// The `-shm` the connection just mapped, from SQLite's own shared-memory node: its descriptor
+/// (`hShm`), that descriptor's identity (`fstat`: the same device numbering as every `stat` the
+/// guard compares it with, where `/proc/self/maps` numbers a btrfs file by its superblock), and
+/// the name SQLite opened it by (`zFilename`, bytes as SQLite has them: `<db>-shm`, or a file in
+/// the `SQLITE_SHM_DIRECTORY` of such a build). `None` when the node has no `-shm` file (heap
+/// memory) or does not have the expected layout.
+///
+/// # Safety
+/// `sub` is the wrapped file object of a live main file checked at its open to have the
+/// `unixFile` layout ([`unix_prefix`]), whose `xShmMap` just succeeded.
+pub(super) unsafe fn shm_node(sub: *mut ffi::sqlite3_file) -> Option<(c_int, FileId, PathBuf)> {
+    // SAFETY: as the caller promises: `pShm`, its node and the node's `pInode`, `zFilename` and
+    // `hShm` are set by xShmMap and stay until xShmUnmap.
+    let (node_inode, fd, file_inode, name) = unsafe {
+        let p = &*(sub as *const UnixFilePrefix);
+        if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
+            return None;
+        }
+        let node = &*(*p.p_shm).p_shm_node;
+        (node.p_inode, node.h_shm, p.p_inode, node.z_filename)
+    };
+    if node_inode != file_inode || fd < 0 || name.is_null() {
+        return None;
+    }
+    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
+    let id = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).ok()?;
+    // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    let path = PathBuf::from(std::ffi::OsStr::from_bytes(bytes));
+    Some((fd, id, path))
 }
 
 /// The descriptor of the shared-memory node the connection just mapped (SQLite's `hShm`),

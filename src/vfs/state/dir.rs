@@ -81,14 +81,23 @@ fn parent_of_descriptor(main_fd: RawFd) -> Option<PathBuf> {
 
 /// Finds the directory whose identity was `id` at the open: at `db_path`'s parent, else where
 /// `main_fd` says the main file is now.
+///
+/// Deleted ([`DirSlot::Gone`]) only on evidence: every name tried is gone or another directory,
+/// and the main file has no link left (`rm -r` unlinks it too; a directory moved away with its
+/// database keeps the file linked). A failure to look — out of descriptors (`EMFILE`, `ENFILE`),
+/// memory, permission to open a directory the process may write in but not read (`EACCES`),
+/// an interrupted call — proves nothing: the directory stays unresolved, to be looked for again,
+/// and a capture meanwhile goes by path or to the fallback directory, never let go.
 fn resolve(db_path: &Path, id: FileId, main_fd: RawFd) -> DirSlot {
     let by_name = db_path.parent().map(Path::to_path_buf);
     let candidates = [by_name, parent_of_descriptor(main_fd)];
+    let mut failed = None;
     for candidate in candidates.iter().flatten() {
-        if let Ok(dir) = DirHandle::open_shared(candidate) {
-            if dir.id() == id {
-                return DirSlot::Held(dir);
-            }
+        match DirHandle::open_shared(candidate) {
+            Ok(dir) if dir.id() == id => return DirSlot::Held(dir),
+            Ok(_) => {}
+            Err(e) if no_such_directory(&e) => {}
+            Err(e) => failed = Some((candidate.clone(), e)),
         }
     }
     // Hidden under a mount since the open: the capture goes into the hidden directory, beside
@@ -100,11 +109,42 @@ fn resolve(db_path: &Path, id: FileId, main_fd: RawFd) -> DirSlot {
     {
         return DirSlot::Held(dir);
     }
+    let unresolved = DirSlot::Unresolved { id, main_fd };
+    if let Some((candidate, e)) = failed {
+        log::info!(
+            "hermes-guard: cannot open the directory {} of {} ({e}): not taken for deleted; \
+             looked for again when next needed",
+            candidate.display(),
+            db_path.display()
+        );
+        return unresolved;
+    }
+    // The link count of the file SQLite's descriptor reaches (a `stat` through the descriptor's
+    // link: the file itself, whatever its name now).
+    if let Ok(st) = std::fs::metadata(format!("/proc/self/fd/{main_fd}")) {
+        if std::os::unix::fs::MetadataExt::nlink(&st) > 0 {
+            log::info!(
+                "hermes-guard: the directory of {} ({id}) is not at its name, but the database \
+                 file is still linked: not taken for deleted",
+                db_path.display()
+            );
+            return unresolved;
+        }
+    }
     log::info!(
-        "hermes-guard: the directory of {} ({id}) is no longer reachable by any name: deleted",
+        "hermes-guard: the directory of {} ({id}) is no longer reachable by any name and the \
+         database file has no link left: deleted",
         db_path.display()
     );
     DirSlot::Gone
+}
+
+/// The errors that say a name leads to no directory (rather than that it could not be looked at).
+fn no_such_directory(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP)
+    )
 }
 
 impl DbState {

@@ -1,0 +1,496 @@
+//! Issue 19's judgement of an existing WAL before SQLite opens it, in issue 33's order: the
+//! database file's EXCLUSIVE lock first, the kernel's lock answer on the `-shm` only when it is
+//! refused.
+//!
+//! SQLite takes SHARED on the main file before it looks for a `-wal`, and a WAL-mode connection
+//! keeps SHARED until it closes. So EXCLUSIVE on the file now at the path means nobody uses a
+//! WAL *of that file*: the WAL is judged against it and set aside if it was written elsewhere,
+//! whatever other processes hold on another inode. It is tried at once, before anything is read,
+//! so that a guarded opener that starts first keeps a restore ahead of an unguarded one. Refused,
+//! somebody holds this file: the quick look settles the common case (the WAL continues the
+//! file), and only a WAL still in doubt asks whether the `-shm` is in use (`in_use.rs`): in use,
+//! its holder replayed it already, as SQLite always does; not in use, an opener is on its way and
+//! this one waits (`SQLITE_BUSY`, the busy handler retries).
+
+use std::ffi::c_int;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use parking_lot::Mutex;
+use rusqlite::ffi;
+
+use super::in_use::{self, ShmUse};
+use super::state::DbState;
+use crate::capture::{sidecar, ImageSource};
+use crate::identity::{identity_of_fd, identity_of_path, FileId};
+use crate::stale_wal::{
+    fragment_len, hex16, judge_generation, judge_pages, look_at_wal, page_hash, read_record,
+    set_aside, stale_wal_policy, Mismatch, StaleWalPolicy, Verdict,
+};
+use crate::status::StaleWalAction;
+use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
+
+/// The connection's main file through its own methods (the guard's table, as SQLite calls it):
+/// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
+pub(super) trait MainLocks {
+    /// `xLock(level)`: an SQLite result code.
+    fn lock(&self, level: c_int) -> c_int;
+    /// `xUnlock(level)`: an SQLite result code.
+    fn unlock(&self, level: c_int) -> c_int;
+}
+
+/// Before SQLite opens `wal_path` for the database of `state` (whose main file `main` reads and
+/// `locks` locks; SQLite holds SHARED on it): whether an existing WAL continues the main file
+/// now at the path. `SQLITE_OK` lets the open go on (after a stale WAL was set aside, SQLite
+/// creates a fresh one); `SQLITE_BUSY` makes SQLite give up its SHARED lock and retry through
+/// the busy handler (another opener is between its SHARED lock and its use of the WAL);
+/// otherwise the open fails with the code returned (the strict mode, or a stale WAL that could
+/// not be set aside).
+pub(super) fn before_wal_open(
+    state: &DbState,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+) -> c_int {
+    let db = state.db_path();
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
+    };
+    // No frame SQLite could replay (one `fstat`).
+    if wal
+        .metadata()
+        .is_ok_and(|m| m.len() < SMALLEST_WAL_WITH_A_FRAME)
+    {
+        return ffi::SQLITE_OK;
+    }
+    // A connection of this process has this very WAL open for this very file: judged at its
+    // open, and used since.
+    if let (Some(main_id), Ok(wal_id)) = (state.main_id(), identity_of_fd(&wal)) {
+        if in_use::wal_open_here(main_id, wal_id) {
+            return ffi::SQLITE_OK;
+        }
+    }
+    drop(wal);
+    // Another thread of this process is setting this database's WAL aside: step back at once
+    // (`SQLITE_BUSY`, giving up SHARED), so that its EXCLUSIVE is not kept waiting on ours.
+    if Turn::taken(state.main_id()) {
+        return ffi::SQLITE_BUSY;
+    }
+    match locks.lock(ffi::SQLITE_LOCK_EXCLUSIVE) {
+        ffi::SQLITE_OK => return under_exclusive(state, main, locks, wal_path),
+        ffi::SQLITE_BUSY => {
+            // A refused EXCLUSIVE may leave PENDING: back to SHARED, as SQLite's pager does.
+            locks.unlock(ffi::SQLITE_LOCK_SHARED);
+        }
+        rc => {
+            locks.unlock(ffi::SQLITE_LOCK_SHARED);
+            return no_exclusive(db, wal_path, rc);
+        }
+    }
+    // Somebody holds the file at the path: the quick look (the header, the record, the first
+    // pages) outside any lock settles the common case.
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
+    };
+    match judge(db, main, &wal, true) {
+        None | Some(Verdict::Stale(_)) => {}
+        Some(verdict) => {
+            say(db, &verdict);
+            return ffi::SQLITE_OK;
+        }
+    }
+    let shm_path = sidecar(db, "-shm");
+    if in_use::shm_use(&shm_path).in_use() {
+        return in_use_by_its_holder(state, main, &wal, wal_path);
+    }
+    drop(wal);
+    // One set-aside of a database at a time in this process: the other threads step back
+    // (`SQLITE_BUSY`, giving up their SHARED lock) instead of keeping the lock from the first.
+    let Some(_turn) = Turn::take(state.main_id()) else {
+        return ffi::SQLITE_BUSY;
+    };
+    match exclusive(locks) {
+        ffi::SQLITE_OK => under_exclusive(state, main, locks, wal_path),
+        ffi::SQLITE_BUSY => {
+            // A connection that has the WAL open maps the -shm within moments of its SHARED
+            // lock: then it is in use, not this open's to judge; else it is an opener on its
+            // way, and this open waits as SQLite does.
+            if in_use::shm_use(&shm_path).in_use() {
+                if let Some(wal) = open_wal(db, wal_path) {
+                    return in_use_by_its_holder(state, main, &wal, wal_path);
+                }
+                return ffi::SQLITE_OK;
+            }
+            log::debug!(
+                "hermes-guard: {} looks stale and another opener holds {} SHARED: waiting \
+                 (SQLITE_BUSY, the busy handler retries)",
+                wal_path.display(),
+                db.display()
+            );
+            ffi::SQLITE_BUSY
+        }
+        rc => no_exclusive(db, wal_path, rc),
+    }
+}
+
+fn no_exclusive(db: &Path, wal_path: &Path, rc: c_int) -> c_int {
+    log::info!(
+        "hermes-guard: {} may be stale but EXCLUSIVE on {} failed (SQLite code {rc}); no \
+         judgement",
+        wal_path.display(),
+        db.display()
+    );
+    ffi::SQLITE_OK
+}
+
+/// Under EXCLUSIVE on the file now at the path (released to SHARED on return): nobody has a WAL
+/// of this file open and nobody can open one. The WAL at the path is judged in full against this
+/// file; one that was written on another — by its pages, or because a connection that does not
+/// hold this file still uses it — is set aside (or the open refused, in the strict mode).
+fn under_exclusive(
+    state: &DbState,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+) -> c_int {
+    let _back_to_shared = BackToShared(locks);
+    let db = state.db_path();
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
+    };
+    let m = match judge(db, main, &wal, false) {
+        Some(Verdict::Stale(m)) => m,
+        Some(verdict) => match live_on_another_file(state, &wal, &verdict) {
+            Some(m) => m,
+            None => {
+                say(db, &verdict);
+                return ffi::SQLITE_OK;
+            }
+        },
+        None => return ffi::SQLITE_OK,
+    };
+    let slot = state.stale_wal();
+    match stale_wal_policy() {
+        StaleWalPolicy::Refuse => {
+            log::error!(
+                "hermes-guard: refusing to open {}: {} was not written on it ({}). Nothing was \
+                 moved (strict mode, {}=refuse). If the database file was restored on purpose, \
+                 move {} and {}-shm away (keep them: with the database file they were written \
+                 on, `hermes-guard recover` brings their rows back) and open again",
+                db.display(),
+                wal_path.display(),
+                m.detail,
+                crate::stale_wal::POLICY_ENV,
+                wal_path.display(),
+                db.display()
+            );
+            slot.set_report(StaleWalAction::Refused, None, &m, wal);
+            ffi::SQLITE_CANTOPEN_DIRTYWAL
+        }
+        StaleWalPolicy::SetAside => {
+            let mut header = [0u8; 100];
+            let _ = main.read_at(&mut header, 0);
+            match set_aside(db, &wal, identity_of_path(db).ok().flatten(), &header, &m) {
+                Ok(dir) => {
+                    log::error!(
+                        "hermes-guard: {} was not written on the database file now at {} ({}): \
+                         it was NOT replayed (that would undo the restore and corrupt the file). \
+                         It and the -shm are set aside, byte for byte, in {}; the database opens \
+                         as it is. Its frames only make sense on the main file they were written \
+                         on: if that file still exists (the copy taken before the restore), \
+                         `hermes-guard recover {} --main <that file>` brings the dead \
+                         generation's rows back",
+                        wal_path.display(),
+                        db.display(),
+                        m.detail,
+                        dir.display(),
+                        dir.display()
+                    );
+                    slot.set_report(StaleWalAction::SetAside, Some(&dir), &m, wal);
+                    ffi::SQLITE_OK
+                }
+                Err(e) => {
+                    log::error!(
+                        "hermes-guard: {} was not written on {} ({}) and cannot be set aside \
+                         ({e}); refusing the open so that it is not replayed",
+                        wal_path.display(),
+                        db.display(),
+                        m.detail
+                    );
+                    slot.set_report(StaleWalAction::Refused, None, &m, wal);
+                    ffi::SQLITE_CANTOPEN_DIRTYWAL
+                }
+            }
+        }
+    }
+}
+
+/// Under EXCLUSIVE, for a WAL whose pages do not tell it stale: whether a connection that does
+/// not hold the file at the path uses it — its `-shm` is in use while nobody holds this file —
+/// and its record names another file. That is a file replaced while a connection kept the old
+/// one open: its WAL (and the checkpoint progress in its `-shm`) belongs to the old inode, and a
+/// replay here would mix two histories. `None`: nothing says so.
+fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Option<Box<Mismatch>> {
+    let db = state.db_path();
+    let holder = in_use::shm_use(&sidecar(db, "-shm"));
+    if !matches!(holder, ShmUse::Here | ShmUse::Held) {
+        return None;
+    }
+    let main_now = state.main_id()?;
+    let Verdict::Continues { .. } = verdict else {
+        log::warn!(
+            "hermes-guard: {}-shm is in use by a connection that does not hold {} (the file may \
+             have been replaced while it ran), and its WAL carries no record of the file it was \
+             written on (an unguarded writer): SQLite replays it as always",
+            db.display(),
+            db.display()
+        );
+        return None;
+    };
+    let recorded = read_record(wal.as_fd())?;
+    let written_on = recorded.main.filter(|on| *on != main_now)?;
+    let wal_salts = recorded.salts;
+    Some(Box::new(Mismatch {
+        detail: format!(
+            "the WAL's generation (salts {:08x} {:08x}) was started on the database file \
+             {written_on}, not the one now at the path ({main_now}), and a connection that does \
+             not hold this file still uses the WAL: the file was replaced while that connection \
+             ran",
+            wal_salts[0], wal_salts[1]
+        ),
+        recorded,
+        wal_salts,
+        main_now: Some(main_now),
+        page: 0,
+        page_hash_now: None,
+        page_frames_in_wal: 0,
+    }))
+}
+
+/// Without EXCLUSIVE, a WAL still in doubt whose `-shm` is in use: its holder opened it, and
+/// replayed it, before this open could look, as SQLite always does. Nothing is moved. The full
+/// look (once per file, WAL and generation in this process) says whether that holder undid a
+/// restore: then at WARN; a WAL that continues the file (a checkpoint changed its first pages)
+/// is said at DEBUG only.
+fn in_use_by_its_holder(
+    state: &DbState,
+    main: &dyn ImageSource,
+    wal: &File,
+    wal_path: &Path,
+) -> c_int {
+    let db = state.db_path();
+    let key = (
+        state.main_id(),
+        identity_of_fd(wal).ok(),
+        read_record(wal.as_fd()).map(|r| r.salts),
+    );
+    if JUDGED_IN_USE.lock().contains(&key) {
+        return ffi::SQLITE_OK;
+    }
+    match judge(db, main, wal, false) {
+        Some(Verdict::Stale(m)) => log::warn!(
+            "hermes-guard: {} is in use by another connection but was not written on the \
+             database file now at {} ({}): that connection opened it, and replayed it, before \
+             this open could set it aside, as SQLite always does; nothing was moved (a restore \
+             of the file may have been undone by an unguarded opener)",
+            wal_path.display(),
+            db.display(),
+            m.detail
+        ),
+        Some(verdict) => {
+            say(db, &verdict);
+            let mut judged = JUDGED_IN_USE.lock();
+            if judged.len() >= 32 {
+                judged.remove(0);
+            }
+            judged.push(key);
+        }
+        None => {}
+    }
+    ffi::SQLITE_OK
+}
+
+/// WALs found in use and continuing their file, by (file, WAL, generation): not read again.
+type JudgedKey = (Option<FileId>, Option<FileId>, Option<[u32; 2]>);
+static JUDGED_IN_USE: Mutex<Vec<JudgedKey>> = Mutex::new(Vec::new());
+
+/// The WAL at `wal_path`, read-only; `None` when there is none (or it cannot be read: said at
+/// INFO, and SQLite goes on as always).
+fn open_wal(db: &Path, wal_path: &Path) -> Option<File> {
+    match File::open(wal_path) {
+        Ok(f) => Some(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            log::info!(
+                "hermes-guard: cannot read {} before SQLite opens it ({e}); no judgement of \
+                 whether it belongs to {}",
+                wal_path.display(),
+                db.display()
+            );
+            None
+        }
+    }
+}
+
+/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) every millisecond for
+/// 10 to 50 ms — an opener on its way holds SHARED only until it maps the `-shm` or steps back —
+/// and leaves the file at SHARED when it fails. The span is drawn at random, so that two guarded
+/// openers in two processes do not step back in step.
+fn exclusive(locks: &dyn MainLocks) -> c_int {
+    let tries = 10 + (jitter() % 40);
+    let mut rc = ffi::SQLITE_BUSY;
+    for i in 0..tries {
+        if i > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        rc = locks.lock(ffi::SQLITE_LOCK_EXCLUSIVE);
+        if rc == ffi::SQLITE_OK {
+            return rc;
+        }
+        // A refused EXCLUSIVE may leave PENDING: back to SHARED, as SQLite's pager does.
+        locks.unlock(ffi::SQLITE_LOCK_SHARED);
+        if rc != ffi::SQLITE_BUSY {
+            return rc;
+        }
+    }
+    rc
+}
+
+/// A few bits that differ between processes and threads and from call to call.
+fn jitter() -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let id = std::thread::current().id();
+    let h = page_hash(format!("{t} {id:?} {}", std::process::id()).as_bytes());
+    h as u32
+}
+
+/// Back to SHARED (what SQLite holds) when the set-aside is done, whatever its outcome.
+struct BackToShared<'a>(&'a dyn MainLocks);
+
+impl Drop for BackToShared<'_> {
+    fn drop(&mut self) {
+        self.0.unlock(ffi::SQLITE_LOCK_SHARED);
+    }
+}
+
+/// Databases (main file identities) a thread of this process is setting a stale WAL aside for.
+static TURNS: Mutex<Vec<FileId>> = Mutex::new(Vec::new());
+
+/// This thread's turn at setting aside the stale WAL of one database; `None` when another
+/// thread has it.
+struct Turn(Option<FileId>);
+
+impl Turn {
+    /// Whether another thread has the turn for `main`.
+    fn taken(main: Option<FileId>) -> bool {
+        main.is_some_and(|id| TURNS.lock().contains(&id))
+    }
+
+    fn take(main: Option<FileId>) -> Option<Turn> {
+        let Some(id) = main else {
+            return Some(Turn(None));
+        };
+        let mut turns = TURNS.lock();
+        if turns.contains(&id) {
+            return None;
+        }
+        turns.push(id);
+        Some(Turn(Some(id)))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(id) = self.0 {
+            TURNS.lock().retain(|t| *t != id);
+        }
+    }
+}
+
+/// The judgement of the WAL `wal` against the main file `main` now.
+///
+/// `quick`: stop before the full read of the WAL, answering `None` when every other test left
+/// the WAL in doubt (the full look is then made under the lock).
+fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<Verdict> {
+    let first = match look_at_wal(wal, None) {
+        Ok(look) => look,
+        Err(e) => {
+            log::info!(
+                "hermes-guard: cannot read the WAL of {} ({e})",
+                db.display()
+            );
+            return Some(Verdict::NothingToReplay);
+        }
+    };
+    let record = match judge_generation(&first, read_record(wal.as_fd())) {
+        Ok(record) => record,
+        Err(v) => return Some(v),
+    };
+    let now = |p: u32| read_page(main, p, record.page_size);
+    if record
+        .pages
+        .iter()
+        .all(|r| now(r.page).as_ref() == Some(&r.hash))
+    {
+        return Some(Verdict::Continues { by_pages: false });
+    }
+    if quick {
+        return None;
+    }
+    let main_now = identity_of_path(db).ok().flatten();
+    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
+    match look_at_wal(wal, Some(&pages)) {
+        Ok(full) => Some(judge_pages(&record, main_now, now, &full)),
+        Err(e) => {
+            log::info!(
+                "hermes-guard: cannot read the WAL of {} ({e})",
+                db.display()
+            );
+            Some(Verdict::NothingToReplay)
+        }
+    }
+}
+
+/// The recorded hash of page `page` (1-based) of the main file, `None` beyond its end or
+/// unreadable.
+fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<String> {
+    let offset = u64::from(page - 1) * u64::from(page_size);
+    if offset + u64::from(page_size) > main.size().ok()? {
+        return None;
+    }
+    let mut buf = vec![0u8; fragment_len(page, page_size)];
+    main.read_at(&mut buf, offset).ok()?;
+    Some(hex16(page_hash(&buf)))
+}
+
+/// The verdicts that let SQLite go on, said at the level they deserve.
+fn say(db: &Path, verdict: &Verdict) {
+    match verdict {
+        Verdict::NoRecord => log::info!(
+            "hermes-guard: {}-wal holds frames but no record of the database file it was written \
+             on (written by unguarded processes only, or a filesystem without extended \
+             attributes): SQLite replays it as always, without a judgement",
+            db.display()
+        ),
+        Verdict::OtherGeneration { recorded, found } => log::info!(
+            "hermes-guard: {}-wal is generation {:08x} {:08x}, not the recorded {:08x} {:08x} \
+             (an unguarded process restarted it): SQLite replays it as always, without a \
+             judgement",
+            db.display(),
+            found[0],
+            found[1],
+            recorded[0],
+            recorded[1]
+        ),
+        Verdict::Continues { by_pages: true } => log::debug!(
+            "hermes-guard: {}-wal continues the database (changed since the WAL's generation \
+             began only by checkpoints of it)",
+            db.display()
+        ),
+        _ => {}
+    }
+}
