@@ -8,7 +8,8 @@
 //! Roles:
 //! - `gateway`: seeds and checkpoints history, commits `--wal-rows` rows that live only in its
 //!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`,
-//!   `checkpoint` (TRUNCATE), `bulk N` (N rows of 400 bytes in one transaction), `rows N` (N
+//!   `checkpoint` (TRUNCATE), `passive` (a PASSIVE checkpoint), `status` (the rows it sees and,
+//!   guarded, the guard's status), `bulk N` (N rows of 400 bytes in one transaction), `rows N` (N
 //!   short rows in one transaction) and
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
@@ -208,6 +209,21 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                 let r = rusqlite::backup::Backup::new(&src, c)
                     .and_then(|b| b.run_to_completion(1000, std::time::Duration::ZERO, None));
                 emit(json!({"event": "backup", "error": r.err().map(|e| e.to_string())}))?;
+            }
+            "passive" => {
+                let c = conn.as_ref().ok_or("passive after close")?;
+                let r = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get::<_, i64>(0));
+                emit(json!({"event": "passive", "error": r.err().map(|e| e.to_string())}))?;
+            }
+            "status" => {
+                // The guard's status (a guarded gateway), and the rows this connection sees.
+                let c = conn.as_ref().ok_or("status after close")?;
+                let rows: i64 = c.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+                let status = match args.vfs {
+                    Vfs::Guard => Some(serde_json::to_value(c.guard_status()?)?),
+                    Vfs::Stock => None,
+                };
+                emit(json!({"event": "status", "rows": rows, "guard": status}))?;
             }
             "quit" => break,
             other => {

@@ -239,19 +239,28 @@ fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Optio
         return None;
     }
     let main_now = state.main_id()?;
-    let Verdict::Continues { .. } = verdict else {
-        log::warn!(
-            "hermes-guard: {}-shm is in use by a connection that does not hold {} (the file may \
-             have been replaced while it ran), and its WAL carries no record of the file it was \
-             written on (an unguarded writer): SQLite replays it as always",
-            db.display(),
-            db.display()
-        );
-        return None;
-    };
+    // The record is bound to the WAL inode: whichever generation it describes (the writer may
+    // not have recorded the latest restart yet), it names the file that inode was written on.
+    match verdict {
+        Verdict::Continues { .. } | Verdict::OtherGeneration { .. } => {}
+        Verdict::NoRecord => {
+            log::warn!(
+                "hermes-guard: {}-shm is in use by a connection that does not hold {} (the file \
+                 may have been replaced while it ran), and its WAL carries no record of the file \
+                 it was written on (an unguarded writer): SQLite replays it as always",
+                db.display(),
+                db.display()
+            );
+            return None;
+        }
+        _ => return None,
+    }
     let recorded = read_record(wal.as_fd())?;
     let written_on = recorded.main.filter(|on| *on != main_now)?;
-    let wal_salts = recorded.salts;
+    let wal_salts = match verdict {
+        Verdict::OtherGeneration { found, .. } => *found,
+        _ => recorded.salts,
+    };
     Some(Box::new(Mismatch {
         detail: format!(
             "the WAL's generation (salts {:08x} {:08x}) was started on the database file \

@@ -63,6 +63,8 @@ mod exclusive_and_rollback;
 mod file_layout;
 mod fork;
 mod fork_lifecycle;
+mod fs_matrix;
+mod fs_matrix_env;
 mod halt_capture;
 mod heal_once;
 mod held_cli;
