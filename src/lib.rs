@@ -44,7 +44,8 @@
 //!   aside or refuse the open; [`STALE_WAL_ENV`] for extension hosts); [`set_wal_reset_guard`] /
 //!   [`wal_reset_guard`] / [`wal_reset_guard_on`] with [`WalResetGuard`] (keeping SQLite's WAL
 //!   resets and checkpoints apart where [`sqlite_has_wal_reset_race`]; [`WAL_RESET_GUARD_ENV`]
-//!   for extension hosts).
+//!   for extension hosts); [`unsafe_fs_policy`] with [`UnsafeFsPolicy`] and [`UNSAFE_FS_ENV`]
+//!   (WAL mode on a network filesystem: warn, refuse or allow; [`Filesystem`]).
 //! - What they report: [`GuardStatus`] (with [`Backfill`], [`StaleWalStatus`],
 //!   [`StaleWalAction`]), [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`],
 //!   [`FileId`].
@@ -68,6 +69,7 @@
 mod capture;
 pub mod digest;
 mod error;
+mod filesystem;
 mod identity;
 pub mod paths;
 pub mod recover;
@@ -91,6 +93,7 @@ use rusqlite::Connection;
 
 pub use capture::CaptureError;
 pub use error::GuardError;
+pub use filesystem::{unsafe_fs_policy, Filesystem, UnsafeFsPolicy, UNSAFE_FS_ENV};
 pub use identity::{identity_of_path, FileId};
 pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,

@@ -120,6 +120,12 @@ pub struct GuardStatus {
     /// Checkpoints of this connection's that ended with the wal-index's `nBackfill` past its
     /// `mxFrame`: the race's damage, from whatever cause (logged at ERROR, and to `sqlite3_log`).
     pub wal_index_alarms: u64,
+    /// Issue 33: the filesystem the database is on (`ext4`, `btrfs`, `nfs`, `fuse.sshfs`, ...),
+    /// found once per mount; `None` when it could not be asked.
+    pub filesystem: Option<String>,
+    /// Whether SQLite's WAL mode is safe on that filesystem (every process on one host, with
+    /// working shared memory and POSIX locks): `false` on network and cluster filesystems.
+    pub wal_safe: Option<bool>,
 }
 
 /// What the guard did with a WAL found at the open that was not written on the main file at
@@ -240,6 +246,10 @@ struct StatusJson {
     wal_resets_guarded: u64,
     #[serde(default)]
     wal_index_alarms: u64,
+    #[serde(default)]
+    filesystem: Option<String>,
+    #[serde(default)]
+    wal_safe: Option<bool>,
 }
 
 impl From<GuardStatus> for StatusJson {
@@ -274,6 +284,8 @@ impl From<GuardStatus> for StatusJson {
             wal_resets_deferred: s.wal_resets_deferred,
             wal_resets_guarded: s.wal_resets_guarded,
             wal_index_alarms: s.wal_index_alarms,
+            filesystem: s.filesystem,
+            wal_safe: s.wal_safe,
         }
     }
 }
@@ -315,6 +327,8 @@ impl TryFrom<StatusJson> for GuardStatus {
             wal_resets_deferred: j.wal_resets_deferred,
             wal_resets_guarded: j.wal_resets_guarded,
             wal_index_alarms: j.wal_index_alarms,
+            filesystem: j.filesystem,
+            wal_safe: j.wal_safe,
         })
     }
 }
@@ -405,6 +419,8 @@ mod tests {
             wal_resets_deferred: 2,
             wal_resets_guarded: 3,
             wal_index_alarms: 0,
+            filesystem: None,
+            wal_safe: None,
             shield_off_reason: None,
             capture_attempts: 0,
             let_go: None,
@@ -449,6 +465,8 @@ mod tests {
             wal_resets_deferred: 2,
             wal_resets_guarded: 3,
             wal_index_alarms: 0,
+            filesystem: Some("ext4".into()),
+            wal_safe: Some(true),
         };
         let json = serde_json::to_value(&status).unwrap();
         assert!(json.get("database_hex").is_none() && json.get("capture_hex").is_none());

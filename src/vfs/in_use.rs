@@ -237,11 +237,9 @@ mod tests {
         fl.l_whence = libc::SEEK_SET as _;
         fl.l_start = DMS as _;
         fl.l_len = 1;
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) },
-            0
-        );
+        // SAFETY: `fl` is a `struct flock` that outlives the call.
+        let rc = unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) };
+        assert_eq!(rc, 0);
     }
 
     #[test]
@@ -277,11 +275,9 @@ mod tests {
         fl.l_type = libc::F_WRLCK as _;
         fl.l_start = DMS as _;
         fl.l_len = 1;
-        // SAFETY: as above.
-        assert_eq!(
-            unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) },
-            0
-        );
+        // SAFETY: `fl` is a `struct flock` that outlives the call.
+        let rc = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
+        assert_eq!(rc, 0);
         assert_ne!(c_int::from(fl.l_type), libc::F_UNLCK);
     }
 

@@ -19,6 +19,7 @@ use super::shield::Shield;
 use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
 use crate::capture::{sidecar, Captured, ImageSource};
+use crate::filesystem::Filesystem;
 use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
@@ -130,6 +131,8 @@ pub(crate) struct DbState {
     /// Issue 27: the WAL-reset rule's state for this connection (`state/wal_reset.rs`).
     wal_reset: WalResetSlot,
     inner: Mutex<Inner>,
+    /// Issue 33: the filesystem the database is on (found once per mount).
+    filesystem: Option<Filesystem>,
 }
 
 #[derive(Default)]
@@ -286,7 +289,9 @@ impl DbState {
             }
         };
         let fast_watch = watch.as_ref().map_or(FastWatch::NONE, DirWatch::fast);
+        let filesystem = crate::filesystem::at_open(&db_path);
         Arc::new(DbState {
+            filesystem,
             wal_path: sidecar(&db_path, "-wal"),
             shm_path: sidecar(&db_path, "-shm"),
             db_path,
@@ -545,6 +550,11 @@ impl DbState {
         });
     }
 
+    /// The filesystem the database is on, when WAL mode is not safe there (issue 33).
+    pub(crate) fn wal_unsafe_filesystem(&self) -> Option<&Filesystem> {
+        self.filesystem.as_ref().filter(|f| !f.wal_safe)
+    }
+
     pub(crate) fn status(&self) -> GuardStatus {
         self.check_pins();
         let (shield_active, shield_shm_active, shield_off_reason) = self.shield.status();
@@ -580,6 +590,8 @@ impl DbState {
             wal_resets_deferred: self.wal_reset.deferred(),
             wal_resets_guarded: self.wal_reset.guarded(),
             wal_index_alarms: self.wal_reset.alarms(),
+            filesystem: self.filesystem.as_ref().map(|f| f.name.clone()),
+            wal_safe: self.filesystem.as_ref().map(|f| f.wal_safe),
         }
     }
 

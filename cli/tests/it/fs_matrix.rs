@@ -64,7 +64,11 @@ test_alone! {
                 lone.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())).unwrap();
             }
         }
-        assert!(!lone.guard_status().unwrap().retired, "a lone writer retired");
+        let status = lone.guard_status().unwrap();
+        assert!(!status.retired, "a lone writer retired: {:?}", status.reason);
+        eprintln!("filesystem: {:?}", status.filesystem);
+        assert!(status.filesystem.is_some());
+        assert_eq!(status.wal_safe, Some(true), "a local filesystem is WAL-safe");
         hermes_guard::close(lone).map_err(|(_, e)| e).unwrap();
 
         let (mut gw, _) = Gateway::start(&db, "guard");

@@ -151,6 +151,14 @@ pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_i
         unsafe { *az = sqlite_string(&text) };
         return Some(rc);
     }
+    if name.eq_ignore_ascii_case(b"journal_mode") {
+        // SAFETY: azArg[2] is the pragma's argument, NULL or NUL-terminated.
+        let arg = unsafe { (*az.add(2)).as_ref().map(|p| CStr::from_ptr(p).to_bytes()) };
+        let message = refuse_wal_here(state, arg?)?;
+        // SAFETY: azArg[0] is where SQLite takes the error string from, and frees it.
+        unsafe { *az = sqlite_string(&message) };
+        return Some(ffi::SQLITE_ERROR);
+    }
     let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
         Ok(())
     } else if name.eq_ignore_ascii_case(b"hermes_guard_capture") {
@@ -171,6 +179,27 @@ pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_i
     // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees it.
     unsafe { *az = sqlite_string(&text) };
     Some(rc)
+}
+
+/// Issue 33: `PRAGMA journal_mode = WAL` on a filesystem where WAL is not safe, with
+/// `HERMES_GUARD_UNSAFE_FS=refuse`: the error to fail it with; `None` lets it run.
+fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
+    if !mode.eq_ignore_ascii_case(b"wal") {
+        return None;
+    }
+    let fs = state.wal_unsafe_filesystem()?;
+    (crate::filesystem::unsafe_fs_policy() == crate::filesystem::UnsafeFsPolicy::Refuse).then(
+        || {
+            format!(
+            "hermes-guard: refusing journal_mode=WAL for {}: it is on {}, where SQLite's WAL mode \
+             is not safe (it needs every process on one host, with working shared memory and \
+             POSIX locks); {}=refuse is set. Use a local filesystem or another journal mode",
+            state.db_path().display(),
+            fs.name,
+            crate::filesystem::UNSAFE_FS_ENV
+        )
+        },
+    )
 }
 
 /// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]` (issue 27): sets the rule for this

@@ -100,7 +100,8 @@ pub(crate) unsafe fn open(
     };
     let sub = heap.as_ref().map_or(f, |h| h.ptr);
     if flags & ffi::SQLITE_OPEN_WAL != 0 {
-        // Issue 19: an existing WAL is judged before SQLite opens (and replays) it.
+        // Issue 19: an existing WAL is judged before SQLite opens (and replays) it; issue 33:
+        // not at all on a filesystem where WAL is not safe, when the policy refuses it.
         // SAFETY: `z_name` is the WAL name SQLite passes to xOpen.
         let rc = unsafe { stale_wal_gate(z_name) };
         if rc != ffi::SQLITE_OK {
@@ -272,6 +273,19 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
     let Some(state) = (unsafe { guard_state(main) }) else {
         return ffi::SQLITE_OK;
     };
+    if let Some(fs) = state.wal_unsafe_filesystem() {
+        if crate::filesystem::unsafe_fs_policy() == crate::filesystem::UnsafeFsPolicy::Refuse {
+            log::error!(
+                "hermes-guard: refusing to open the WAL of {}: it is on {}, where SQLite's WAL \
+                 mode is not safe; {}=refuse is set. Open it from a local filesystem, or switch \
+                 it out of WAL mode where it is safe",
+                state.db_path().display(),
+                fs.name,
+                crate::filesystem::UNSAFE_FS_ENV
+            );
+            return ffi::SQLITE_CANTOPEN;
+        }
+    }
     // SAFETY: a main file of ours (it has a state), open.
     let sub = unsafe { table(main) }.sub_object(main);
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the call.
