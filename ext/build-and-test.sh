@@ -192,6 +192,9 @@ bash tests/loom.sh
 echo "== power loss: the crash-point tests through the power-loss filesystem (tests/crash-points.sh)"
 bash tests/crash-points.sh
 
+echo "== the filesystem and container matrix (tests/fs-matrix.sh: ext4, xfs, btrfs, tmpfs, overlayfs, pid namespaces)"
+bash tests/fs-matrix.sh
+
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh
 
