@@ -10,6 +10,7 @@
 
 mod capture;
 mod cost;
+mod cost_workloads;
 mod ids;
 mod mp;
 mod recovery;

@@ -8,136 +8,20 @@
 //!
 //! The workloads are the wall-clock bench's own sessions (`workloads.rs`), so the statements are
 //! the same: W1 (one-row autocommit INSERT, WAL, synchronous=NORMAL), R1 (point SELECT by
-//! primary key) and W2 (1,000-row transactions).
+//! primary key), W2 (1,000-row transactions), and O1/O2 (open + one read + close beside a
+//! long-lived connection, O2 with 1,000 other databases open; issue 36). The workloads and their
+//! targets: `cost_workloads.rs`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::Result;
-use hermes_guard_cli::workloads::{self, BenchError, Context, Synchronous, Vfs};
-
-/// What the guard may add per checkpoint: its check (one `epoll_wait`) and the main file's stamp
-/// after it (one `stat`, see docs/decisions.md, "Heal at close").
-const CHECKPOINT_SYSCALLS: f64 = 2.0;
-
-/// What the guard may add per WAL restart (one after each complete checkpoint): the WAL-base
-/// record's `pread` of the main file's first pages and its `fsetxattr` (issue 19).
-const WAL_RESTART_SYSCALLS: f64 = 2.0;
-
-/// What the WAL-reset rule adds per WAL restart while it is on (issue 27; by default only on a
-/// SQLite with the race, `HERMES_GUARD_WAL_RESET_GUARD=on` elsewhere): CKPT taken and released.
-const WAL_RESET_RULE_SYSCALLS: f64 = 2.0;
-
-/// A workload the cost mode measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum CostWorkload {
-    /// One-row autocommit INSERT, WAL, synchronous=NORMAL.
-    W1,
-    /// Point SELECT by primary key.
-    R1,
-    /// 1,000-row transactions, synchronous=NORMAL.
-    W2,
-}
-
-const W2_ROWS: u64 = 1000;
-/// Rows of the database R1 reads.
-const READ_ROWS: u64 = 100_000;
-
-impl CostWorkload {
-    const ALL: [CostWorkload; 3] = [CostWorkload::W1, CostWorkload::R1, CostWorkload::W2];
-
-    fn code(self) -> &'static str {
-        match self {
-            CostWorkload::W1 => "W1",
-            CostWorkload::R1 => "R1",
-            CostWorkload::W2 => "W2",
-        }
-    }
-
-    fn arg(self) -> &'static str {
-        match self {
-            CostWorkload::W1 => "w1",
-            CostWorkload::R1 => "r1",
-            CostWorkload::W2 => "w2",
-        }
-    }
-
-    fn title(self) -> &'static str {
-        match self {
-            CostWorkload::W1 => "1-row INSERT per txn, WAL, synchronous=NORMAL",
-            CostWorkload::R1 => "point SELECT by primary key",
-            CostWorkload::W2 => "1000-row transactions, synchronous=NORMAL",
-        }
-    }
-
-    /// The two run lengths (operations); their difference is what is divided by.
-    fn lengths(self, smoke: bool) -> (u64, u64) {
-        match (self, smoke) {
-            (CostWorkload::W1, false) => (500, 2500),
-            (CostWorkload::R1, false) => (2_000, 12_000),
-            // Past the page cache's growth (2,000 pages, about 25 of these transactions), whose
-            // `brk` calls would otherwise differ between the two runs by a few.
-            (CostWorkload::W2, false) => (60, 180),
-            (CostWorkload::W1, true) => (5, 15),
-            (CostWorkload::R1, true) => (10, 30),
-            (CostWorkload::W2, true) => (1, 2),
-        }
-    }
-
-    /// The targets of the guard's figures against stock: extra syscalls per write transaction
-    /// (and four per checkpoint: the guard checks before each, stamps the main file after it, and
-    /// records the next WAL generation's base), extra instructions (%).
-    fn target(self) -> (f64, f64) {
-        match self {
-            CostWorkload::W1 => (1.0, 1.0),
-            CostWorkload::R1 => (0.0, 1.0),
-            CostWorkload::W2 => (1.0, 0.1),
-        }
-    }
-}
-
-/// Workloads named by `only` (all when empty): an ID prefix (`W`, `R1`) or a wall-clock row of
-/// the same workload (`W1-NORMAL`); `None` when `only` names none of them.
-pub fn selected(only: &[String]) -> Option<Vec<CostWorkload>> {
-    if only.is_empty() {
-        return Some(CostWorkload::ALL.to_vec());
-    }
-    let picked: Vec<CostWorkload> = CostWorkload::ALL
-        .into_iter()
-        .filter(|w| {
-            only.iter().any(|t| {
-                let t = t.trim().to_ascii_uppercase();
-                w.code().starts_with(&t) || t.starts_with(w.code())
-            })
-        })
-        .collect();
-    (!picked.is_empty()).then_some(picked)
-}
-
-/// The child's side: set up `workload` through `vfs` (untimed), run `ops` operations, close.
-/// `place` is the directory W1/W2 make their database in, or R1's database.
-pub fn child(workload: CostWorkload, vfs: Vfs, place: &Path, ops: u64) -> Result<()> {
-    let mut session = match workload {
-        CostWorkload::W1 => workloads::Inserts::open(vfs, place, Synchronous::Normal, 1)?,
-        CostWorkload::W2 => workloads::Inserts::open(vfs, place, Synchronous::Normal, W2_ROWS)?,
-        CostWorkload::R1 => {
-            // The parent built it with READ_ROWS rows, or fewer for a smoke run.
-            let rows: i64 = rusqlite::Connection::open(place)
-                .and_then(|c| c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)))
-                .ctx("counting the rows of", place)?;
-            workloads::Reads::open(vfs, place, rows as u64, false)?
-        }
-    };
-    session.prepare()?;
-    session.run(ops)?;
-    // For the parent: the checkpoints this run made (autocheckpoints of W1/W2).
-    if let Some(n) = session.checkpoints()? {
-        println!("checkpoints {n}");
-    }
-    session.finish()?;
-    Ok(())
-}
+pub use super::cost_workloads::{child, selected, CostWorkload};
+use super::cost_workloads::{
+    CHECKPOINT_SYSCALLS, READ_ROWS, WAL_RESET_RULE_SYSCALLS, WAL_RESTART_SYSCALLS,
+};
+use hermes_guard_cli::workloads::{self, BenchError, Context, Vfs};
 
 /// Syscalls of the allocator's heap growth, judged on their own (see `print_table`).
 const ALLOCATOR_SYSCALLS: [&str; 5] = ["brk", "mmap", "munmap", "mremap", "madvise"];
@@ -309,8 +193,11 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
         } else {
             0.0
         };
-        let max_sys = per_txn
-            * (1.0 + (CHECKPOINT_SYSCALLS + WAL_RESTART_SYSCALLS + rule) * guard.checkpoints);
+        let max_sys = if w.is_churn() {
+            per_txn
+        } else {
+            per_txn * (1.0 + (CHECKPOINT_SYSCALLS + WAL_RESTART_SYSCALLS + rule) * guard.checkpoints)
+        };
         // Syscall counts per operation are exact: a thousandth is rounding, not cost.
         let pass = extra_sys <= max_sys + 0.001
             && extra_alloc.abs() <= ALLOCATOR_TOLERANCE
@@ -359,7 +246,8 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
          target: the most the guard may add: its one syscall per write transaction, four per\n\
          checkpoint (its check, the main file's stamp after it, and the WAL-base record's pread\n\
          and fsetxattr at the WAL restart that follows; with the WAL-reset rule on, two fcntl more\n\
-         there) (W1, W2), none for reads (R1), and the instructions."
+         there) (W1, W2), none for reads (R1), six per open + read + close (O1, O2), and the\n\
+         instructions."
     );
 }
 
@@ -564,7 +452,11 @@ mod tests {
 
     #[test]
     fn only_selects_cost_workloads_by_prefix() {
-        assert_eq!(selected(&[]).map(|v| v.len()), Some(3));
+        assert_eq!(selected(&[]).map(|v| v.len()), Some(5));
+        assert_eq!(
+            selected(&["o".into()]),
+            Some(vec![CostWorkload::O1, CostWorkload::O2])
+        );
         assert_eq!(
             selected(&["w".into()]),
             Some(vec![CostWorkload::W1, CostWorkload::W2])

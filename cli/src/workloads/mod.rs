@@ -8,6 +8,7 @@
 //! - [`timing`]: [`Timed`], [`Stopwatch`], the thread's CPU clock.
 //! - [`writes`]: W1/W2, [`Inserts`] at a [`Synchronous`].
 //! - [`reads`]: R1/R2, [`Reads`] of the database [`build_read_db`] makes.
+//! - [`churn`]: O1/O2, [`Churn`]: open + read + close beside a long-lived connection.
 //! - [`checkpoints`]: CK, [`Checkpoints`] in a [`CheckpointMode`], and [`fill_wal`].
 
 use std::fs;
@@ -16,11 +17,13 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 pub mod checkpoints;
+pub mod churn;
 pub mod reads;
 pub mod timing;
 pub mod writes;
 
 pub use checkpoints::{fill_wal, CheckpointMode, Checkpoints};
+pub use churn::Churn;
 pub use reads::{build_read_db, Reads, XorShift};
 pub use timing::{thread_cpu_ns, Stopwatch, Timed};
 pub use writes::{Inserts, Synchronous};
