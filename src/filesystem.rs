@@ -32,6 +32,9 @@ pub struct Filesystem {
     /// Whether SQLite's WAL mode is safe there: every process on one host, with working shared
     /// memory and POSIX locks. `true` for a filesystem the guard does not know.
     pub wal_safe: bool,
+    /// Whether every change to it passes through this kernel, so that inotify sees it (the
+    /// directory watch vouches only there): the local filesystems the guard knows by name.
+    pub local: bool,
 }
 
 /// What the guard does with a WAL database on a filesystem where WAL is not safe.
@@ -53,6 +56,18 @@ pub fn unsafe_fs_policy() -> UnsafeFsPolicy {
         _ => UnsafeFsPolicy::Warn,
     }
 }
+
+/// Filesystems whose every change passes through this kernel (inotify sees it).
+const LOCAL: &[i64] = &[
+    0xEF53,      // ext2/3/4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0x794C_7630, // overlayfs
+    0xF2F5_2010, // f2fs
+    0x2FC1_2FC1, // zfs
+    0x8584_58F6, // ramfs
+];
 
 /// Filesystems by `statfs` magic: name, and whether WAL is safe there.
 const MAGIC: &[(i64, &str, bool)] = &[
@@ -119,6 +134,12 @@ static KNOWN: Mutex<Option<HashMap<u64, Filesystem>>> = Mutex::new(None);
 /// The filesystem the directory `dir` is on (`None` when it cannot be asked).
 pub fn of_dir(dir: &Path) -> Option<Filesystem> {
     let dev = std::fs::metadata(dir).ok()?.dev();
+    of_dir_on(dir, dev)
+}
+
+/// The filesystem the directory `dir`, on device `dev` (its `stat`'s), is on: `statfs` once per
+/// device, remembered (issue 36: an open asks no more than the device number it has already).
+pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
     if let Some(known) = KNOWN.lock().as_ref().and_then(|m| m.get(&dev)) {
         return Some(known.clone());
     }
@@ -136,16 +157,12 @@ pub fn of_dir(dir: &Path) -> Option<Filesystem> {
 /// Mounts already said at WARN.
 static WARNED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
-/// The filesystem of the database `db` as a connection opens it, said once per mount at WARN
-/// when WAL mode is not safe there (unless [`UNSAFE_FS_ENV`] is `allow`).
-pub(crate) fn at_open(db: &Path) -> Option<Filesystem> {
-    let dir = match db.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let fs = of_dir(dir)?;
+/// The filesystem of the database whose directory `dir` is on device `dev`, as a connection
+/// opens it: said once per mount at WARN when WAL mode is not safe there (unless
+/// [`UNSAFE_FS_ENV`] is `allow`).
+pub(crate) fn at_open(db: &Path, dir: &Path, dev: u64) -> Option<Filesystem> {
+    let fs = of_dir_on(dir, dev)?;
     if !fs.wal_safe && unsafe_fs_policy() != UnsafeFsPolicy::Allow {
-        let dev = std::fs::metadata(dir).map(|m| m.dev()).unwrap_or(0);
         let mut warned = WARNED.lock();
         if !warned.contains(&dev) {
             warned.push(dev);
@@ -171,17 +188,21 @@ fn classify(magic: i64, fuse_type: impl FnOnce() -> Option<String>) -> Filesyste
         let sub = name.strip_prefix("fuse.").unwrap_or("");
         return Filesystem {
             wal_safe: !NETWORK_FUSE.contains(&sub),
+            local: false,
             name,
         };
     }
+    let local = LOCAL.contains(&magic);
     match MAGIC.iter().find(|(m, _, _)| *m == magic) {
         Some((_, name, safe)) => Filesystem {
             name: (*name).into(),
             wal_safe: *safe,
+            local,
         },
         None => Filesystem {
             name: format!("unknown (0x{magic:x})"),
             wal_safe: true,
+            local,
         },
     }
 }
@@ -223,6 +244,7 @@ mod tests {
             let fs = classify(magic, || None);
             assert_eq!(fs.name, name);
             assert!(fs.wal_safe, "{name}");
+            assert!(fs.local, "{name}");
         }
     }
 
@@ -238,6 +260,10 @@ mod tests {
         let sshfs = classify(FUSE_MAGIC, || Some("fuse.sshfs".into()));
         assert_eq!(sshfs.name, "fuse.sshfs");
         assert!(!sshfs.wal_safe);
+        assert!(
+            !sshfs.local,
+            "inotify does not see a FUSE mount's other writers"
+        );
         assert!(classify(FUSE_MAGIC, || Some("fuse.lazyfs".into())).wal_safe);
         assert!(
             classify(FUSE_MAGIC, || None).wal_safe,

@@ -14,15 +14,18 @@
 //! - **`MADV_WIPEONFORK`**, which the kernel honours for a raw `clone` too — trusted only once
 //!   proven ([`wipe_is_honoured`]): an emulator that accepts `madvise` without doing it (qemu-user
 //!   has) also accepts an advice that does not exist, which a real kernel refuses.
-//! - **The pid** ([`Origin::current`]): one `getpid` system call, so only on paths that already
-//!   make system calls (a full check, a lock change of the shield), never on the transaction
-//!   start's fast path.
+//! - **The pid** ([`Origin::current`]): the pid the atfork handler keeps, checked against a
+//!   wipe-on-fork page of the process's own ([`MARK`]: 1 here, 0 in any child, a raw `clone`'s
+//!   included) — no system call (issue 36: a `getpid` beside every lock change of the shield was
+//!   a tenth of a connection's open and close). Where the kernel does not honour the wipe, one
+//!   `getpid` system call, so only on paths that already make system calls (a full check, a lock
+//!   change of the shield), never on the transaction start's fast path.
 //!
 //! Safe API; the `unsafe` here is the `pthread_atfork` registration and the child handler's
 //! system calls (async-signal-safe ones only: the child of a multi-threaded parent may do no
 //! more).
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
 use std::sync::Once;
 
 /// Bumped in every child by the atfork handler: unchanged since a thing was made means no
@@ -34,6 +37,47 @@ static EPOCH: AtomicU64 = AtomicU64::new(0);
 static PID: AtomicI32 = AtomicI32::new(0);
 
 static INSTALL: Once = Once::new();
+
+/// A private page advised `MADV_WIPEONFORK`, its first word 1 in this process and 0 in every
+/// child (the kernel wipes it, for a raw `clone` too); NULL where the kernel does not honour the
+/// advice ([`wipe_is_honoured`]). Mapped once at [`install`] and never unmapped.
+static MARK: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Maps [`MARK`]'s page; NULL when the wipe cannot be had or trusted.
+fn map_mark() -> *mut AtomicU64 {
+    use rustix::mm::{madvise, mmap_anonymous, Advice, MapFlags, ProtFlags};
+    const PAGE: usize = 4096;
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let Ok(page) = (unsafe {
+        mmap_anonymous(
+            std::ptr::null_mut(),
+            PAGE,
+            ProtFlags::READ | ProtFlags::WRITE,
+            MapFlags::PRIVATE,
+        )
+    }) else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: `page` is the mapping just created, of PAGE bytes.
+    let advised = unsafe { madvise(page, PAGE, Advice::LinuxWipeOnFork) }.is_ok();
+    if !advised || !wipe_is_honoured(page, PAGE) {
+        // SAFETY: unmapping the mapping created above, unused elsewhere.
+        let _ = unsafe { rustix::mm::munmap(page, PAGE) };
+        return std::ptr::null_mut();
+    }
+    let mark = page as *mut AtomicU64;
+    // SAFETY: page-aligned, writable, zero-filled: a valid `AtomicU64`, never unmapped.
+    unsafe { (*mark).store(1, Ordering::Release) };
+    mark
+}
+
+/// Whether this is the process that mapped [`MARK`]: `None` when there is no mark to ask.
+fn marked_here() -> Option<bool> {
+    let mark = MARK.load(Ordering::Acquire);
+    // SAFETY: MARK is NULL or a page mapped at install and never unmapped (a child inherits the
+    // mapping, wiped).
+    (!mark.is_null()).then(|| unsafe { (*mark).load(Ordering::Acquire) } == 1)
+}
 
 /// What the child handler does besides the epoch: the watcher's page and the shield's
 /// descriptors (set by those modules, called with no allocation and no lock).
@@ -51,6 +95,7 @@ pub(crate) fn install() {
             rustix::process::getpid().as_raw_nonzero().get(),
             Ordering::Release,
         );
+        MARK.store(map_mark(), Ordering::Release);
         {
             // SAFETY: registers a handler that lives as long as the program (a function item of
             // this library, which is never unloaded while its VFS is registered: the VFS is
@@ -74,6 +119,9 @@ extern "C" fn child_after_fork() {
         rustix::process::getpid().as_raw_nonzero().get(),
         Ordering::Release,
     );
+    // The kernel wiped the mark in this child; a new one is not mapped here (no allocation or
+    // mmap in an atfork child): the child asks `getpid` from now on.
+    MARK.store(std::ptr::null_mut(), Ordering::Release);
     for hook in CHILD_HOOKS {
         hook();
     }
@@ -102,10 +150,17 @@ impl Origin {
         EPOCH.load(Ordering::Acquire) == self.epoch
     }
 
-    /// This is the process that made the thing: no `fork()` since, and the kernel's pid is the
-    /// one recorded then. One `getpid` system call.
+    /// This is the process that made the thing: no `fork()` since, and this process's pid is
+    /// the one recorded then — by the wipe-on-fork mark when the kernel honours it (no system
+    /// call), else one `getpid` system call.
     pub(crate) fn current(&self) -> bool {
-        self.current_cheap() && rustix::process::getpid().as_raw_nonzero().get() == self.pid
+        if !self.current_cheap() {
+            return false;
+        }
+        match marked_here() {
+            Some(here) => here && PID.load(Ordering::Acquire) == self.pid,
+            None => rustix::process::getpid().as_raw_nonzero().get() == self.pid,
+        }
     }
 }
 

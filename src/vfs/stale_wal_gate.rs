@@ -55,6 +55,14 @@ pub(super) fn before_wal_open(
     wal_path: &Path,
 ) -> c_int {
     let db = state.db_path();
+    // A connection of this process has this very WAL open for this very file: judged at its
+    // open, and used since (one `stat`, the common case of a process that opens and closes
+    // connections beside a long-lived one: issue 36).
+    if let (Some(main_id), Ok(Some(wal_id))) = (state.main_id(), identity_of_path(wal_path)) {
+        if in_use::wal_open_here(main_id, wal_id) {
+            return ffi::SQLITE_OK;
+        }
+    }
     let Some(wal) = open_wal(db, wal_path) else {
         return ffi::SQLITE_OK;
     };
@@ -64,13 +72,6 @@ pub(super) fn before_wal_open(
         .is_ok_and(|m| m.len() < SMALLEST_WAL_WITH_A_FRAME)
     {
         return ffi::SQLITE_OK;
-    }
-    // A connection of this process has this very WAL open for this very file: judged at its
-    // open, and used since.
-    if let (Some(main_id), Ok(wal_id)) = (state.main_id(), identity_of_fd(&wal)) {
-        if in_use::wal_open_here(main_id, wal_id) {
-            return ffi::SQLITE_OK;
-        }
     }
     drop(wal);
     // Another thread of this process is setting this database's WAL aside: step back at once

@@ -275,9 +275,19 @@ impl DbState {
     /// `main_fd`: SQLite's descriptor of the main file, when the shim can see into the wrapped
     /// file (the directory is then found when needed, see `state/dir.rs`).
     pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<DbState> {
+        // The directory's identity (one `stat`) gives the filesystem (remembered per device)
+        // and the slot to find the directory by later.
+        let parent = db_path.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir_id = parent.and_then(|p| identity_of_path(p).ok().flatten());
+        let filesystem = parent
+            .zip(dir_id)
+            .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
         // Watch first, pin second: a change after the pin is then always seen.
-        let watch = db_path.parent().and_then(DirWatch::new);
-        let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd));
+        let watch = match (parent, &filesystem) {
+            (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
+            _ => None,
+        };
+        let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd, dir_id));
         let main_id = match identity_of_path(&db_path) {
             Ok(id) => id,
             Err(e) => {
@@ -289,7 +299,6 @@ impl DbState {
             }
         };
         let fast_watch = watch.as_ref().map_or(FastWatch::NONE, DirWatch::fast);
-        let filesystem = crate::filesystem::at_open(&db_path);
         Arc::new(DbState {
             filesystem,
             wal_path: sidecar(&db_path, "-wal"),
@@ -481,7 +490,8 @@ impl DbState {
         if inner.shm_id.is_none() {
             let at_sidecar = || identity_of_path(&self.shm_path).ok().flatten();
             let (id, check_path) = match mapped() {
-                Some((id, Some(name))) if at_sidecar() != Some(id) => {
+                // The node's own name is `<db>-shm` in the common case: no `stat` to compare.
+                Some((id, Some(name))) if name != self.shm_path && at_sidecar() != Some(id) => {
                     let live = identity_of_path(&name).ok().flatten() == Some(id);
                     (Some(id), live.then_some(name))
                 }
@@ -548,6 +558,11 @@ impl DbState {
                 *j = None;
             }
         });
+    }
+
+    /// Whether the database is on a local filesystem (inotify sees every change there).
+    pub(crate) fn on_local_filesystem(&self) -> bool {
+        self.filesystem.as_ref().is_some_and(|f| f.local)
     }
 
     /// The filesystem the database is on, when WAL mode is not safe there (issue 33).

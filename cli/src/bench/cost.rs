@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::Result;
 pub use super::cost_workloads::{child, selected, CostWorkload};
 use super::cost_workloads::{
     CHECKPOINT_SYSCALLS, READ_ROWS, WAL_RESET_RULE_SYSCALLS, WAL_RESTART_SYSCALLS,
 };
+use super::Result;
 use hermes_guard_cli::workloads::{self, BenchError, Context, Vfs};
 
 /// Syscalls of the allocator's heap growth, judged on their own (see `print_table`).
@@ -196,7 +196,8 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
         let max_sys = if w.is_churn() {
             per_txn
         } else {
-            per_txn * (1.0 + (CHECKPOINT_SYSCALLS + WAL_RESTART_SYSCALLS + rule) * guard.checkpoints)
+            per_txn
+                * (1.0 + (CHECKPOINT_SYSCALLS + WAL_RESTART_SYSCALLS + rule) * guard.checkpoints)
         };
         // Syscall counts per operation are exact: a thousandth is rounding, not cost.
         let pass = extra_sys <= max_sys + 0.001

@@ -158,4 +158,3 @@ pub fn child(workload: CostWorkload, vfs: Vfs, place: &Path, ops: u64) -> Result
     session.finish()?;
     Ok(())
 }
-

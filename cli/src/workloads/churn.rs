@@ -48,7 +48,8 @@ impl Churn {
         for n in 0..others {
             let other = scratch.path().join(format!("other-{n}.db"));
             let conn = open(vfs, &other)?;
-            conn.execute_batch(TABLE).ctx("creating the table", &other)?;
+            conn.execute_batch(TABLE)
+                .ctx("creating the table", &other)?;
             conn.query_row("SELECT count(*) FROM t", [], |_| Ok(()))
                 .ctx("reading", &other)?;
             held.push((conn, other));

@@ -90,7 +90,8 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
-                if state.check_pins().is_some() {
+                // A full check, after which the close's other checks go by the watch.
+                if state.check_pins_vouching().is_some() {
                     let _ = state.ensure_captured(Trigger::Close);
                     // SAFETY: for HAS_MOVED, `arg` is an `int *`.
                     unsafe { *(arg as *mut c_int) = 1 };

@@ -35,22 +35,28 @@ pub(super) unsafe extern "C" fn x_shm_map(
             // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
             let addr = unsafe { *pp } as *const u8;
             if !addr.is_null() {
-                let unix = t.unix_prefix;
+                let node = if t.unix_prefix {
+                    // SAFETY: the wrapped file was checked at its open to have the `unixFile`
+                    // layout; xShmMap just succeeded.
+                    unsafe { shm_node(sub) }
+                } else {
+                    None
+                };
                 state.pin_shm(
-                    || {
-                        // SAFETY: the wrapped file was checked at its open to have the
-                        // `unixFile` layout (`unix`); xShmMap just succeeded.
-                        let (_, id, name) = unsafe { shm_node(sub) }.filter(|_| unix)?;
-                        Some((id, Some(name)))
-                    },
+                    || node.as_ref().map(|(_, id, name)| (*id, Some(name.clone()))),
                     Box::new(WalIndexView(addr)),
                 );
                 // Issue 19: the record reads the generation's salts from this mapping.
                 state.stale_wal().mapped(addr);
                 if state.shield().enabled() {
+                    // The node's descriptor, `fstat`ed once for the pin: the shield's when it is
+                    // the pinned `-shm` (else verified on its own below).
+                    let pinned = node
+                        .filter(|(_, id, _)| state.shm_id() == Some(*id))
+                        .map(|(fd, id, _)| (fd, id));
                     // SAFETY: an armed shield means the wrapped file's unix layout was verified
                     // at the open; xShmMap just mapped region 0.
-                    match unsafe { shm_descriptor(sub, state) } {
+                    match pinned.map_or_else(|| unsafe { shm_descriptor(sub, state) }, Ok) {
                         Ok((fd, id)) => {
                             let region0 = (addr as usize, size.max(0) as usize);
                             state.shield().join_shm(fd, id, Some(region0))

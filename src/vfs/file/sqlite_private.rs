@@ -176,7 +176,7 @@ pub(super) unsafe fn main_descriptor(
             p.h
         ));
     }
-    if !crate::vfs::watch::local_filesystem(state.db_path()) {
+    if !state.on_local_filesystem() {
         return Err("the database is not on a local filesystem".into());
     }
     Ok(p.h)

@@ -62,9 +62,17 @@ impl DbState {
     /// shared memory), whatever SQLite asked before: a generation retired since the last check
     /// is captured now, from the descriptors still open, or kept for the retry (see
     /// [`DbState::wal_closing`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
-    /// close only. Nothing to check without a pinned WAL (rollback mode, or already closed).
+    /// close only, and none while the directory watch vouches for the path. Nothing to check
+    /// without a pinned WAL (rollback mode, or already closed).
     pub(crate) fn check_at_close(&self) {
         if !self.wal_pinned() && !self.is_retired() {
+            return;
+        }
+        // Issue 36: the directory watch vouches that nothing on the path (nor the mount table)
+        // changed since the last full check, as it does for every write transaction (a retired
+        // generation is never vouched for): no `stat` then. The close-time checkpoint keeps its
+        // own full check (`SQLITE_FCNTL_HAS_MOVED`).
+        if self.vouched_fast() {
             return;
         }
         if self.check_pins().is_some() {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::super::retry;
 use super::DbState;
-use crate::identity::{identity_of_path, FileId};
+use crate::identity::FileId;
 use crate::paths::DirHandle;
 
 /// Where the database's directory is, as far as the guard knows it.
@@ -43,14 +43,17 @@ pub(crate) enum DirSlot {
 impl DirSlot {
     /// The slot of a database opened at `db_path`, SQLite's descriptor of it `main_fd` when the
     /// shim can see into the wrapped file.
-    pub(crate) fn at_open(db_path: &Path, main_fd: Option<RawFd>) -> DirSlot {
+    /// `dir_id`: the directory's identity, `stat`ed at the open.
+    pub(crate) fn at_open(
+        db_path: &Path,
+        main_fd: Option<RawFd>,
+        dir_id: Option<FileId>,
+    ) -> DirSlot {
         let Some(parent) = db_path.parent().filter(|p| !p.as_os_str().is_empty()) else {
             return DirSlot::ByPath;
         };
-        if let Some(main_fd) = main_fd {
-            if let Ok(Some(id)) = identity_of_path(parent) {
-                return DirSlot::Unresolved { id, main_fd };
-            }
+        if let (Some(main_fd), Some(id)) = (main_fd, dir_id) {
+            return DirSlot::Unresolved { id, main_fd };
         }
         match DirHandle::open_shared(parent) {
             Ok(dir) => DirSlot::Held(dir),

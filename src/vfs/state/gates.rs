@@ -90,16 +90,7 @@ impl DbState {
     /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
     /// check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
-        // Read first: any change from here on (including one the drain below takes in) moves
-        // it, so recording it below vouches for nothing that happened after this read.
-        let changes = self.watch.as_ref().map(DirWatch::changes);
-        let generation = self.watch.as_ref().and_then(DirWatch::current);
-        let generation = match (&*self.shm_watch.lock(), generation) {
-            (None, g) => g,
-            // Both figures only grow: their sum moves when either does.
-            (Some(Some(shm)), Some(g)) => shm.current().map(|s| g.wrapping_add(s)),
-            _ => None,
-        };
+        let (generation, changes) = self.watch_figures();
         let vouched =
             generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {
@@ -110,6 +101,44 @@ impl DbState {
                 self.verified_generation.store(g, Ordering::Release);
             }
         }
+        self.record_vouch(generation, changes);
+        self.checked(site);
+        Ok(())
+    }
+
+    /// A full check, every `stat` whatever the watch says, which, passing, lets the watch vouch
+    /// from then on as a check at a transaction boundary does (issue 36: the close's first check,
+    /// `SQLITE_FCNTL_HAS_MOVED`, then spares the checks after it their `stat` calls). The reason
+    /// when the generation is retired.
+    pub(crate) fn check_pins_vouching(&self) -> Option<RetireReason> {
+        let (generation, changes) = self.watch_figures();
+        if let Some(reason) = self.check_pins() {
+            return Some(reason);
+        }
+        if let Some(g) = generation {
+            self.verified_generation.store(g, Ordering::Release);
+        }
+        self.record_vouch(generation, changes);
+        None
+    }
+
+    /// The watch's figures, read before a check: any change from here on (including one the
+    /// drain below takes in) moves them, so recording them after the check vouches for nothing
+    /// that happened after this read. `(generation, changes)`.
+    fn watch_figures(&self) -> (Option<u64>, Option<u64>) {
+        let changes = self.watch.as_ref().map(DirWatch::changes);
+        let generation = self.watch.as_ref().and_then(DirWatch::current);
+        let generation = match (&*self.shm_watch.lock(), generation) {
+            (None, g) => g,
+            // Both figures only grow: their sum moves when either does.
+            (Some(Some(shm)), Some(g)) => shm.current().map(|s| g.wrapping_add(s)),
+            _ => None,
+        };
+        (generation, changes)
+    }
+
+    /// After a check that passed: the fast path may vouch from the change count read before it.
+    fn record_vouch(&self, generation: Option<u64>, changes: Option<u64>) {
         if let (Some(_), Some(c)) = (generation, changes) {
             // Vouched for by the path's generations, or verified by `stat` just now: the path was
             // as pinned when `changes` was read, or `changes` has moved since.
@@ -122,8 +151,6 @@ impl DbState {
                 self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
             }
         }
-        self.checked(site);
-        Ok(())
     }
 
     /// The WAL write lock was taken after its check passed (`held`), or released.

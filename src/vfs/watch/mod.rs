@@ -151,6 +151,12 @@ impl DirWatch {
         if !local_filesystem(dir) {
             return None;
         }
+        Self::new_local(dir)
+    }
+
+    /// [`DirWatch::new`] for a directory the caller knows to be on a local filesystem
+    /// ([`crate::filesystem::Filesystem::local`]).
+    pub(crate) fn new_local(dir: &Path) -> Option<DirWatch> {
         let mut state = STATE.lock();
         forget_inherited(&mut state);
         if matches!(*state, State::Uninit) {
@@ -586,21 +592,8 @@ impl Watcher {
     }
 }
 
-/// Filesystems whose every change passes through this kernel, so inotify sees it.
+/// Filesystems whose every change passes through this kernel, so inotify sees it
+/// (`crate::filesystem`'s classification, remembered per device).
 pub(super) fn local_filesystem(dir: &Path) -> bool {
-    const LOCAL: [i64; 8] = [
-        0xEF53,     // ext2/3/4
-        0x58465342, // xfs
-        0x9123683E, // btrfs
-        0x01021994, // tmpfs
-        0x794C7630, // overlayfs
-        0xF2F52010, // f2fs
-        0x2FC12FC1, // zfs
-        0x858458F6, // ramfs
-    ];
-    match rustix::fs::statfs(dir) {
-        #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
-        Ok(st) => LOCAL.contains(&(st.f_type as i64)),
-        Err(_) => false,
-    }
+    crate::filesystem::of_dir(dir).is_some_and(|f| f.local)
 }
