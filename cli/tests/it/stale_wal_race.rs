@@ -274,6 +274,18 @@ fn measure_a_guarded_opener_ahead_of_a_stock_one_keeps_the_restore() {
     use std::io::{BufRead, Write};
     let python = Path::new("/usr/bin/python3");
     let template = Template::new();
+    // A host with many locks (the issue measured 1,700): 2,000 byte-range locks held by another
+    // process, which any reader of `/proc/locks` pays for.
+    let locks = tempfile::NamedTempFile::new().unwrap();
+    let mut holder = Command::new(python)
+        .args(["-c", LOCK_HOLDER])
+        .arg(locks.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut held = std::io::BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert_eq!(held.next().unwrap().unwrap(), "held");
     for lead_us in [0u64, 200, 1000, 2000] {
         let mut kept = 0;
         for _ in 0..20 {
@@ -303,4 +315,15 @@ fn measure_a_guarded_opener_ahead_of_a_stock_one_keeps_the_restore() {
         }
         eprintln!("guarded first query {lead_us} us ahead: the restore stood in {kept} of 20 runs");
     }
+    drop(holder.stdin.take());
+    holder.wait().unwrap();
 }
+
+const LOCK_HOLDER: &str = "
+import fcntl, sys
+f = open(sys.argv[1], 'w')
+for i in range(2000):
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 2 * i)
+print('held', flush=True)
+sys.stdin.read()
+";
