@@ -11,6 +11,7 @@
 //! durable step) the filesystem freezes at that step without performing it and fails everything
 //! after with `EIO`: the program stops there as a power cut would stop it. See README.md.
 
+pub mod crash;
 mod fs;
 pub mod harness;
 mod inner;
@@ -22,7 +23,24 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-pub use model::{Crash, Data, Model, Names, ALL_MODES};
+pub use crash::Crash;
+pub use model::{Data, Model, Names, ALL_MODES};
+
+/// A fault the filesystem injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The power cut at the durable step of this number (1-based): it is not performed, and
+    /// every operation after it fails with `EIO`.
+    CrashBefore(usize),
+    /// The durable step of this number, an `fsync`, `fdatasync` or directory `fsync`, fails with
+    /// `EIO` without making anything durable; the filesystem goes on. For a file, the pages it
+    /// failed to write stay off the disk: a later fsync succeeds without them unless they are
+    /// written again (Linux after a writeback error, the PostgreSQL "fsyncgate" case).
+    SyncFails(usize),
+    /// The write of this number (1-based) to a file created through the mount fails with
+    /// `ENOSPC`, nothing written; the filesystem goes on.
+    WriteFull(usize),
+}
 
 /// A mounted power-loss filesystem; unmounted on drop.
 pub struct LazyFs {
@@ -41,9 +59,14 @@ impl LazyFs {
         mountpoint: &Path,
         crash_before: Option<usize>,
     ) -> io::Result<Self> {
+        Self::mount_with(backing, mountpoint, crash_before.map(Fault::CrashBefore))
+    }
+
+    /// [`LazyFs::mount`] with any [`Fault`] armed.
+    pub fn mount_with(backing: &Path, mountpoint: &Path, fault: Option<Fault>) -> io::Result<Self> {
         let inner = Arc::new(Mutex::new(inner::Inner::new(
             backing.canonicalize()?,
-            crash_before,
+            fault,
         )?));
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -84,6 +107,12 @@ impl LazyFs {
             .clone()
     }
 
+    /// The writes seen so far to files created through the mount ([`Fault::WriteFull`] counts
+    /// them).
+    pub fn writes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).writes
+    }
+
     /// Whether the armed crash point was reached.
     pub fn frozen(&self) -> bool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).frozen
@@ -101,17 +130,23 @@ impl LazyFs {
             if inner.model.dirs.contains(&id) {
                 continue;
             }
-            let path = match (inner.buried.get(&id), inner.paths.get(&id)) {
-                (Some(grave), _) => grave.clone(),
-                (None, Some(rel)) => inner.backing.join(rel),
-                (None, None) => continue,
+            // The graveyard once unlinked, else whichever of its links still names it.
+            let candidates: Vec<PathBuf> = match inner.buried.get(&id) {
+                Some(grave) => vec![grave.clone()],
+                None => inner
+                    .paths
+                    .get(&id)
+                    .into_iter()
+                    .flatten()
+                    .map(|rel| inner.backing.join(rel))
+                    .collect(),
             };
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.ino() == ino && meta.is_file() => {
-                    visible.insert(id, std::fs::read(&path)?);
-                    located.insert(id, path);
-                }
-                _ => {}
+            let found = candidates.into_iter().find(|path| {
+                std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino && m.is_file())
+            });
+            if let Some(path) = found {
+                visible.insert(id, std::fs::read(&path)?);
+                located.insert(id, path);
             }
         }
         Ok(Crash {
