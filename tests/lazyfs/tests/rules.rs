@@ -174,7 +174,7 @@ fn an_unsynced_unlink_is_undone() {
 
 #[test]
 fn an_unsynced_multi_page_write_is_torn_at_page_granularity() {
-    let page = hermes_guard_lazyfs::model::PAGE;
+    let page = hermes_guard_lazyfs::crash::PAGE;
     let s = setup(&[("f", &vec![0u8; 4 * page])]);
     let lazy = mount(&s, None);
     let f = OpenOptions::new()
