@@ -250,6 +250,24 @@ fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
         "the open did not set the stale WAL aside: {:?}",
         full.steps
     );
+    // The capture's rename is made durable (the directory fsynced) before the WAL leaves the path:
+    // a disk that kept the unlink and not the rename would hold the stale WAL nowhere (the
+    // reordered states show it too; the four images of a cut cannot).
+    let renamed = full.steps.iter().position(|s| capture_rename(s));
+    let unlinked = full.steps.iter().position(|s| s == "unlink state.db-wal");
+    let (Some(renamed), Some(unlinked)) = (renamed, unlinked) else {
+        panic!(
+            "the set-aside's rename or unlink is missing: {:?}",
+            full.steps
+        );
+    };
+    assert!(
+        full.steps[renamed..unlinked]
+            .iter()
+            .any(|s| s == "fsyncdir ."),
+        "the WAL left the path before the set-aside's rename was durable: {:?}",
+        full.steps
+    );
     let counts = runs
         .each_point(|point| {
             let what = format!("{} ({:?}, {:?})", point.label, point.names, point.data);
