@@ -90,6 +90,8 @@ pub struct Counts {
     pub sync_errors: usize,
     /// Runs with one failing write (ENOSPC).
     pub write_errors: usize,
+    /// Crash states of a recovery cut after a first cut ([`Enumeration::during_recovery`]).
+    pub during_recovery: usize,
 }
 
 impl Counts {
@@ -107,6 +109,10 @@ impl Counts {
                 self.write_errors
             );
         }
+        if self.during_recovery > 0 {
+            let n = self.during_recovery;
+            println!("{scenario}: {n} crash states (during recovery)");
+        }
     }
 }
 
@@ -119,7 +125,7 @@ pub fn seed() -> u64 {
 }
 
 /// splitmix64: the sample's generator.
-fn next(state: &mut u64) -> u64 {
+pub(crate) fn next(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -165,11 +171,14 @@ impl Drop for ChildGuard {
 pub struct Enumeration {
     /// The starting state, copied into each run's backing directory.
     pub template: PathBuf,
-    scratch: PathBuf,
-    workload: PathBuf,
-    args: Vec<String>,
-    runs: usize,
+    pub(crate) scratch: PathBuf,
+    pub(crate) workload: PathBuf,
+    pub(crate) args: Vec<String>,
+    pub(crate) runs: usize,
     faults: bool,
+    /// The images of each crash point ([`ALL_MODES`] unless [`Enumeration::with_modes`]).
+    modes: Vec<(Names, Data)>,
+    reorder: bool,
 }
 
 impl Enumeration {
@@ -191,7 +200,17 @@ impl Enumeration {
             args,
             runs: 0,
             faults: false,
+            modes: ALL_MODES.to_vec(),
+            reorder: true,
         }
+    }
+
+    /// Checks each crash point on `modes` only, and no reordered state (a second crash's
+    /// enumeration, [`Enumeration::during_recovery`]).
+    pub fn with_modes(mut self, modes: &[(Names, Data)]) -> Self {
+        self.modes = modes.to_vec();
+        self.reorder = false;
+        self
     }
 
     /// Also explores failing fsyncs and writes ([`Fault::SyncFails`], [`Fault::WriteFull`]).
@@ -288,7 +307,7 @@ impl Enumeration {
                 None => format!("crash after the last of {n} steps"),
             };
             let mut pending = 0;
-            for (names, data) in ALL_MODES {
+            for (names, data) in self.modes.clone() {
                 let run = self.run(k)?;
                 pending = run.crash.pending().len();
                 let lost: Vec<usize> = match names {
@@ -299,7 +318,12 @@ impl Enumeration {
                 self.check(&run, &label, names, data, &lost, &mut check);
             }
             counts.points += 1;
-            for kept in subsets(pending, &mut rng) {
+            let kept_subsets = if self.reorder {
+                subsets(pending, &mut rng)
+            } else {
+                Vec::new()
+            };
+            for kept in kept_subsets {
                 let run = self.run(k)?;
                 let ops = run.crash.pending();
                 assert_eq!(ops.len(), kept.len(), "{label}: the run did not repeat");

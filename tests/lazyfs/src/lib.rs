@@ -16,6 +16,7 @@ mod fs;
 pub mod harness;
 mod inner;
 pub mod model;
+mod recovery;
 
 use std::collections::HashMap;
 use std::io;
