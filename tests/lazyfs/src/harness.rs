@@ -298,7 +298,9 @@ impl Enumeration {
             }
         }
         let seed = seed();
-        println!("{:?}: reorder seed {seed} (LAZYFS_SEED)", self.args);
+        if self.reorder {
+            println!("{:?}: reorder seed {seed} (LAZYFS_SEED)", self.args);
+        }
         let mut rng = seed;
         let mut counts = Counts::default();
         for k in (1..=n).map(Some).chain([None]) {

@@ -41,6 +41,11 @@ impl Enumeration {
                 firsts.push(k);
             }
         }
+        println!(
+            "{:?}: first cuts {firsts:?} (seed {}, LAZYFS_SEED)",
+            self.args,
+            seed()
+        );
         let db_name = self.args.last().expect("a database name").clone();
         let mut states = 0;
         for k in firsts {
