@@ -92,6 +92,8 @@ pub struct Counts {
     pub write_errors: usize,
     /// Crash states of a recovery cut after a first cut ([`Enumeration::during_recovery`]).
     pub during_recovery: usize,
+    /// Crash points checked rebooted under the same mount ([`Enumeration::with_reboot`]).
+    pub same_inode: usize,
 }
 
 impl Counts {
@@ -108,6 +110,10 @@ impl Counts {
                 "{scenario}: {} crash states (write error)",
                 self.write_errors
             );
+        }
+        if self.same_inode > 0 {
+            let n = self.same_inode;
+            println!("{scenario}: {n} crash states (same device and inode)");
         }
         if self.during_recovery > 0 {
             let n = self.during_recovery;
@@ -176,9 +182,7 @@ pub struct Enumeration {
     pub(crate) args: Vec<String>,
     pub(crate) runs: usize,
     faults: bool,
-    /// The images of each crash point ([`ALL_MODES`] unless [`Enumeration::with_modes`]).
-    modes: Vec<(Names, Data)>,
-    reorder: bool,
+    reboot: bool,
 }
 
 impl Enumeration {
@@ -200,16 +204,15 @@ impl Enumeration {
             args,
             runs: 0,
             faults: false,
-            modes: ALL_MODES.to_vec(),
-            reorder: true,
+            reboot: false,
         }
     }
 
-    /// Checks each crash point on `modes` only, and no reordered state (a second crash's
-    /// enumeration, [`Enumeration::during_recovery`]).
-    pub fn with_modes(mut self, modes: &[(Names, Data)]) -> Self {
-        self.modes = modes.to_vec();
-        self.reorder = false;
+    /// Also checks each crash point rebooted under the same mount (`(Strict, Drop)`): the files
+    /// that survive keep their device and inode numbers ([`Enumeration::run_rebooted`]); the
+    /// check's image is the mount point.
+    pub fn with_reboot(mut self) -> Self {
+        self.reboot = true;
         self
     }
 
@@ -226,6 +229,28 @@ impl Enumeration {
 
     /// One run with `fault` armed, the power cut at the crash point or after the workload ended.
     pub fn run_with(&mut self, fault: Option<Fault>) -> std::io::Result<Run> {
+        Ok(self.run_inner(fault, None)?.0)
+    }
+
+    /// One run, the power cut at step `crash_before` (or after the workload ended), then the
+    /// reboot under the same mount ([`LazyFs::reboot`]): the mount serves the disk the cut left,
+    /// every surviving file under its device and inode numbers of before.
+    pub fn run_rebooted(
+        &mut self,
+        crash_before: Option<usize>,
+        names: Names,
+        data: Data,
+    ) -> std::io::Result<(Run, LazyFs)> {
+        let fault = crash_before.map(Fault::CrashBefore);
+        let (run, lazy) = self.run_inner(fault, Some((names, data)))?;
+        Ok((run, lazy.expect("the mount kept")))
+    }
+
+    fn run_inner(
+        &mut self,
+        fault: Option<Fault>,
+        reboot: Option<(Names, Data)>,
+    ) -> std::io::Result<(Run, Option<LazyFs>)> {
         self.runs += 1;
         let dir = self.scratch.join(format!("run-{}", self.runs));
         let (backing, mnt) = (dir.join("backing"), dir.join("mnt"));
@@ -235,23 +260,8 @@ impl Enumeration {
         let stderr_path = dir.join("stderr");
         let lazy = LazyFs::mount_with(&backing, &mnt, fault)?;
         let (db_name, scenario) = self.args.split_last().expect("a database name");
-        let child = Command::new(&self.workload)
-            .args(scenario)
-            .arg(mnt.join(db_name))
-            .arg(&acks)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr_path)?)
-            .spawn()?;
-        let mut child = ChildGuard(child);
-        let started = Instant::now();
-        while child.0.try_wait()?.is_none() {
-            if started.elapsed() > WORKLOAD_TIMEOUT {
-                panic!("the workload {:?} hung at {fault:?}", self.args);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        drop(child);
+        let scenario = scenario.to_vec();
+        self.workload_run(&scenario, &mnt.join(db_name), &acks, &stderr_path)?;
         if let Some(Fault::CrashBefore(k)) = fault {
             assert!(
                 lazy.frozen(),
@@ -261,21 +271,53 @@ impl Enumeration {
         }
         let steps = lazy.steps();
         let writes = lazy.writes();
-        let crash = lazy.power_cut()?;
+        let (crash, kept) = match reboot {
+            None => (lazy.power_cut()?, None),
+            Some((names, data)) => (lazy.reboot(names, data)?, Some(lazy)),
+        };
         let acked = std::fs::read_to_string(&acks)
             .unwrap_or_default()
             .lines()
             .map(|l| l.parse().expect("an acknowledged id"))
             .collect();
         let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-        Ok(Run {
+        let run = Run {
             steps,
             crash,
             acked,
             stderr,
             backing,
             writes,
-        })
+        };
+        Ok((run, kept))
+    }
+
+    /// Runs the workload program with `scenario` on `db` (through a mount) to its end (or its
+    /// stop at a crash point).
+    pub(crate) fn workload_run(
+        &self,
+        scenario: &[String],
+        db: &Path,
+        acks: &Path,
+        stderr: &Path,
+    ) -> std::io::Result<()> {
+        let child = Command::new(&self.workload)
+            .args(scenario)
+            .arg(db)
+            .arg(acks)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(stderr)?)
+            .spawn()?;
+        let mut child = ChildGuard(child);
+        let started = Instant::now();
+        while child.0.try_wait()?.is_none() {
+            if started.elapsed() > WORKLOAD_TIMEOUT {
+                panic!("the workload {scenario:?} hung");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
     }
 
     /// Every crash point of the workload: before each durable step and after the last; `check`
@@ -298,9 +340,7 @@ impl Enumeration {
             }
         }
         let seed = seed();
-        if self.reorder {
-            println!("{:?}: reorder seed {seed} (LAZYFS_SEED)", self.args);
-        }
+        println!("{:?}: reorder seed {seed} (LAZYFS_SEED)", self.args);
         let mut rng = seed;
         let mut counts = Counts::default();
         for k in (1..=n).map(Some).chain([None]) {
@@ -309,7 +349,7 @@ impl Enumeration {
                 None => format!("crash after the last of {n} steps"),
             };
             let mut pending = 0;
-            for (names, data) in self.modes.clone() {
+            for (names, data) in ALL_MODES {
                 let run = self.run(k)?;
                 pending = run.crash.pending().len();
                 let lost: Vec<usize> = match names {
@@ -320,12 +360,7 @@ impl Enumeration {
                 self.check(&run, &label, names, data, &lost, &mut check);
             }
             counts.points += 1;
-            let kept_subsets = if self.reorder {
-                subsets(pending, &mut rng)
-            } else {
-                Vec::new()
-            };
-            for kept in kept_subsets {
+            for kept in subsets(pending, &mut rng) {
                 let run = self.run(k)?;
                 let ops = run.crash.pending();
                 assert_eq!(ops.len(), kept.len(), "{label}: the run did not repeat");
@@ -352,6 +387,22 @@ impl Enumeration {
                     &mut check,
                 );
                 counts.reorder += 1;
+            }
+            if self.reboot {
+                let (run, lazy) = self.run_rebooted(k, Names::Strict, Data::Drop)?;
+                let lost: Vec<usize> = run.crash.pending().iter().map(|op| op.step).collect();
+                check(&Point {
+                    label: format!("{label}, rebooted under the same mount"),
+                    image: lazy.path(),
+                    acked: &run.acked,
+                    steps: &run.steps,
+                    names: Names::Strict,
+                    data: Data::Drop,
+                    lost: &lost,
+                });
+                drop(lazy);
+                let _ = std::fs::remove_dir_all(self.scratch.join(format!("run-{}", self.runs)));
+                counts.same_inode += 1;
             }
         }
         if self.faults {

@@ -12,6 +12,12 @@ use fuser::{Errno, FileAttr, FileType, INodeNo};
 use crate::model::{Entries, Model};
 use crate::Fault;
 
+/// The next id of a file or directory, shared by every mount of the process: a mount never gives
+/// a file the inode number another mount gave one (a FUSE mount's device number is reused after
+/// an unmount, and a capture's recorded `(dev, ino)` must not match a file of a later mount by
+/// chance). The root is 1.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(2);
+
 /// The state shared between the FUSE thread and [`crate::LazyFs`].
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -27,7 +33,6 @@ pub(crate) struct Inner {
     /// Id to its paths relative to the backing directory ("" for the root): every link of a
     /// file, the first the one it is named by.
     pub(crate) paths: HashMap<u64, Vec<PathBuf>>,
-    pub(crate) next_id: u64,
     pub(crate) handles: HashMap<u64, Handle>,
     pub(crate) next_fh: u64,
     /// The durable steps performed, in order.
@@ -66,7 +71,6 @@ impl Inner {
             model: Model::default(),
             ids: HashMap::new(),
             paths: HashMap::new(),
-            next_id: 2,
             handles: HashMap::new(),
             next_fh: 1,
             steps: Vec::new(),
@@ -126,8 +130,7 @@ impl Inner {
         let id = match self.ids.get(&meta.ino()) {
             Some(&id) if !created => id,
             _ => {
-                let id = self.next_id;
-                self.next_id += 1;
+                let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.ids.insert(meta.ino(), id);
                 if meta.is_dir() {
                     self.model.dirs.insert(id);
@@ -296,6 +299,63 @@ impl Inner {
 }
 
 impl Inner {
+    /// The state a power cut leaves: the durable model, and where each file is now with its
+    /// visible bytes.
+    pub(crate) fn crash(&self) -> std::io::Result<crate::Crash> {
+        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+        for (&ino, &id) in &self.ids {
+            if self.model.dirs.contains(&id) {
+                continue;
+            }
+            // The graveyard once unlinked, else whichever of its links still names it.
+            let candidates: Vec<PathBuf> = match self.buried.get(&id) {
+                Some(grave) => vec![grave.clone()],
+                None => self
+                    .paths
+                    .get(&id)
+                    .into_iter()
+                    .flatten()
+                    .map(|rel| self.backing.join(rel))
+                    .collect(),
+            };
+            let found = candidates.into_iter().find(|path| {
+                std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino && m.is_file())
+            });
+            if let Some(path) = found {
+                visible.insert(id, std::fs::read(&path)?);
+                located.insert(id, path);
+            }
+        }
+        Ok(crate::Crash {
+            model: self.model.clone(),
+            visible,
+            located,
+            backing: self.backing.clone(),
+            graveyard: self.graveyard.clone(),
+        })
+    }
+
+    /// After the backing directory was restored in place ([`crate::LazyFs::reboot`]): everything
+    /// in it durable, the fault disarmed; `survivors` (backing inode to id) keep their ids.
+    pub(crate) fn reboot(&mut self, survivors: HashMap<u64, u64>) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.graveyard)?;
+        self.buried.clear();
+        self.model = Model::default();
+        self.ids = survivors;
+        self.ids.insert(std::fs::metadata(&self.backing)?.ino(), 1);
+        self.paths.clear();
+        self.paths.insert(1, vec![PathBuf::new()]);
+        self.steps.clear();
+        self.fault = None;
+        self.frozen = false;
+        self.writes = 0;
+        self.poisoned.clear();
+        self.created.clear();
+        self.model.root = 1;
+        self.model.dirs.insert(1);
+        self.baseline(1, PathBuf::new())
+    }
+
     /// Moves the file at `rel` (its last link) into the graveyard instead of freeing it; other
     /// links or a directory are removed for real.
     pub(crate) fn bury_or_remove(&mut self, rel: &Path) -> std::io::Result<()> {

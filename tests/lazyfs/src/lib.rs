@@ -20,7 +20,6 @@ mod recovery;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -114,6 +113,11 @@ impl LazyFs {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).writes
     }
 
+    /// Arms `fault` (after a [`LazyFs::reboot`]: the steps are counted from the reboot on).
+    pub fn arm(&self, fault: Option<Fault>) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).fault = fault;
+    }
+
     /// Whether the armed crash point was reached.
     pub fn frozen(&self) -> bool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).frozen
@@ -125,38 +129,26 @@ impl LazyFs {
     pub fn power_cut(mut self) -> io::Result<Crash> {
         self.unmount()?;
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+        inner.crash()
+    }
 
-        for (&ino, &id) in &inner.ids {
-            if inner.model.dirs.contains(&id) {
-                continue;
-            }
-            // The graveyard once unlinked, else whichever of its links still names it.
-            let candidates: Vec<PathBuf> = match inner.buried.get(&id) {
-                Some(grave) => vec![grave.clone()],
-                None => inner
-                    .paths
-                    .get(&id)
-                    .into_iter()
-                    .flatten()
-                    .map(|rel| inner.backing.join(rel))
-                    .collect(),
-            };
-            let found = candidates.into_iter().find(|path| {
-                std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino && m.is_file())
-            });
-            if let Some(path) = found {
-                visible.insert(id, std::fs::read(&path)?);
-                located.insert(id, path);
-            }
-        }
-        Ok(Crash {
-            model: inner.model.clone(),
-            visible,
-            located,
-            backing: inner.backing.clone(),
-            graveyard: inner.graveyard.clone(),
-        })
+    /// A power cut and the reboot after it under the same mount (the caller has stopped every
+    /// program using it): the backing directory becomes the disk the cut leaves under `names`
+    /// and `data` ([`Crash::restore`]), and the filesystem serves it again, fault disarmed, all of
+    /// it durable. A file that survives keeps its inode number at the mount and the mount its
+    /// device number: the same device and inode after the cut, as a local disk gives.
+    pub fn reboot(&self, names: Names, data: Data) -> io::Result<Crash> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let crash = inner.crash()?;
+        let survivors: HashMap<u64, u64> = inner
+            .ids
+            .iter()
+            .filter(|(_, id)| crash.located.contains_key(id))
+            .map(|(&ino, &id)| (ino, id))
+            .collect();
+        crash.restore(names, data)?;
+        inner.reboot(survivors)?;
+        Ok(crash)
     }
 
     /// Unmounts; when the mount is busy (a file still open there), detaches it lazily so that no

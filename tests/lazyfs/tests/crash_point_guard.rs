@@ -113,7 +113,8 @@ fn enumerate(scenario: &str, at_least: usize, check: impl Fn(&Point<'_>)) {
         &[scenario],
         "state.db",
     )
-    .with_faults();
+    .with_faults()
+    .with_reboot();
     let counts = runs.each_point(check).unwrap();
     counts.print(scenario);
     assert!(counts.points >= at_least, "{scenario}: {counts:?}");

@@ -150,7 +150,8 @@ fn crash_point_store_self_heal_keeps_every_message_once() {
         &["store-lose-then-open"],
         "state.db",
     )
-    .with_faults();
+    .with_faults()
+    .with_reboot();
     let counts = runs.each_point(check).unwrap();
     counts.print("store-lose-then-open");
     assert!(counts.points >= 48, "{counts:?}");

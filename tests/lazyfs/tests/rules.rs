@@ -373,3 +373,24 @@ fn a_chosen_write_to_a_created_file_fails_with_enospc() {
     drop(f);
     assert_eq!(fs::read(lazy.path().join("f")).unwrap(), b"first");
 }
+
+#[test]
+fn rebooted_under_the_same_mount_a_surviving_file_keeps_its_device_and_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let s = setup(&[("f", b"kept")]);
+    let lazy = mount(&s, None);
+    let before = fs::metadata(lazy.path().join("f")).unwrap();
+    fs::remove_file(lazy.path().join("f")).unwrap();
+    fs::write(lazy.path().join("g"), b"never synced").unwrap();
+    lazy.reboot(Names::Strict, Data::Drop).unwrap();
+    let after = fs::metadata(lazy.path().join("f")).unwrap();
+    assert_eq!((after.dev(), after.ino()), (before.dev(), before.ino()));
+    assert_eq!(fs::read(lazy.path().join("f")).unwrap(), b"kept");
+    assert!(!lazy.path().join("g").exists());
+    // Everything there is durable now: a second cut keeps it.
+    let crash = lazy.power_cut().unwrap();
+    assert_eq!(
+        fs::read(image(&s, &crash, Names::Strict, Data::Drop).join("f")).unwrap(),
+        b"kept"
+    );
+}
