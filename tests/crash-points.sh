@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The power-loss filesystem (tests/lazyfs, issue 28): its own rules (tests/lazyfs/tests/rules.rs),
 # then every crash-point test (tests/lazyfs/tests/crash_point_*.rs), which mount it over FUSE and
-# cut the power before each durable step of a workload. Prints each test's "N crash points" and
-# their sum. Needs /dev/fuse and root (the mount is a direct mount(2); without root, fusermount3
-# from Debian's fuse3 package). Without FUSE it fails with the
-# reason (it never skips silently); outside CI (CI unset) it is skipped with the reason printed.
-# Built in the debug profile (it reuses the root `cargo test` build); under a minute once built.
+# cut the power before each durable step of a workload, with the reordered states of each cut, a
+# failing fsync or write, and a cut during the recovery after a first cut. Prints each test's
+# "N crash points" and "N crash states (<dimension>)" and their sums. Needs /dev/fuse and root
+# (the mount is a direct mount(2); without root, fusermount3 from Debian's fuse3 package). Without
+# FUSE it fails with the reason (it never skips silently); outside CI (CI unset) it is skipped
+# with the reason printed.
+# Built in the debug profile (it reuses the root `cargo test` build); a few minutes once built.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -28,4 +30,8 @@ fi
 out="$(mktemp)"
 trap 'rm -f "$out"' EXIT
 cargo test -p hermes-guard-lazyfs -- --nocapture --test-threads=2 2>&1 | tee "$out"
-awk '/ crash points$/ { n += $(NF-2) } END { printf "== crash points in all: %d\n", n }' "$out"
+awk '/ crash points$/ { n += $(NF-2) }
+     / crash states \(/ { d = $0; sub(/.* crash states /, "", d)
+                          match($0, /[0-9]+ crash states/); s[d] += substr($0, RSTART, RLENGTH) }
+     END { printf "== crash points in all: %d (each on 4 images)\n", n
+           for (d in s) printf "== crash states %s in all: %d\n", d, s[d] }' "$out"

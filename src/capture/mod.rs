@@ -160,6 +160,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
     let staging_dir = dir_path.join(&staging_name);
 
     let mut staging_fd = None;
+    let mut renamed = false;
     let result = open_dir(dir_fd, Path::new(&staging_name)).and_then(|staging| {
         let staging = staging_fd.insert(staging);
         let manifest = fill_staging(input, staging.as_fd(), &file_name)?;
@@ -175,6 +176,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
             &final_name,
             rustix::fs::RenameFlags::NOREPLACE,
         )?;
+        renamed = true;
         rustix::fs::fsync(dir_fd)?;
         Ok(CapturedWal {
             bytes: manifest.wal.bytes,
@@ -208,7 +210,15 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
                     let _ = rustix::fs::unlinkat(staging, f, AtFlags::empty());
                 }
             }
-            let _ = rustix::fs::unlinkat(dir_fd, &staging_name, AtFlags::REMOVEDIR);
+            // Renamed into place but its directory's fsync failed: the name may reach the disk
+            // with any later fsync of the directory (whoever makes it), while the caller takes
+            // the capture as failed (a heal at close would then record nothing in it, and its
+            // rows would be merged twice). It goes, and the removal with the rename.
+            let left = if renamed { &final_name } else { &staging_name };
+            let _ = rustix::fs::unlinkat(dir_fd, left, AtFlags::REMOVEDIR);
+            if renamed {
+                let _ = rustix::fs::fsync(dir_fd);
+            }
             Err(io_err(&staging_dir, e))
         }
     }

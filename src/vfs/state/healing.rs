@@ -371,23 +371,31 @@ fn put_back_and_checkpoint(
             .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display())),
         None => Ok(()),
     };
+    let record_dir = record_in.as_ref().map(|(_, d)| d.as_fd());
     if let Err(e) = recorded {
+        // The record may have reached its name before the failure (its directory's fsync).
         if let Some(staged) = &staged {
-            staged.remove(dir.fd());
+            staged.roll_back(dir.fd(), record_dir);
         }
         return Err(e);
     }
     let placed = match &staged {
         None => pinned.ok_or("no pinned WAL")?,
-        Some(staged) => staged.rename_into_place(dir.fd(), &name).inspect_err(|_| {
-            // Nothing reached the live file: rolled back (the staging file gone, the record
-            // would read as done: it goes too).
-            if let Some((_, d)) = &record_in {
-                let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
-                let _ = rustix::fs::fsync(d);
+        Some(staged) => match staged.rename_into_place(dir.fd(), &name) {
+            Ok(placed) => placed,
+            Err(e) => {
+                // Renamed, but the directory's fsync failed: the rename may reach the disk with
+                // any later fsync of the directory. Back under its staging name, durably, it is
+                // rolled back; if it cannot go back it stays at the path, committed (the record,
+                // `started` with its staging file gone, reads healed; the next open replays it).
+                let at_path = identity_of_path(&state.wal_path).ok().flatten() == Some(staged.id);
+                if at_path && !staged.rename_back(dir.fd(), &name) {
+                    return Err(e);
+                }
+                staged.roll_back(dir.fd(), record_dir);
+                return Err(e);
             }
-            staged.remove(dir.fd());
-        })?,
+        },
     };
 
     let mut frame = vec![0u8; prefix.frame_len() as usize];
@@ -473,9 +481,26 @@ impl Staged {
         Ok(self.id)
     }
 
-    fn remove(&self, dir: BorrowedFd<'_>) {
-        let _ = rustix::fs::unlinkat(dir, &self.name, AtFlags::empty());
-        let _ = rustix::fs::fsync(dir);
+    /// Renames it from `name` back to its staging name and fsyncs the directory: whether both
+    /// succeeded.
+    fn rename_back(&self, dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+        rustix::fs::renameat_with(dir, name, dir, &self.name, RenameFlags::NOREPLACE)
+            .and_then(|()| rustix::fs::fsync(dir))
+            .is_ok()
+    }
+
+    /// The heal rolled back before its commit point: the record (in `record_dir`, if any) goes
+    /// first, and the staging file only once that removal is durable — while the staging file is
+    /// there, a `started` record reads rolled back, never healed.
+    fn roll_back(&self, dir: BorrowedFd<'_>, record_dir: Option<BorrowedFd<'_>>) {
+        let record_gone = record_dir.is_none_or(|d| {
+            let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
+            rustix::fs::fsync(d).is_ok()
+        });
+        if record_gone {
+            let _ = rustix::fs::unlinkat(dir, &self.name, AtFlags::empty());
+            let _ = rustix::fs::fsync(dir);
+        }
     }
 }
 

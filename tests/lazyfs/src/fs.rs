@@ -130,7 +130,9 @@ impl Filesystem for LazyFsFs {
         attempt!(reply, std::fs::set_permissions(&path, perms).map_err(io));
         let meta = attempt!(reply, std::fs::symlink_metadata(&path).map_err(io));
         let id = s.register(&meta, rel, true);
-        s.model.created(parent.0, &name.to_os_string(), id, true);
+        let step = s.steps.len() - 1;
+        s.model
+            .created(step, parent.0, &name.to_os_string(), id, true);
         reply.entry(&TTL, &s.attr(id, &meta), Generation(0));
     }
 
@@ -182,17 +184,11 @@ impl Filesystem for LazyFsFs {
             reply,
             rustix::fs::renameat_with(cwd, &a, cwd, &b, with).map_err(|e| io(e.into()))
         );
-        s.paths.retain(|_, p| p != &to);
-        for p in s.paths.values_mut() {
-            if let Ok(rest) = p.strip_prefix(&from) {
-                *p = if rest.as_os_str().is_empty() {
-                    to.clone()
-                } else {
-                    to.join(rest)
-                };
-            }
-        }
+        s.forget(&to);
+        s.moved(&from, &to);
+        let step = s.steps.len() - 1;
         s.model.renamed(
+            step,
             parent.0,
             &name.to_os_string(),
             newparent.0,
@@ -221,8 +217,10 @@ impl Filesystem for LazyFsFs {
             std::fs::hard_link(s.backing.join(&from), &path).map_err(io)
         );
         let meta = attempt!(reply, std::fs::symlink_metadata(&path).map_err(io));
+        s.register(&meta, to, false);
+        let step = s.steps.len() - 1;
         s.model
-            .created(newparent.0, &newname.to_os_string(), ino.0, false);
+            .created(step, newparent.0, &newname.to_os_string(), ino.0, false);
         reply.entry(&TTL, &s.attr(ino.0, &meta), Generation(0));
     }
 
@@ -278,6 +276,9 @@ impl Filesystem for LazyFsFs {
             return reply.error(Errno::EBADF);
         };
         let (id, sync) = (h.id, h.sync_writes);
+        if s.write_fails(id, offset, data.len()) {
+            return reply.error(Errno::ENOSPC);
+        }
         let what = format!("O_SYNC write {}", s.name_of(id));
         if sync && !s.step(what) {
             return reply.error(Errno::EIO);
@@ -336,6 +337,10 @@ impl Filesystem for LazyFsFs {
         if !s.step(what) {
             return reply.error(Errno::EIO);
         }
+        if s.sync_fails() {
+            attempt!(reply, s.poison(id, &file).map_err(io));
+            return reply.error(Errno::EIO);
+        }
         attempt!(reply, s.snapshot(id, &file).map_err(io));
         reply.ok();
     }
@@ -388,6 +393,9 @@ impl Filesystem for LazyFsFs {
         if !s.step(what) {
             return reply.error(Errno::EIO);
         }
+        if s.sync_fails() {
+            return reply.error(Errno::EIO);
+        }
         let entries = attempt!(reply, s.listing(ino.0).map_err(io));
         s.model.dir_synced(ino.0, entries);
         reply.ok();
@@ -438,7 +446,9 @@ impl Filesystem for LazyFsFs {
         );
         let meta = attempt!(reply, file.metadata().map_err(io));
         let id = s.register(&meta, rel, true);
-        s.model.created(parent.0, &name.to_os_string(), id, false);
+        let step = s.steps.len() - 1;
+        s.model
+            .created(step, parent.0, &name.to_os_string(), id, false);
         let attr = s.attr(id, &meta);
         let fh = s.add_handle(id, file, flags);
         reply.created(
@@ -450,8 +460,8 @@ impl Filesystem for LazyFsFs {
         );
     }
 
-    // Extended attributes pass through (the guard keeps its WAL-base record in one). They are not
-    // modelled: a file surviving a power cut keeps the ones it had at the cut.
+    // Extended attributes pass through (the guard keeps its WAL-base record in one); the `user.`
+    // ones are durable at the file's fsync or fdatasync (the model snapshots them there).
     fn setxattr(
         &self,
         _req: &Request,
@@ -541,8 +551,9 @@ impl LazyFsFs {
             s.bury_or_remove(&rel)
         };
         attempt!(reply, done.map_err(io));
-        s.paths.retain(|_, p| p != &rel);
-        s.model.removed(parent.0, &name.to_os_string());
+        s.forget(&rel);
+        let step = s.steps.len() - 1;
+        s.model.removed(step, parent.0, &name.to_os_string());
         reply.ok();
     }
 }

@@ -10,6 +10,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use crate::model::{Entries, Model};
+use crate::Fault;
+
+/// The next id of a file or directory, shared by every mount of the process: a mount never gives
+/// a file the inode number another mount gave one (a FUSE mount's device number is reused after
+/// an unmount, and a capture's recorded `(dev, ino)` must not match a file of a later mount by
+/// chance). The root is 1.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(2);
 
 /// The state shared between the FUSE thread and [`crate::LazyFs`].
 #[derive(Debug)]
@@ -23,15 +30,22 @@ pub(crate) struct Inner {
     pub(crate) model: Model,
     /// Backing inode number to id, for the files alive in the backing directory.
     pub(crate) ids: HashMap<u64, u64>,
-    /// Id to path relative to the backing directory ("" for the root).
-    pub(crate) paths: HashMap<u64, PathBuf>,
-    pub(crate) next_id: u64,
+    /// Id to its paths relative to the backing directory ("" for the root): every link of a
+    /// file, the first the one it is named by.
+    pub(crate) paths: HashMap<u64, Vec<PathBuf>>,
     pub(crate) handles: HashMap<u64, Handle>,
     pub(crate) next_fh: u64,
     /// The durable steps performed, in order.
     pub(crate) steps: Vec<String>,
-    /// The number of the step not to perform (1-based): the crash point.
-    pub(crate) crash_before: Option<usize>,
+    /// The fault injected (a crash point, a failing fsync, a full disk).
+    pub(crate) fault: Option<Fault>,
+    /// Writes seen to files created through the mount (the count [`Fault::WriteFull`] uses).
+    pub(crate) writes: usize,
+    /// Per file, the pages (numbers) whose writes a failed fsync dropped: no later fsync makes
+    /// them durable until they are written again (Linux after a writeback error).
+    pub(crate) poisoned: HashMap<u64, std::collections::BTreeSet<u64>>,
+    /// Files created through the mount.
+    pub(crate) created: std::collections::HashSet<u64>,
     /// Set at the crash point: every operation fails with EIO from then on.
     pub(crate) frozen: bool,
 }
@@ -45,7 +59,7 @@ pub(crate) struct Handle {
 
 impl Inner {
     /// The state of `backing`, everything in it durable.
-    pub fn new(backing: PathBuf, crash_before: Option<usize>) -> std::io::Result<Self> {
+    pub fn new(backing: PathBuf, fault: Option<Fault>) -> std::io::Result<Self> {
         let mut name = backing.file_name().unwrap_or_default().to_os_string();
         name.push(".lazyfs-unlinked");
         let graveyard = backing.with_file_name(name);
@@ -57,16 +71,18 @@ impl Inner {
             model: Model::default(),
             ids: HashMap::new(),
             paths: HashMap::new(),
-            next_id: 2,
             handles: HashMap::new(),
             next_fh: 1,
             steps: Vec::new(),
-            crash_before,
+            fault,
+            writes: 0,
+            poisoned: HashMap::new(),
+            created: Default::default(),
             frozen: false,
         };
         let root_ino = std::fs::metadata(&inner.backing)?.ino();
         inner.ids.insert(root_ino, 1);
-        inner.paths.insert(1, PathBuf::new());
+        inner.paths.insert(1, vec![PathBuf::new()]);
         inner.model.root = 1;
         inner.model.dirs.insert(1);
         inner.baseline(1, PathBuf::new())?;
@@ -80,8 +96,10 @@ impl Inner {
             if self.model.dirs.contains(&id) {
                 self.baseline(id, path)?;
             } else {
-                let bytes = std::fs::read(self.backing.join(&path))?;
-                self.model.file_synced(id, bytes);
+                let full = self.backing.join(&path);
+                let bytes = std::fs::read(&full)?;
+                self.model
+                    .file_synced(id, bytes, crate::crash::user_xattrs(&full)?);
             }
         }
         self.model.dir_synced(dir, entries);
@@ -93,6 +111,7 @@ impl Inner {
         let rel = self
             .paths
             .get(&dir)
+            .and_then(|p| p.first())
             .cloned()
             .ok_or(std::io::ErrorKind::NotFound)?;
         let mut entries = Entries::new();
@@ -105,23 +124,30 @@ impl Inner {
         Ok(entries)
     }
 
-    /// The id of a backing file (a fresh one when `created`, its inode number may be reused).
+    /// The id of a backing file (a fresh one when `created`, its inode number may be reused),
+    /// `rel` one of its paths (another link of a file keeps the others).
     pub(crate) fn register(&mut self, meta: &Metadata, rel: PathBuf, created: bool) -> u64 {
         let id = match self.ids.get(&meta.ino()) {
             Some(&id) if !created => id,
             _ => {
-                let id = self.next_id;
-                self.next_id += 1;
+                let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.ids.insert(meta.ino(), id);
                 if meta.is_dir() {
                     self.model.dirs.insert(id);
                     self.model.strict.entry(id).or_default();
                     self.model.ordered.entry(id).or_default();
                 }
+                self.paths.remove(&id);
+                if created {
+                    self.created.insert(id);
+                }
                 id
             }
         };
-        self.paths.insert(id, rel);
+        let paths = self.paths.entry(id).or_default();
+        if !paths.contains(&rel) {
+            paths.push(rel);
+        }
         id
     }
 
@@ -134,7 +160,31 @@ impl Inner {
     }
 
     pub(crate) fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
-        self.paths.get(&ino.0).cloned().ok_or(Errno::ENOENT)
+        self.paths
+            .get(&ino.0)
+            .and_then(|p| p.first())
+            .cloned()
+            .ok_or(Errno::ENOENT)
+    }
+
+    /// `rel` (and everything under it) no longer names anything: unlinked, or renamed over.
+    pub(crate) fn forget(&mut self, rel: &Path) {
+        for paths in self.paths.values_mut() {
+            paths.retain(|p| !p.starts_with(rel));
+        }
+    }
+
+    /// Every path under `from` now under `to` (a rename).
+    pub(crate) fn moved(&mut self, from: &Path, to: &Path) {
+        for p in self.paths.values_mut().flatten() {
+            if let Ok(rest) = p.strip_prefix(from) {
+                *p = if rest.as_os_str().is_empty() {
+                    to.to_path_buf()
+                } else {
+                    to.join(rest)
+                };
+            }
+        }
     }
 
     pub(crate) fn attr(&self, id: u64, meta: &Metadata) -> FileAttr {
@@ -166,7 +216,7 @@ impl Inner {
 
     /// Counts a durable step; false when it is the crash point (then it must not be performed).
     pub(crate) fn step(&mut self, what: String) -> bool {
-        if self.crash_before == Some(self.steps.len() + 1) {
+        if self.fault == Some(Fault::CrashBefore(self.steps.len() + 1)) {
             self.frozen = true;
             return false;
         }
@@ -174,24 +224,138 @@ impl Inner {
         true
     }
 
+    /// Whether the step just counted is the one [`Fault::SyncFails`] names (then it is not
+    /// performed and fails with EIO; it stays counted, marked).
+    pub(crate) fn sync_fails(&mut self) -> bool {
+        if self.fault != Some(Fault::SyncFails(self.steps.len())) {
+            return false;
+        }
+        if let Some(last) = self.steps.last_mut() {
+            last.push_str(" (EIO)");
+        }
+        true
+    }
+
+    /// A write of `len` bytes at `offset` to the file `id`: whether it is the one
+    /// [`Fault::WriteFull`] names (then it fails with ENOSPC, nothing written); otherwise the
+    /// pages it covers are written again (no longer poisoned).
+    pub(crate) fn write_fails(&mut self, id: u64, offset: u64, len: usize) -> bool {
+        if self.created.contains(&id) {
+            self.writes += 1;
+            if self.fault == Some(Fault::WriteFull(self.writes)) {
+                self.steps
+                    .push(format!("write {} (ENOSPC)", self.name_of(id)));
+                return true;
+            }
+        }
+        if let Some(pages) = self.poisoned.get_mut(&id) {
+            let (first, end) = (offset / PAGE, (offset + len as u64).div_ceil(PAGE));
+            pages.retain(|p| !(first..end).contains(p));
+        }
+        false
+    }
+
+    /// A failed fsync of `id`: the pages that differ from what the disk holds are dropped from
+    /// the writeback and never reach it (until written again).
+    pub(crate) fn poison(&mut self, id: u64, file: &File) -> std::io::Result<()> {
+        let visible = read_all(file)?;
+        let synced = self.model.data.get(&id).cloned().unwrap_or_default();
+        let pages = self.poisoned.entry(id).or_default();
+        for (i, chunk) in visible.chunks(PAGE as usize).enumerate() {
+            let at = i * PAGE as usize;
+            if synced.get(at..at + chunk.len()) != Some(chunk) {
+                pages.insert(i as u64);
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn name_of(&self, id: u64) -> String {
-        match self.paths.get(&id) {
+        match self.paths.get(&id).and_then(|p| p.first()) {
             Some(p) if !p.as_os_str().is_empty() => p.display().to_string(),
             Some(_) => ".".to_string(),
             None => format!("<id {id}>"),
         }
     }
 
+    /// The file `id` synced: its bytes (but the poisoned pages, which keep what the disk held)
+    /// and its extended attributes are durable.
     pub(crate) fn snapshot(&mut self, id: u64, file: &File) -> std::io::Result<()> {
-        let len = file.metadata()?.len() as usize;
-        let mut bytes = vec![0u8; len];
-        file.read_exact_at(&mut bytes, 0)?;
-        self.model.file_synced(id, bytes);
+        let mut bytes = read_all(file)?;
+        if let Some(pages) = self.poisoned.get(&id) {
+            let old = self.model.data.get(&id).cloned().unwrap_or_default();
+            for &p in pages {
+                let start = (p * PAGE) as usize;
+                let end = (start + PAGE as usize).min(bytes.len());
+                for (i, b) in bytes.iter_mut().enumerate().take(end).skip(start) {
+                    *b = old.get(i).copied().unwrap_or(0);
+                }
+            }
+        }
+        let xattrs = fd_xattrs(file)?;
+        self.model.file_synced(id, bytes, xattrs);
         Ok(())
     }
 }
 
 impl Inner {
+    /// The state a power cut leaves: the durable model, and where each file is now with its
+    /// visible bytes.
+    pub(crate) fn crash(&self) -> std::io::Result<crate::Crash> {
+        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+        for (&ino, &id) in &self.ids {
+            if self.model.dirs.contains(&id) {
+                continue;
+            }
+            // The graveyard once unlinked, else whichever of its links still names it.
+            let candidates: Vec<PathBuf> = match self.buried.get(&id) {
+                Some(grave) => vec![grave.clone()],
+                None => self
+                    .paths
+                    .get(&id)
+                    .into_iter()
+                    .flatten()
+                    .map(|rel| self.backing.join(rel))
+                    .collect(),
+            };
+            let found = candidates.into_iter().find(|path| {
+                std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == ino && m.is_file())
+            });
+            if let Some(path) = found {
+                visible.insert(id, std::fs::read(&path)?);
+                located.insert(id, path);
+            }
+        }
+        Ok(crate::Crash {
+            model: self.model.clone(),
+            visible,
+            located,
+            backing: self.backing.clone(),
+            graveyard: self.graveyard.clone(),
+        })
+    }
+
+    /// After the backing directory was restored in place ([`crate::LazyFs::reboot`]): everything
+    /// in it durable, the fault disarmed; `survivors` (backing inode to id) keep their ids.
+    pub(crate) fn reboot(&mut self, survivors: HashMap<u64, u64>) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.graveyard)?;
+        self.buried.clear();
+        self.model = Model::default();
+        self.ids = survivors;
+        self.ids.insert(std::fs::metadata(&self.backing)?.ino(), 1);
+        self.paths.clear();
+        self.paths.insert(1, vec![PathBuf::new()]);
+        self.steps.clear();
+        self.fault = None;
+        self.frozen = false;
+        self.writes = 0;
+        self.poisoned.clear();
+        self.created.clear();
+        self.model.root = 1;
+        self.model.dirs.insert(1);
+        self.baseline(1, PathBuf::new())
+    }
+
     /// Moves the file at `rel` (its last link) into the graveyard instead of freeing it; other
     /// links or a directory are removed for real.
     pub(crate) fn bury_or_remove(&mut self, rel: &Path) -> std::io::Result<()> {
@@ -225,6 +389,35 @@ impl Inner {
         );
         fh
     }
+}
+
+/// The page size of the writeback (what a failed fsync drops).
+const PAGE: u64 = 4096;
+
+fn read_all(file: &File) -> std::io::Result<Vec<u8>> {
+    let len = file.metadata()?.len() as usize;
+    let mut bytes = vec![0u8; len];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
+}
+
+/// The `user.` extended attributes of the open file.
+fn fd_xattrs(file: &File) -> std::io::Result<crate::model::Xattrs> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut names = vec![0u8; 1 << 16];
+    let n = rustix::fs::flistxattr(file, &mut names[..])?;
+    let mut out = crate::model::Xattrs::new();
+    for name in names[..n].split(|&b| b == 0) {
+        if !name.starts_with(b"user.") {
+            continue;
+        }
+        let name = std::ffi::OsStr::from_bytes(name);
+        let mut value = vec![0u8; 1 << 16];
+        let len = rustix::fs::fgetxattr(file, name, &mut value[..])?;
+        value.truncate(len);
+        out.insert(name.to_os_string(), value);
+    }
+    Ok(out)
 }
 
 /// Opens a backing file with the caller's access mode; `create` (a mode) for a creation.

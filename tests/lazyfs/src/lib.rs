@@ -11,18 +11,36 @@
 //! durable step) the filesystem freezes at that step without performing it and fails everything
 //! after with `EIO`: the program stops there as a power cut would stop it. See README.md.
 
+pub mod crash;
 mod fs;
 pub mod harness;
 mod inner;
 pub mod model;
+mod recovery;
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-pub use model::{Crash, Data, Model, Names, ALL_MODES};
+pub use crash::Crash;
+pub use model::{Data, Model, Names, ALL_MODES};
+
+/// A fault the filesystem injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The power cut at the durable step of this number (1-based): it is not performed, and
+    /// every operation after it fails with `EIO`.
+    CrashBefore(usize),
+    /// The durable step of this number, an `fsync`, `fdatasync` or directory `fsync`, fails with
+    /// `EIO` without making anything durable; the filesystem goes on. For a file, the pages it
+    /// failed to write stay off the disk: a later fsync succeeds without them unless they are
+    /// written again (Linux after a writeback error, the PostgreSQL "fsyncgate" case).
+    SyncFails(usize),
+    /// The write of this number (1-based) to a file created through the mount fails with
+    /// `ENOSPC`, nothing written; the filesystem goes on.
+    WriteFull(usize),
+}
 
 /// A mounted power-loss filesystem; unmounted on drop.
 pub struct LazyFs {
@@ -41,9 +59,14 @@ impl LazyFs {
         mountpoint: &Path,
         crash_before: Option<usize>,
     ) -> io::Result<Self> {
+        Self::mount_with(backing, mountpoint, crash_before.map(Fault::CrashBefore))
+    }
+
+    /// [`LazyFs::mount`] with any [`Fault`] armed.
+    pub fn mount_with(backing: &Path, mountpoint: &Path, fault: Option<Fault>) -> io::Result<Self> {
         let inner = Arc::new(Mutex::new(inner::Inner::new(
             backing.canonicalize()?,
-            crash_before,
+            fault,
         )?));
         let mut config = fuser::Config::default();
         config.mount_options = vec![
@@ -84,6 +107,17 @@ impl LazyFs {
             .clone()
     }
 
+    /// The writes seen so far to files created through the mount ([`Fault::WriteFull`] counts
+    /// them).
+    pub fn writes(&self) -> usize {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).writes
+    }
+
+    /// Arms `fault` (after a [`LazyFs::reboot`]: the steps are counted from the reboot on).
+    pub fn arm(&self, fault: Option<Fault>) {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).fault = fault;
+    }
+
     /// Whether the armed crash point was reached.
     pub fn frozen(&self) -> bool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).frozen
@@ -95,32 +129,26 @@ impl LazyFs {
     pub fn power_cut(mut self) -> io::Result<Crash> {
         self.unmount()?;
         let inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut visible, mut located) = (HashMap::new(), HashMap::new());
+        inner.crash()
+    }
 
-        for (&ino, &id) in &inner.ids {
-            if inner.model.dirs.contains(&id) {
-                continue;
-            }
-            let path = match (inner.buried.get(&id), inner.paths.get(&id)) {
-                (Some(grave), _) => grave.clone(),
-                (None, Some(rel)) => inner.backing.join(rel),
-                (None, None) => continue,
-            };
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.ino() == ino && meta.is_file() => {
-                    visible.insert(id, std::fs::read(&path)?);
-                    located.insert(id, path);
-                }
-                _ => {}
-            }
-        }
-        Ok(Crash {
-            model: inner.model.clone(),
-            visible,
-            located,
-            backing: inner.backing.clone(),
-            graveyard: inner.graveyard.clone(),
-        })
+    /// A power cut and the reboot after it under the same mount (the caller has stopped every
+    /// program using it): the backing directory becomes the disk the cut leaves under `names`
+    /// and `data` ([`Crash::restore`]), and the filesystem serves it again, fault disarmed, all of
+    /// it durable. A file that survives keeps its inode number at the mount and the mount its
+    /// device number: the same device and inode after the cut, as a local disk gives.
+    pub fn reboot(&self, names: Names, data: Data) -> io::Result<Crash> {
+        let mut inner = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let crash = inner.crash()?;
+        let survivors: HashMap<u64, u64> = inner
+            .ids
+            .iter()
+            .filter(|(_, id)| crash.located.contains_key(id))
+            .map(|(&ino, &id)| (ino, id))
+            .collect();
+        crash.restore(names, data)?;
+        inner.reboot(survivors)?;
+        Ok(crash)
     }
 
     /// Unmounts; when the mount is busy (a file still open there), detaches it lazily so that no

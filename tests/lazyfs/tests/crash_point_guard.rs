@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use hermes_guard::manifest::HealState;
 use hermes_guard::recover::{verify_capture, Capture};
 use hermes_guard_lazyfs::harness::{Enumeration, Point};
-use hermes_guard_lazyfs::Names;
 use rusqlite::{Connection, OpenFlags};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_crash-workload");
@@ -48,6 +47,18 @@ fn live_rows(point: &Point<'_>) -> BTreeSet<i64> {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap_or_else(|e| panic!("{what}: integrity_check failed: {e}"));
     assert_eq!(check, "ok", "{what}");
+    // A row merged twice under another id would show as its content twice (the workloads' rows
+    // hold their id, 1,500 digits wide).
+    let twice: Vec<String> = conn
+        .prepare(
+            "SELECT substr(v, -8) FROM t WHERE length(v) = 1500 GROUP BY v HAVING COUNT(*) > 1",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert!(twice.is_empty(), "{what}: rows there twice: {twice:?}");
     ids(&conn)
 }
 
@@ -89,7 +100,9 @@ fn captured_rows(point: &Point<'_>) -> BTreeSet<i64> {
     rows
 }
 
-fn enumerate(scenario: &str, check: impl Fn(&Point<'_>)) -> usize {
+/// Enumerates `scenario`'s crash states (with failing fsyncs and writes); `at_least`: the fewest
+/// crash points it may have.
+fn enumerate(scenario: &str, at_least: usize, check: impl Fn(&Point<'_>)) {
     let scratch = tempfile::tempdir().unwrap();
     let template_dir = scratch.path().join("template");
     template(&template_dir);
@@ -99,34 +112,56 @@ fn enumerate(scenario: &str, check: impl Fn(&Point<'_>)) -> usize {
         Path::new(WORKLOAD),
         &[scenario],
         "state.db",
-    );
-    let points = runs.each_point(check).unwrap();
-    println!("{scenario}: {points} crash points");
-    points
+    )
+    .with_faults()
+    .with_reboot();
+    let counts = runs.each_point(check).unwrap();
+    counts.print(scenario);
+    assert!(counts.points >= at_least, "{scenario}: {counts:?}");
 }
 
-/// Whether a capture's rename into place was performed before the cut.
-fn capture_renamed(point: &Point<'_>) -> bool {
-    point
-        .steps
-        .iter()
-        .any(|s| s.starts_with("rename ") && s.contains(".partial -> "))
+/// A capture's rename into place.
+fn capture_rename(step: &str) -> bool {
+    step.starts_with("rename ") && step.contains(".partial -> ")
 }
 
-/// Between the cleanup's unlink of `state.db-wal` and the capture's rename into place.
+/// The cleanup's unlink of `state.db-wal` durable in the image, the capture's rename into place
+/// not.
 fn in_the_unlinked_window(point: &Point<'_>) -> bool {
-    point.steps.iter().any(|s| s == "unlink state.db-wal") && !capture_renamed(point)
+    point.durable(|s| s == "unlink state.db-wal") && !point.durable(capture_rename)
 }
 
-/// Every acknowledged row is live or in a capture `verify` accepts — except, under journaled
-/// metadata (`Names::Ordered`), between the cleanup's unlink of the `-wal` (durable at once there)
-/// and the capture's rename into place: the rows are then in an unlinked file only, which a power
-/// cut takes as a `kill -9` would. Under `Names::Strict` that unlink is undone by the cut until
-/// the capture's directory fsync, which makes both durable together: no exception.
+/// The heal's commit point durable in the image: its staging file renamed to `state.db-wal`, and
+/// not back (the heal rolls back so when the directory's fsync after the rename fails).
+fn heal_committed(point: &Point<'_>) -> bool {
+    point.durable(|s| {
+        s.starts_with("rename state.db-wal.hermes-guard-heal-") && s.ends_with(" -> state.db-wal")
+    }) && !point
+        .durable(|s| s.starts_with("rename state.db-wal -> state.db-wal.hermes-guard-heal-"))
+}
+
+/// Every acknowledged row is live or in a capture `verify` accepts — except when the cleanup's
+/// unlink of the `-wal` is durable in the image and the capture's rename into place is not (at
+/// once under journaled metadata, `Names::Ordered`; in a reordered state that kept the unlink):
+/// the rows are then in an unlinked file only, which a power cut takes as a `kill -9` would. Under
+/// `Names::Strict` that unlink is undone by the cut until the capture's directory fsync, which
+/// makes both durable together. A heal whose commit point is durable reads healed in its capture
+/// (else `recover` would merge its rows a second time).
 fn no_acknowledged_row_lost(point: &Point<'_>) {
     let live = live_rows(point);
     let captured = captured_rows(point);
-    if point.names == Names::Ordered && in_the_unlinked_window(point) {
+    if heal_committed(point) {
+        for dir in captures(point.image) {
+            let capture = Capture::open(&dir).unwrap();
+            assert!(
+                capture.heal().is_healed(),
+                "{}: the heal's commit point is durable and the capture reads {:?}",
+                point.what(),
+                capture.heal()
+            );
+        }
+    }
+    if in_the_unlinked_window(point) {
         return;
     }
     let lost: Vec<i64> = point
@@ -167,7 +202,7 @@ fn no_acknowledged_row_lost(point: &Point<'_>) {
 
 #[test]
 fn crash_point_capture_and_heal_at_close_lose_no_acknowledged_row() {
-    enumerate("lost-wal", no_acknowledged_row_lost);
+    enumerate("lost-wal", 34, no_acknowledged_row_lost);
 }
 
 /// `dir/state.db` restored from a copy holding rows 1 to 5, and beside it the WAL of a writer
@@ -217,7 +252,8 @@ fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
         Path::new(WORKLOAD),
         &["open-stale"],
         "state.db",
-    );
+    )
+    .with_faults();
     let full = runs.run(None).unwrap();
     assert!(
         full.steps
@@ -227,7 +263,25 @@ fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
         "the open did not set the stale WAL aside: {:?}",
         full.steps
     );
-    let points = runs
+    // The capture's rename is made durable (the directory fsynced) before the WAL leaves the path:
+    // a disk that kept the unlink and not the rename would hold the stale WAL nowhere (the
+    // reordered states show it too; the four images of a cut cannot).
+    let renamed = full.steps.iter().position(|s| capture_rename(s));
+    let unlinked = full.steps.iter().position(|s| s == "unlink state.db-wal");
+    let (Some(renamed), Some(unlinked)) = (renamed, unlinked) else {
+        panic!(
+            "the set-aside's rename or unlink is missing: {:?}",
+            full.steps
+        );
+    };
+    assert!(
+        full.steps[renamed..unlinked]
+            .iter()
+            .any(|s| s == "fsyncdir ."),
+        "the WAL left the path before the set-aside's rename was durable: {:?}",
+        full.steps
+    );
+    let counts = runs
         .each_point(|point| {
             let what = format!("{} ({:?}, {:?})", point.label, point.names, point.data);
             let live = live_rows(point);
@@ -255,7 +309,8 @@ fn crash_point_stale_wal_set_aside_keeps_the_stale_wal_whole() {
             );
         })
         .unwrap();
-    println!("open-stale: {points} crash points");
+    counts.print("open-stale");
+    assert!(counts.points >= 18, "{counts:?}");
 }
 
 /// `dir/state.db` live with row 50 (a newer generation) and beside it the capture of rows 1 to 6
@@ -295,9 +350,10 @@ fn crash_point_recover_apply_merges_each_row_once() {
         Path::new(WORKLOAD),
         &["apply"],
         "state.db",
-    );
+    )
+    .with_faults();
     let expected: BTreeSet<i64> = (1..=6).chain([50]).collect();
-    let points = runs
+    let counts = runs
         .each_point(|point| {
             let what = format!("{} ({:?}, {:?})", point.label, point.names, point.data);
             let live = live_rows(point);
@@ -328,5 +384,69 @@ fn crash_point_recover_apply_merges_each_row_once() {
             assert_eq!(live_rows(point), expected, "{what}: after the merge again");
         })
         .unwrap();
-    println!("apply: {points} crash points");
+    counts.print("apply");
+    assert!(counts.points >= 6, "{counts:?}");
+}
+
+/// The recovery after a cut in the capture or the heal at close, itself cut: the next open (its
+/// set-aside of a WAL it does not trust), a commit, the close, `recover --apply` of every capture
+/// (`reopen-and-recover`), the power cut before each of its durable steps. Then a second recovery
+/// (`recover --apply` of every capture again) leaves every row the first cut left recoverable live,
+/// and row 100 once its commit returned.
+#[test]
+fn crash_point_during_recovery_a_second_cut_loses_no_recoverable_row() {
+    let scratch = tempfile::tempdir().unwrap();
+    let template_dir = scratch.path().join("template");
+    template(&template_dir);
+    let mut runs = Enumeration::new(
+        &template_dir,
+        scratch.path(),
+        Path::new(WORKLOAD),
+        &["lost-wal"],
+        "state.db",
+    );
+    let recoverable = |first: &Point<'_>| {
+        let mut rows = live_rows(first);
+        rows.extend(captured_rows(first));
+        rows
+    };
+    let states = runs
+        .during_recovery(
+            "reopen-and-recover",
+            ".partial -> ",
+            5,
+            recoverable,
+            |required, point| {
+                let what = point.what();
+                let before = live_rows(point);
+                if point.acked.contains(&0) {
+                    assert!(
+                        required.is_subset(&before),
+                        "{what}: the recovery returned OK: {before:?}"
+                    );
+                }
+                for dir in captures(point.image) {
+                    let capture = Capture::open(&dir).unwrap();
+                    if capture.manifest().reason == Some(hermes_guard::RetireReason::StaleWal) {
+                        continue;
+                    }
+                    let options = hermes_guard::recover::MergeOptions::default();
+                    let db = point.image.join("state.db");
+                    hermes_guard::recover::apply(&capture, &db, &options, &mut |_| {})
+                        .unwrap_or_else(|e| panic!("{what}: the second recover --apply: {e}"));
+                }
+                let after = live_rows(point);
+                let mut wanted = required.clone();
+                if point.acked.contains(&100) {
+                    wanted.insert(100);
+                }
+                assert!(
+                    wanted.is_subset(&after),
+                    "{what}: after the second recovery {after:?}, wanted {wanted:?}"
+                );
+            },
+        )
+        .unwrap();
+    println!("lost-wal then reopen-and-recover: {states} crash states (during recovery)");
+    assert!(states >= 40, "{states}");
 }

@@ -13,7 +13,6 @@ use hermes_guard::manifest::HealState;
 use hermes_guard::recover::{verify_capture, Capture};
 use hermes_guard::RetireReason;
 use hermes_guard_lazyfs::harness::{Enumeration, Point};
-use hermes_guard_lazyfs::Names;
 use rusqlite::{Connection, OpenFlags};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_crash-workload");
@@ -106,17 +105,22 @@ fn captured_rows(point: &Point<'_>, dir: &Path, reasons: &[RetireReason]) -> BTr
     rows
 }
 
-/// Whether the durable step `step` was performed, and a capture's rename into place not yet.
+/// Whether a name operation `step` accepts is durable in the image, and a capture's rename into
+/// place not.
 fn before_the_capture(point: &Point<'_>, step: impl Fn(&str) -> bool) -> bool {
-    let start = point.steps.iter().position(|s| step(s));
-    let renamed = point
-        .steps
-        .iter()
-        .any(|s| s.starts_with("rename ") && s.contains(".partial -> "));
-    start.is_some() && !renamed
+    point.durable(step)
+        && !point.durable(|s| s.starts_with("rename ") && s.contains(".partial -> "))
 }
 
-fn enumerate(template: impl Fn(&Path), scenario: &str, db: &str, check: impl Fn(&Point<'_>)) {
+/// Enumerates `scenario`'s crash states (with failing fsyncs and writes); `at_least`: the fewest
+/// crash points it may have.
+fn enumerate(
+    template: impl Fn(&Path),
+    scenario: &str,
+    db: &str,
+    at_least: usize,
+    check: impl Fn(&Point<'_>),
+) {
     let scratch = tempfile::tempdir().unwrap();
     let template_dir = scratch.path().join("template");
     std::fs::create_dir(&template_dir).unwrap();
@@ -127,9 +131,11 @@ fn enumerate(template: impl Fn(&Path), scenario: &str, db: &str, check: impl Fn(
         Path::new(WORKLOAD),
         &[scenario],
         db,
-    );
-    let points = runs.each_point(check).unwrap();
-    println!("{scenario}: {points} crash points");
+    )
+    .with_faults();
+    let counts = runs.each_point(check).unwrap();
+    counts.print(scenario);
+    assert!(counts.points >= at_least, "{scenario}: {counts:?}");
 }
 
 /// The rows the workload acknowledged committing (-1 is the guard's acknowledgement that the
@@ -144,7 +150,7 @@ fn crash_point_capture_of_a_replaced_main_file_keeps_the_retired_generation() {
         database(&dir.join("state.db"), &[]);
         database(&dir.join("restored.db"), &[1000]);
     };
-    enumerate(template, "main-replaced", "state.db", |point| {
+    enumerate(template, "main-replaced", "state.db", 22, |point| {
         let what = what(point);
         let live = live_rows(point, &point.image.join("state.db"));
         // The reopen sets aside, as a stale WAL, a `-wal` of the retired generation that the
@@ -162,14 +168,7 @@ fn crash_point_capture_of_a_replaced_main_file_keeps_the_retired_generation() {
             // capture is in place: at once under journaled metadata, under POSIX names from the
             // next fsync of the directory on.
             let restore = "rename restored.db -> state.db";
-            let restored = point.steps.iter().position(|s| s == restore);
-            let durable = match point.names {
-                Names::Ordered => restored.is_some(),
-                Names::Strict => {
-                    restored.is_some_and(|at| point.steps[at..].iter().any(|s| s == "fsyncdir ."))
-                }
-            };
-            if durable && before_the_capture(point, |s| s == restore) {
+            if before_the_capture(point, |s| s == restore) {
                 return;
             }
             acked_rows(point)
@@ -195,7 +194,7 @@ fn crash_point_let_go_to_the_orphan_directory_keeps_the_generation_there() {
         std::fs::create_dir(dir.join("orphans")).unwrap();
         database(&dir.join("d/state.db"), &[]);
     };
-    enumerate(template, "orphan", "d/state.db", |point| {
+    enumerate(template, "orphan", "d/state.db", 22, |point| {
         let what = what(point);
         let db = point.image.join("d/state.db");
         let live = if db.exists() {
@@ -204,10 +203,11 @@ fn crash_point_let_go_to_the_orphan_directory_keeps_the_generation_there() {
             BTreeSet::new()
         };
         let captured = captured_rows(point, &point.image.join("orphans"), &[]);
-        if !point.acked.contains(&-1)
-            && before_the_capture(point, |s| s.starts_with("unlink d/") || s == "rmdir d")
-        {
-            // The directory's deletion takes the rows with it until the capture is in place.
+        let deleted =
+            |s: &str| s == "unlink d/state.db-wal" || s == "unlink d/state.db" || s == "rmdir d";
+        if !point.acked.contains(&-1) && before_the_capture(point, deleted) {
+            // The directory's deletion, once durable (the WAL's or the main file's unlink, or the
+            // directory's removal), takes the rows with it until the capture is in place.
             return;
         }
         let lost: Vec<i64> = acked_rows(point)

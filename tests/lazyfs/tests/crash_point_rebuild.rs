@@ -115,11 +115,13 @@ fn crash_point_recover_rebuild_keeps_the_torn_file_and_merges_each_row_once() {
         Path::new(WORKLOAD),
         &["rebuild"],
         "state.db",
-    );
-    let points = runs
+    )
+    .with_faults();
+    let counts = runs
         .each_point(|point| check(point, &torn, &torn_rows, &expected))
         .unwrap();
-    println!("rebuild: {points} crash points");
+    counts.print("rebuild");
+    assert!(counts.points >= 24, "{counts:?}");
 }
 
 fn check(point: &Point<'_>, torn: &[u8], torn_rows: &BTreeSet<i64>, expected: &BTreeSet<i64>) {

@@ -174,7 +174,7 @@ fn an_unsynced_unlink_is_undone() {
 
 #[test]
 fn an_unsynced_multi_page_write_is_torn_at_page_granularity() {
-    let page = hermes_guard_lazyfs::model::PAGE;
+    let page = hermes_guard_lazyfs::crash::PAGE;
     let s = setup(&[("f", &vec![0u8; 4 * page])]);
     let lazy = mount(&s, None);
     let f = OpenOptions::new()
@@ -274,4 +274,123 @@ fn a_power_cut_while_a_file_is_open_fails_and_leaves_no_mount_behind() {
     drop(open);
     let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
     assert!(!mounts.contains(s.mnt.to_str().unwrap()), "{mounts}");
+}
+
+/// The model bug of issue 37: a file with two names dropped out of tracking when one was
+/// unlinked, and the cut brought it back as a new, empty inode without its extended attributes.
+#[test]
+fn a_file_unlinked_from_one_of_two_names_survives_the_cut_as_the_same_inode_with_its_xattrs() {
+    use std::os::unix::fs::MetadataExt;
+    let s = setup(&[("f", b"kept")]);
+    let flags = rustix::fs::XattrFlags::empty();
+    rustix::fs::setxattr(s.backing.join("f"), "user.base", b"record", flags).unwrap();
+    let inode = fs::metadata(s.backing.join("f")).unwrap().ino();
+    let lazy = mount(&s, None);
+    fs::create_dir(lazy.path().join("d")).unwrap();
+    fs::hard_link(lazy.path().join("f"), lazy.path().join("d/g")).unwrap();
+    dir_sync(&lazy.path().join("d"));
+    dir_sync(lazy.path());
+    // Looked up through the new name (the lookup once re-pointed the file's only path there).
+    assert_eq!(fs::read(lazy.path().join("d/g")).unwrap(), b"kept");
+    fs::remove_file(lazy.path().join("d/g")).unwrap();
+    let crash = lazy.power_cut().unwrap();
+    crash.restore(Names::Strict, Data::Drop).unwrap();
+    for name in ["f", "d/g"] {
+        let path = s.backing.join(name);
+        assert_eq!(fs::metadata(&path).unwrap().ino(), inode, "{name}");
+        assert_eq!(fs::read(&path).unwrap(), b"kept", "{name}");
+        let mut value = [0u8; 16];
+        let n = rustix::fs::getxattr(&path, "user.base", &mut value).unwrap();
+        assert_eq!(&value[..n], b"record", "{name}");
+    }
+}
+
+#[test]
+fn an_xattr_is_durable_only_after_the_files_fsync() {
+    let s = setup(&[("f", b"x"), ("g", b"y")]);
+    let lazy = mount(&s, None);
+    let flags = rustix::fs::XattrFlags::empty();
+    for name in ["f", "g"] {
+        rustix::fs::setxattr(lazy.path().join(name), "user.r", name.as_bytes(), flags).unwrap();
+    }
+    File::open(lazy.path().join("g"))
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let crash = lazy.power_cut().unwrap();
+    crash.restore(Names::Strict, Data::Drop).unwrap();
+    let mut value = [0u8; 16];
+    assert!(rustix::fs::getxattr(s.backing.join("f"), "user.r", &mut value).is_err());
+    let n = rustix::fs::getxattr(s.backing.join("g"), "user.r", &mut value).unwrap();
+    assert_eq!(&value[..n], b"g");
+}
+
+#[test]
+fn a_reordered_state_keeps_some_unsynced_name_operations_and_not_others() {
+    let s = setup(&[("a", b"1"), ("b", b"2")]);
+    let lazy = mount(&s, None);
+    fs::rename(lazy.path().join("a"), lazy.path().join("a2")).unwrap();
+    fs::remove_file(lazy.path().join("b")).unwrap();
+    let crash = lazy.power_cut().unwrap();
+    let steps: Vec<usize> = crash.pending().iter().map(|op| op.step).collect();
+    assert_eq!(steps, [0, 1]);
+    // The unlink kept, the rename (one operation: both of its names) not.
+    crash.restore_with(&[false, true], Data::Drop).unwrap();
+    assert_eq!(fs::read(s.backing.join("a")).unwrap(), b"1");
+    assert!(!s.backing.join("a2").exists() && !s.backing.join("b").exists());
+}
+
+#[test]
+fn a_failed_fsync_keeps_its_pages_off_the_disk_even_after_a_later_fsync_succeeds() {
+    let s = setup(&[("f", b"old")]);
+    let fault = Some(hermes_guard_lazyfs::Fault::SyncFails(1));
+    let lazy = LazyFs::mount_with(&s.backing, &s.mnt, fault).unwrap();
+    let f = OpenOptions::new()
+        .write(true)
+        .open(lazy.path().join("f"))
+        .unwrap();
+    f.write_all_at(b"new", 0).unwrap();
+    assert!(f.sync_data().is_err(), "the first fsync fails with EIO");
+    f.sync_data().unwrap(); // the retry succeeds, and writes nothing of the failed pages
+    drop(f);
+    assert_eq!(fs::read(lazy.path().join("f")).unwrap(), b"new");
+    let crash = lazy.power_cut().unwrap();
+    assert_eq!(
+        fs::read(image(&s, &crash, Names::Strict, Data::Drop).join("f")).unwrap(),
+        b"old"
+    );
+}
+
+#[test]
+fn a_chosen_write_to_a_created_file_fails_with_enospc() {
+    let s = setup(&[]);
+    let fault = Some(hermes_guard_lazyfs::Fault::WriteFull(2));
+    let lazy = LazyFs::mount_with(&s.backing, &s.mnt, fault).unwrap();
+    let f = File::create(lazy.path().join("f")).unwrap();
+    f.write_all_at(b"first", 0).unwrap();
+    let err = f.write_all_at(b"second", 5).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+    drop(f);
+    assert_eq!(fs::read(lazy.path().join("f")).unwrap(), b"first");
+}
+
+#[test]
+fn rebooted_under_the_same_mount_a_surviving_file_keeps_its_device_and_inode() {
+    use std::os::unix::fs::MetadataExt;
+    let s = setup(&[("f", b"kept")]);
+    let lazy = mount(&s, None);
+    let before = fs::metadata(lazy.path().join("f")).unwrap();
+    fs::remove_file(lazy.path().join("f")).unwrap();
+    fs::write(lazy.path().join("g"), b"never synced").unwrap();
+    lazy.reboot(Names::Strict, Data::Drop).unwrap();
+    let after = fs::metadata(lazy.path().join("f")).unwrap();
+    assert_eq!((after.dev(), after.ino()), (before.dev(), before.ino()));
+    assert_eq!(fs::read(lazy.path().join("f")).unwrap(), b"kept");
+    assert!(!lazy.path().join("g").exists());
+    // Everything there is durable now: a second cut keeps it.
+    let crash = lazy.power_cut().unwrap();
+    assert_eq!(
+        fs::read(image(&s, &crash, Names::Strict, Data::Drop).join("f")).unwrap(),
+        b"kept"
+    );
 }

@@ -34,6 +34,10 @@
 //! - `orphan`: the database is `<root>/d/state.db`; with the orphan capture directory set to
 //!   `<root>/orphans`, rows 1 to 6 committed, `<root>/d` deleted whole, then the close lets the
 //!   generation go into the orphan directory; acknowledges -1 when the close returned OK.
+//! - `reopen-and-recover`: the next open after a cut (its heal or set-aside), row 100 committed
+//!   through `hermes-guard` (`synchronous=FULL`, acknowledged) and the close, then
+//!   `recover --apply` of every complete capture beside the database but a stale WAL's;
+//!   acknowledges 0 when every merge returned OK.
 //! - `rebuild`: `recover --rebuild --apply` (`hermes_guard::recover::rebuild_torn`) of the live
 //!   database from the one capture beside it; acknowledges 0 when it returned OK.
 
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
         "main-replaced" => main_replaced(db, acks),
         "orphan" => orphan(db, acks),
         "rebuild" => rebuild(db, acks),
+        "reopen-and-recover" => reopen_and_recover(db, acks),
         other => Err(format!("unknown scenario {other}")),
     };
     match result {
@@ -382,5 +387,38 @@ fn rebuild(db: &str, acks: &str) -> Result<(), String> {
     let capture = capture_beside(db)?;
     let options = hermes_guard::recover::MergeOptions::default();
     hermes_guard::recover::rebuild_torn(&capture, db, &options).map_err(|e| e.to_string())?;
+    ack(acks, 0)
+}
+
+fn reopen_and_recover(db: &str, acks: &str) -> Result<(), String> {
+    let conn = open(db)?;
+    let err = |e: rusqlite::Error| e.to_string();
+    conn.execute_batch("PRAGMA synchronous=FULL;")
+        .map_err(err)?;
+    conn.execute("INSERT INTO t(id, v) VALUES (100, 'after the cut')", [])
+        .map_err(err)?;
+    ack(acks, 100)?;
+    hermes_guard::close(conn).map_err(|(_, e)| e.to_string())?;
+    let db = std::path::Path::new(db);
+    let parent = db.parent().ok_or("no parent")?;
+    let mut captures: Vec<_> = std::fs::read_dir(parent)
+        .map_err(|e| e.to_string())?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy();
+            name.contains(".retired-wal-") && !name.ends_with(".partial")
+        })
+        .collect();
+    captures.sort();
+    for dir in captures {
+        let capture = hermes_guard::recover::Capture::open(&dir).map_err(|e| e.to_string())?;
+        if capture.manifest().reason == Some(hermes_guard::RetireReason::StaleWal) {
+            continue; // its rows need the main file it was written on (`--main`)
+        }
+        let options = hermes_guard::recover::MergeOptions::default();
+        hermes_guard::recover::apply(&capture, db, &options, &mut |_| {})
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
     ack(acks, 0)
 }
