@@ -49,19 +49,11 @@ pub(crate) struct Generation {
     pub wal_sha256: String,
 }
 
-/// The identity of the WAL generation `wal` holds: its header's salts, checkpoint sequence and
-/// checksum, and its first frame's checksum (`wal-gen:<salt-1>-<salt-2> ckpt:<n>
-/// cksum:<c1>-<c2> frame-1:<c1>-<c2>`, lowercase hex). SQLite draws new salts whenever it starts
-/// the WAL over and never rewrites a committed frame until then, so every copy of one generation
-/// shares it, damaged or not, whichever capture holds it. `None` for a WAL SQLite reads no
-/// frame of.
+/// The identity of the WAL generation `wal` holds ([`crate::walfile::generation_id`]): what
+/// every capture of it shares, damaged or not, whichever main image it holds. `None` for a WAL
+/// SQLite reads no frame of.
 pub fn generation_id(wal: &super::WalCheck) -> Option<String> {
-    let h = &wal.header;
-    let first = wal.first_frame_checksum.filter(|_| h.valid)?;
-    Some(format!(
-        "wal-gen:{:08x}-{:08x} ckpt:{} cksum:{:08x}-{:08x} frame-1:{:08x}-{:08x}",
-        h.salts[0], h.salts[1], h.checkpoint_seq, h.checksum[0], h.checksum[1], first[0], first[1]
-    ))
+    crate::walfile::generation_id(&wal.header, wal.first_frame_checksum)
 }
 
 impl Generation {

@@ -18,9 +18,19 @@ const GATEWAY_ROWS: usize = 24;
 /// The application (a real second process) writes; a backup is taken with SQLite's backup API;
 /// it writes more, checkpoints (its WAL starts over) and writes more; the backup is renamed over
 /// the database; its next write is refused; it reconnects and goes on. Returns the contents it
-/// acknowledged.
-fn rename_restore_under_a_running_app(db: &Path) -> Vec<String> {
-    let (mut gw, _) = Gateway::start(db, "guard");
+/// acknowledged, and what it logged (stderr, `RUST_LOG=hermes_guard=error`).
+fn rename_restore_under_a_running_app(db: &Path) -> (Vec<String>, String) {
+    use std::process::{Command, Stdio};
+    let log = db.with_file_name("app.log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hermes-guard"));
+    cmd.args(["writer", "--role", "gateway", "--vfs", "guard", "--db"])
+        .arg(db)
+        .env("RUST_LOG", "hermes_guard=error")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(fs::File::create(&log).unwrap());
+    let mut gw = Gateway::spawn(cmd);
+    gw.next_event("ready");
     let mut acknowledged: Vec<String> = (0..20)
         .map(|i| format!("history {i}"))
         .chain((0..4).map(|i| format!("uncheckpointed {i}")))
@@ -67,7 +77,7 @@ fn rename_restore_under_a_running_app(db: &Path) -> Vec<String> {
         assert_eq!(ack(&mut gw, k, &mut acknowledged)["refused"], false);
     }
     assert!(gw.quit().success());
-    acknowledged
+    (acknowledged, fs::read_to_string(&log).unwrap())
 }
 
 /// `captures --json`: each capture and the command it names to bring its rows back.
@@ -121,7 +131,7 @@ fn assert_exactly_once(db: &Path, acknowledged: &[String]) {
 fn recover_in_order(reasons: [&str; 2]) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
-    let acknowledged = rename_restore_under_a_running_app(&db);
+    let (acknowledged, log) = rename_restore_under_a_running_app(&db);
     let captures = listed(&db);
     let mut got: Vec<&str> = captures.iter().map(|c| c.1.as_str()).collect();
     got.sort();
@@ -130,6 +140,14 @@ fn recover_in_order(reasons: [&str; 2]) {
         ["main-replaced", "stale-wal"],
         "two captures of one generation"
     );
+    // The stale-WAL line names the capture that holds the generation with its main file.
+    let replaced = &captures.iter().find(|c| c.1 == "main-replaced").unwrap().0;
+    let once = format!(
+        "`hermes-guard recover {} --into {}`",
+        replaced.display(),
+        db.display()
+    );
+    assert!(log.contains(&once), "{once} in {log}");
     // Each as listed, in the order given, then all again: nothing more.
     for round in 0..2 {
         for reason in reasons {
