@@ -310,6 +310,18 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         );
     }
+    if matches!(
+        capture.heal(),
+        crate::capture::HealState::Undetermined { .. }
+    ) {
+        return (
+            MergeRule::DeltaSharedWal,
+            "a heal at close was interrupted and nothing shows whether it reached the live file \
+             (its staging file is gone): read as rolled back, each added row compared with the \
+             live row of its rowid, so a row the heal did put back is not inserted twice"
+                .into(),
+        );
+    }
     if m.main_torn {
         return (
             MergeRule::DeltaSharedWal,
