@@ -78,7 +78,10 @@ impl Manifest {
     /// Whether the capture is of a replaced main file (a restore: an operator's decision), as
     /// opposed to a lost `-wal`/`-shm` (an accident).
     pub fn is_main_replaced(&self) -> bool {
-        self.reason == Some(RetireReason::MainReplaced)
+        matches!(
+            self.reason,
+            Some(RetireReason::MainReplaced | RetireReason::MainOverwritten)
+        )
     }
 
     /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).

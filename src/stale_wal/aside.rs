@@ -26,7 +26,8 @@ use crate::walfile::{parse_main_header, WalScanner};
 pub(crate) struct SetAside {
     /// The new capture (reason `stale-wal`).
     pub dir: PathBuf,
-    /// A complete capture of the same WAL generation, at least as far, holding its main image.
+    /// A complete capture of the same WAL generation, at least as far, holding a main image
+    /// (the one it was written on, or, reason `main-overwritten`, the file that overwrote it).
     pub also_in: Option<PathBuf>,
 }
 
@@ -44,9 +45,9 @@ impl SetAside {
         );
         match &self.also_in {
             Some(other) => format!(
-                "{done} The same generation is in {}, with the main file it was written on: \
-                 `hermes-guard recover {} --into {}` brings its rows back (once: recovering this \
-                 copy as well adds nothing)",
+                "{done} The same generation is in {}, with a main image: `hermes-guard recover {} \
+                 --into {}` brings its rows back (once: recovering this copy as well adds \
+                 nothing)",
                 other.display(),
                 other.display(),
                 db.display()

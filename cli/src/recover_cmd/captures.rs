@@ -82,6 +82,9 @@ fn row_of(
     row["holds_image"] =
         (check.manifest.main.mode != hermes_guard::manifest::ImageMode::Absent).into();
     row["main_file"] = check.manifest.main.file.clone().into();
+    // An image overwritten in place is not the file the WAL was written on: no --main.
+    row["image_is_base"] =
+        (check.manifest.reason != Some(hermes_guard::RetireReason::MainOverwritten)).into();
     let mut command = vec![
         "recover".to_owned(),
         entry.path.display().to_string(),
@@ -180,15 +183,19 @@ fn group_generations(rows: &mut [serde_json::Value]) {
             if rows[i]["holds_image"] == false {
                 let image = std::path::Path::new(&primary_dir)
                     .join(rows[p]["main_file"].as_str().unwrap_or(""));
-                if let Some(cmd) = rows[i]["recover"].as_array_mut() {
+                if rows[p]["image_is_base"] == false {
+                    // The file it was written on is gone (overwritten in place): the capture
+                    // that holds the generation is the way back.
+                    rows[i]["recover"] = rows[p]["recover"].clone();
+                } else if let Some(cmd) = rows[i]["recover"].as_array_mut() {
                     if let Some(at) = cmd.iter().position(|w| w == "--main") {
                         cmd[at + 1] = image.display().to_string().into();
                     }
                 }
                 rows[i]["status"] = format!(
                     "verified (a stale WAL set aside at the open; its generation is also in \
-                     {primary_dir}, with the main image it was written on: recover that one; \
-                     this one adds nothing after it)"
+                     {primary_dir}, which holds a main image: recover that one; this one adds \
+                     nothing after it)"
                 )
                 .into();
             }

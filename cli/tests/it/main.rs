@@ -73,6 +73,7 @@ mod many_databases;
 mod mounts;
 mod no_false_alarm;
 mod non_utf8_paths;
+mod overwrite_in_place;
 mod pause_vfs;
 mod plain_rusqlite;
 mod process_exit_recovery;

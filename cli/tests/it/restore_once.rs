@@ -81,7 +81,7 @@ fn rename_restore_under_a_running_app(db: &Path) -> (Vec<String>, String) {
 }
 
 /// `captures --json`: each capture and the command it names to bring its rows back.
-fn listed(db: &Path) -> Vec<(PathBuf, String, Vec<String>)> {
+pub fn listed(db: &Path) -> Vec<(PathBuf, String, Vec<String>)> {
     let (code, out, err) =
         hermes_guard_cli(&[OsStr::new("captures"), db.as_os_str(), "--json".as_ref()]);
     assert!(code == 0 || code == 3, "{code}: {out}{err}");
@@ -106,7 +106,7 @@ fn listed(db: &Path) -> Vec<(PathBuf, String, Vec<String>)> {
 /// Every acknowledged row is live exactly once, and nothing else is: rows = distinct =
 /// acknowledged.
 #[track_caller]
-fn assert_exactly_once(db: &Path, acknowledged: &[String]) {
+pub fn assert_exactly_once(db: &Path, acknowledged: &[String]) {
     let live = Connection::open(db).unwrap();
     assert!(integrity_ok(&live));
     let mut rows: Vec<String> = live

@@ -90,6 +90,10 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
+                // Issue 34: a main file overwritten in place retires it here too.
+                if state.wal_pinned() {
+                    state.judge_main(&open::MainImage(sub));
+                }
                 if state.check_pins().is_some() {
                     let _ = state.ensure_captured(Trigger::Close);
                     // SAFETY: for HAS_MOVED, `arg` is an `int *`.
