@@ -92,3 +92,64 @@ fn an_in_place_copy_over_the_database_is_refused_captured_and_recovered_once() {
     }
     assert_exactly_once(&db, &acknowledged);
 }
+
+/// Checkpoints held back by a reader copy part of the WAL into the main file: the next
+/// checkpoint finds pages that are not as the generation began but are frames a checkpoint
+/// copied, and goes on (no false alarm); so does the close.
+#[test]
+fn partial_checkpoints_under_a_reader_are_not_taken_for_an_overwrite() {
+    use hermes_guard::GuardExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let writer = open_guarded(&db);
+    writer.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+    checkpointed_history(&writer);
+    let bulk = |n: usize, tag: &str| {
+        for i in 0..n {
+            insert(&writer, &format!("{tag} {i} {}", "x".repeat(300))).unwrap();
+        }
+    };
+    // A main file of some pages, then a new WAL generation (its record covers them).
+    bulk(40, "history");
+    writer
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    bulk(45, "before the reader");
+    let reader = open_guarded(&db);
+    let mut seen = 0i64;
+    for round in 0..3 {
+        // The reader's snapshot moves on each round; the checkpoint copies up to it only.
+        reader.execute_batch("BEGIN").unwrap();
+        seen = reader
+            .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))
+            .unwrap();
+        bulk(20, &format!("held back {round}"));
+        // Page 1 changes too (the schema): the next checkpoint finds it as a frame left it.
+        writer
+            .execute_batch(&format!("CREATE TABLE extra_{round}(x)"))
+            .unwrap();
+        let (busy, log, done): (i64, i64, i64) = writer
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .unwrap();
+        assert_eq!(busy, 0, "round {round}");
+        assert!(
+            done < log,
+            "round {round}: held back by the reader ({done} of {log})"
+        );
+        reader.execute_batch("COMMIT").unwrap();
+    }
+    assert!(!writer.guard_status().unwrap().retired);
+    drop(reader);
+    writer
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    bulk(5, "after");
+    assert!(!writer.guard_status().unwrap().retired);
+    hermes_guard::close(writer).map_err(|(_, e)| e).unwrap();
+    assert!(artifacts(dir.path()).is_empty(), "nothing captured");
+    let live = Connection::open(&db).unwrap();
+    assert!(integrity_ok(&live));
+    assert!(count_like(&live, "%") > seen);
+}
