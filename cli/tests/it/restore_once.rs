@@ -148,6 +148,22 @@ fn recover_in_order(reasons: [&str; 2]) {
         db.display()
     );
     assert!(log.contains(&once), "{once} in {log}");
+    // The generation's missing rows are counted once, with the capture holding its image.
+    let (_, out, _) =
+        hermes_guard_cli(&[OsStr::new("captures"), db.as_os_str(), "--json".as_ref()]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let of = |reason: &str| rows.iter().find(|r| r["reason"] == reason).unwrap();
+    let missing = of("main-replaced")["missing"].as_u64().unwrap();
+    assert!(missing > 0);
+    assert_eq!(
+        of("stale-wal")["missing_counted_in"].as_str(),
+        Some(replaced.to_str().unwrap())
+    );
+    let (_, text, _) = hermes_guard_cli(&[OsStr::new("captures"), db.as_os_str()]);
+    assert!(
+        text.contains(&format!("{missing} row(s) are still missing")),
+        "{text}"
+    );
     // Each as listed, in the order given, then all again: nothing more.
     for round in 0..2 {
         for reason in reasons {
