@@ -29,12 +29,15 @@ use parking_lot::Mutex;
 
 use super::{DbState, Inner};
 use crate::capture::ImageSource;
-use crate::stale_wal::{fragment_len, hex16, page_hash, read_record, recorded_span};
+use crate::stale_wal::{
+    fragment_len, hex16, page_hash, recorded_span, ENCODED_MAX, RECORDED_PAGES, RECORD_XATTR,
+};
 use crate::status::RetireReason;
 use crate::walfile::{parse_wal_header, WalHeader, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
-/// The recorded pages' read: one buffer per process, kept off the heap's top (the C allocator
-/// serves this size from its own mapping: a checkpoint never moves the program break).
+/// The recorded pages' read: one buffer per process (allocated at the first judgement), kept off
+/// the heap's top (the C allocator serves this size from its own mapping: a checkpoint never
+/// moves the program break).
 static BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 const BUF_LEN: usize = 256 << 10;
 
@@ -67,10 +70,47 @@ impl DbState {
     }
 }
 
+/// The WAL-base record as its attribute holds it (`stale_wal::encode_record`'s layout), read
+/// without allocating: the quick path of every checkpoint formats nothing.
+struct Record {
+    salts: [u32; 2],
+    page_size: u32,
+    pages: [(u32, u64); RECORDED_PAGES as usize],
+    count: usize,
+}
+
+impl Record {
+    fn read(wal: &File) -> Option<Record> {
+        let mut raw = [0u8; ENCODED_MAX];
+        let n = rustix::fs::fgetxattr(wal.as_fd(), RECORD_XATTR, &mut raw).ok()?;
+        let rest = raw.get(..n)?.strip_prefix(b"hgwb\x01")?;
+        let u32_at = |o: usize| Some(u32::from_le_bytes(rest.get(o..o + 4)?.try_into().ok()?));
+        let u64_at = |o: usize| Some(u64::from_le_bytes(rest.get(o..o + 8)?.try_into().ok()?));
+        let count = usize::from(*rest.get(28)?);
+        if count > RECORDED_PAGES as usize || rest.len() != 29 + 12 * count {
+            return None;
+        }
+        let mut pages = [(0u32, 0u64); RECORDED_PAGES as usize];
+        for (i, slot) in pages.iter_mut().enumerate().take(count) {
+            *slot = (u32_at(29 + 12 * i)?, u64_at(33 + 12 * i)?);
+        }
+        Some(Record {
+            salts: [u32_at(0)?, u32_at(4)?],
+            page_size: u32_at(8)?,
+            pages,
+            count,
+        })
+    }
+
+    fn pages(&self) -> &[(u32, u64)] {
+        &self.pages[..self.count]
+    }
+}
+
 /// Why the main file is not one this generation's checkpoints left, if it is not.
 fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
     let wal = inner.wal.as_ref()?.file();
-    let record = read_record(wal.as_fd())?;
+    let record = Record::read(wal)?;
     let mut head = [0u8; WAL_HEADER_SIZE];
     wal.read_exact_at(&mut head, 0).ok()?;
     let header = parse_wal_header(&head);
@@ -80,34 +120,35 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         return None;
     }
     let page_size = record.page_size;
-    let last = record.pages.iter().map(|p| p.page).max()?;
-    let differs: Vec<(u32, Option<String>, &str)> = {
+    let last = record.pages().iter().map(|p| p.0).max()?;
+    // (page, its hash now — `None` beyond the end of the file —, its recorded hash)
+    let mut differs = [(0u32, None, 0u64); RECORDED_PAGES as usize];
+    let mut n = 0;
+    {
         let mut buf = BUF.lock();
         let span = recorded_span(last, page_size);
         if buf.len() < span {
             *buf = vec![0u8; span.max(BUF_LEN)];
         }
         let whole = main.read_at(&mut buf[..span], 0).is_ok();
-        record
-            .pages
-            .iter()
-            .filter_map(|p| {
-                let at = u64::from(p.page - 1) * u64::from(page_size);
-                let len = fragment_len(p.page, page_size);
-                let now = if whole {
-                    buf.get(at as usize..at as usize + len)
-                        .map(|b| hex16(page_hash(b)))
-                } else {
-                    // A shorter file: page by page, `None` beyond its end.
-                    let mut frag = [0u8; 128];
-                    let frag = frag.get_mut(..len)?;
-                    main.read_at(frag, at).ok().map(|()| hex16(page_hash(frag)))
-                };
-                (now.as_deref() != Some(p.hash.as_str())).then_some((p.page, now, p.hash.as_str()))
-            })
-            .collect()
-    };
-    if differs.is_empty() {
+        for &(page, recorded) in record.pages() {
+            let at = u64::from(page - 1) * u64::from(page_size);
+            let len = fragment_len(page, page_size);
+            let now = if whole {
+                buf.get(at as usize..at as usize + len).map(page_hash)
+            } else {
+                // A shorter file: page by page, `None` beyond its end.
+                let mut frag = [0u8; 128];
+                let frag = frag.get_mut(..len)?;
+                main.read_at(frag, at).ok().map(|()| page_hash(frag))
+            };
+            if now != Some(recorded) {
+                differs[n] = (page, now, recorded);
+                n += 1;
+            }
+        }
+    }
+    if n == 0 {
         return None;
     }
     // Not as recorded: fine if one of the frames a checkpoint copied (or began to) put it there.
@@ -116,11 +157,11 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         .as_ref()?
         .backfill()
         .map_or(0, |b| b.backfilled.max(b.attempted));
-    let pages: Vec<u32> = differs.iter().map(|d| d.0).collect();
+    let pages: Vec<u32> = differs[..n].iter().map(|d| d.0).collect();
     let frames = copied_frames(wal, &header, copied, &pages)?;
-    for (page, now, recorded) in differs {
-        let consistent = match &now {
-            Some(h) => frames.of.get(&page).is_some_and(|v| v.contains(h)),
+    for &(page, now, recorded) in &differs[..n] {
+        let consistent = match now {
+            Some(h) => frames.of.get(&page).is_some_and(|v| v.contains(&h)),
             // Beyond the end: a checkpoint truncated the file to a committed size.
             None => frames.min_commit_size.is_some_and(|m| m < page),
         };
@@ -128,10 +169,10 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
             return Some(format!(
                 "page {page}'s header hashes {} where WAL generation {:08x} {:08x} began on {} \
                  and none of the {copied} frame(s) its checkpoints copied has it",
-                now.as_deref().unwrap_or("(beyond the end of the file)"),
+                now.map_or("(beyond the end of the file)".into(), hex16),
                 header.salts[0],
                 header.salts[1],
-                recorded
+                hex16(recorded)
             ));
         }
     }
@@ -141,7 +182,7 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
 /// The frames a checkpoint copied or began to copy: the hashes of those of `pages`, and the
 /// smallest database size a commit among them records.
 struct Copied {
-    of: HashMap<u32, Vec<String>>,
+    of: HashMap<u32, Vec<u64>>,
     min_commit_size: Option<u32>,
 }
 
@@ -171,7 +212,7 @@ fn copied_frames(wal: &File, header: &WalHeader, copied: u32, pages: &[u32]) -> 
             let frag = frag.get_mut(..fragment_len(pgno, header.page_size))?;
             wal.read_exact_at(frag, at + WAL_FRAME_HEADER_SIZE as u64)
                 .ok()?;
-            out.of.entry(pgno).or_default().push(hex16(page_hash(frag)));
+            out.of.entry(pgno).or_default().push(page_hash(frag));
         }
     }
     Some(out)
