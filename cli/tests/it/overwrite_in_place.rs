@@ -153,3 +153,21 @@ fn partial_checkpoints_under_a_reader_are_not_taken_for_an_overwrite() {
     assert!(integrity_ok(&live));
     assert!(count_like(&live, "%") > seen);
 }
+
+/// The bench's W1: one-row transactions under the default autocheckpoint, then the close: every
+/// checkpoint and the close judge the main file, and none takes it for an overwrite.
+#[test]
+fn autocheckpoints_and_the_close_of_a_busy_writer_are_no_overwrite() {
+    use hermes_guard::GuardExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let conn = open_guarded(&db);
+    conn.execute_batch("PRAGMA synchronous=NORMAL").unwrap();
+    for i in 0..3000 {
+        insert(&conn, &format!("row {i}")).unwrap();
+    }
+    assert!(!conn.guard_status().unwrap().retired);
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    assert!(artifacts(dir.path()).is_empty(), "nothing captured");
+    assert_eq!(count_like(&open_guarded(&db), "row %"), 3000);
+}
