@@ -39,19 +39,21 @@ pub(super) unsafe extern "C" fn write_gated(
         Kind::Wal => state.wal_write_gate(ofst),
         // In WAL mode the main file is written only by checkpoints; in rollback mode the
         // RESERVED lock before any write was checked.
-        _ if state.wal_pinned() || state.is_retired() => {
-            // Issue 34: a checkpoint's first write judges the main file first (an overwrite in
-            // place retires the generation, and the gate then refuses).
-            if state.main_judge_due() && state.wal_pinned() {
-                shield_slow(|| state.judge_main(&open::MainImage(sub)));
-            }
-            state.main_write_gate()
-        }
+        _ if state.wal_pinned() || state.is_retired() => state.main_write_gate(),
         _ => Gate::Go,
     };
     let rc = verdict(state, gate, ffi::SQLITE_IOERR_WRITE);
     if rc != ffi::SQLITE_OK {
         return rc;
+    }
+    // Issue 34: a checkpoint's first write judges the main file first, once the pins were
+    // checked (a file taken away is retired for that, not as overwritten): an overwrite in
+    // place retires the generation, and this write is refused.
+    if t.kind == Kind::Main && state.main_judge_due() && state.wal_pinned() {
+        shield_slow(|| state.judge_main(&open::MainImage(sub)));
+        if state.is_retired() {
+            return verdict(state, Gate::Refuse, ffi::SQLITE_IOERR_WRITE);
+        }
     }
     sub_call!(t, sub, xWrite, buf, amt, ofst)
 }
