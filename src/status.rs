@@ -26,6 +26,11 @@ pub enum RetireReason {
     /// after a crash): set aside, never replayed (manifest only; a connection is never retired
     /// for it).
     StaleWal,
+    /// `<db>` is still the main file this connection opened, but its content was overwritten in
+    /// place (a restore by copy, `cp backup.db state.db`): before a checkpoint writes into it,
+    /// its first pages are neither what this WAL generation began on nor what its checkpoints
+    /// wrote (issue 34).
+    MainOverwritten,
 }
 
 impl RetireReason {
@@ -37,6 +42,10 @@ impl RetireReason {
             RetireReason::MainReplaced => "the database file was replaced under the connection",
             RetireReason::StaleWal => {
                 "the -wal found at the open was written on another database file"
+            }
+            RetireReason::MainOverwritten => {
+                "the database file was overwritten in place under the connection (a restore by \
+                 copy): a checkpoint would mix its pages with this generation's"
             }
         }
     }
@@ -379,7 +388,11 @@ impl ErrorClass {
             Some(RetireReason::WalLost | RetireReason::ShmLost) if refused || file_level => {
                 ErrorClass::WalLost
             }
-            Some(RetireReason::MainReplaced) if refused || file_level => ErrorClass::MainReplaced,
+            Some(RetireReason::MainReplaced | RetireReason::MainOverwritten)
+                if refused || file_level =>
+            {
+                ErrorClass::MainReplaced
+            }
             None if refused => ErrorClass::MainReplaced,
             _ => ErrorClass::Other,
         }

@@ -10,7 +10,9 @@
 //!   WAL, prints `{"event":"ready",...}`, then serves the commands `write`, `close`, `quit`,
 //!   `checkpoint` (TRUNCATE), `passive` (a PASSIVE checkpoint), `status` (the rows it sees and,
 //!   guarded, the guard's status), `bulk N` (N rows of 400 bytes in one transaction), `rows N` (N
-//!   short rows in one transaction) and
+//!   short rows in one transaction), `ack K` (one row `ack K`: acknowledged unless refused),
+//!   `reconnect` (closes the connection and opens the path again, as an application does after
+//!   a refusal) and
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
@@ -157,6 +159,32 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                     "extended_code": result.as_ref().err().and_then(|e| e.sqlite_error()).map(|e| e.extended_code),
                     "artifact": artifact,
                 }))?;
+            }
+            cmd if cmd.starts_with("ack ") => {
+                let c = conn.as_ref().ok_or("ack after close")?;
+                let k = cmd["ack ".len()..].trim();
+                let result = c.execute(
+                    "INSERT INTO messages (session, content) VALUES ('gw-0', ?1)",
+                    [format!("ack {k}")],
+                );
+                emit(json!({"event": "ack", "refused": result.is_err(),
+                    "error": result.err().map(|e| e.to_string())}))?;
+            }
+            "reconnect" => {
+                if let Some(c) = conn.take() {
+                    match args.vfs {
+                        Vfs::Guard => hermes_guard::close(c).map_err(|(_, e)| e)?,
+                        Vfs::Stock => c.close().map_err(|(_, e)| e)?,
+                    }
+                }
+                let c = open(&args.db, args.vfs)?;
+                c.execute_batch("PRAGMA wal_autocheckpoint=0")?;
+                let stale_wal = match args.vfs {
+                    Vfs::Guard => c.guard_status()?.stale_wal.and_then(|s| s.capture_path()),
+                    Vfs::Stock => None,
+                };
+                conn = Some(c);
+                emit(json!({"event": "reconnected", "stale_wal_capture": stale_wal}))?;
             }
             "close" => {
                 let c = conn.take().ok_or("close after close")?;

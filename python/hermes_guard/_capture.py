@@ -220,8 +220,10 @@ class Capture:
         library does): `"not-healed"` (its rows are in the capture only, unless a merge brought
         them back), `"healed"` (checkpointed back into the live file at close: nothing to merge;
         also a heal interrupted after its commit point, whose WAL put back at the path SQLite
-        replays), or `"rolled-back"` (a heal interrupted before it touched the live file: the
-        rows are in the capture only)."""
+        replays — when the -wal it put back, or the main file, shows its bytes), or
+        `"rolled-back"` (a heal interrupted before it touched the live file, or one whose staging
+        file is gone with nothing in the live files showing it: the rows are in the capture
+        only, and `recover` merges each once)."""
         try:
             record = json.loads((self.path / HEALED).read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -233,10 +235,14 @@ class Capture:
             return "healed"
         # The rule of `heal_state` in src/capture/healed.rs: the staging file still there (by its
         # inode, or holding the captured WAL's prefix byte for byte), beside the capture or at the
-        # database's recorded path, means the heal never reached the live file.
-        name = os.path.basename(self.database) + "-wal" + put_back["suffix"]
-        places = [self.path.parent / name, Path(os.path.dirname(self.database) or ".") / name]
-        for staging in dict.fromkeys(places):
+        # database's recorded path, means the heal never reached the live file; it reached it only
+        # when the live files show it (the -wal it put back, or every page of its frames in the
+        # main file); with neither, it reads rolled back (recover merges each row once).
+        name = os.path.basename(self.database)
+        dbs = [self.path.parent / name, Path(os.path.dirname(self.database) or ".") / name]
+        dbs = list(dict.fromkeys(dbs))
+        for db in dbs:
+            staging = Path(str(db) + "-wal" + put_back["suffix"])
             try:
                 st = os.stat(staging, follow_symlinks=False)
             except FileNotFoundError:
@@ -245,7 +251,76 @@ class Capture:
                 staging
             ):
                 return "rolled-back"
-        return "healed"
+        frames = int(record.get("frames") or 0)
+        for db in dbs:
+            if self._live_wal_shows(db, put_back, frames) or self._main_shows(db, frames):
+                return "healed"
+        return "rolled-back"
+
+    def _page_size(self) -> int:
+        with open(self.wal_file, "rb") as f:
+            head = f.read(32)
+        return int.from_bytes(head[8:12], "big") if len(head) == 32 else 0
+
+    @staticmethod
+    def _sha256_prefix(path: Path, length: int) -> Optional[str]:
+        try:
+            with open(path, "rb") as f:
+                if os.fstat(f.fileno()).st_size < length:
+                    return None
+                h = hashlib.sha256()
+                left = length
+                while left > 0:
+                    chunk = f.read(min(left, 1 << 20))
+                    if not chunk:
+                        return None
+                    h.update(chunk)
+                    left -= len(chunk)
+                return h.hexdigest()
+        except FileNotFoundError:
+            return None
+
+    def _live_wal_shows(self, db: Path, put_back: Dict[str, Any], frames: int) -> bool:
+        """Whether `<db>-wal` begins with the bytes the heal put back."""
+        length, want = put_back.get("bytes"), put_back.get("sha256")
+        if length is None or want is None:
+            page = self._page_size()
+            if not page:
+                return False
+            length = 32 + frames * (24 + page)
+            want = self._sha256_prefix(self.wal_file, length)
+            if want is None:
+                return False
+        if length <= 32:
+            return False
+        got = self._sha256_prefix(Path(str(db) + "-wal"), int(length))
+        return got is not None and got == str(want).lower()
+
+    def _main_shows(self, db: Path, frames: int) -> bool:
+        """Whether the main file holds every page the heal's frames wrote, as the last of them."""
+        page = self._page_size()
+        if not page or frames <= 0:
+            return False
+        last: Dict[int, int] = {}
+        try:
+            with open(self.wal_file, "rb") as wal, open(db, "rb") as main:
+                for i in range(frames):
+                    at = 32 + i * (24 + page)
+                    wal.seek(at)
+                    head = wal.read(4)
+                    if len(head) < 4:
+                        return False
+                    last[int.from_bytes(head, "big")] = at
+                if not last or 0 in last:
+                    return False
+                for pgno, at in last.items():
+                    wal.seek(at + 24)
+                    main.seek((pgno - 1) * page)
+                    if wal.read(page) != main.read(page):
+                        return False
+        except FileNotFoundError:
+            return False
+        return True
 
     def _holds_wal_prefix(self, staging: Path) -> bool:
         """Whether `staging` holds a prefix of the captured WAL (its header at least)."""

@@ -43,6 +43,9 @@ class RetireReason(str, enum.Enum):
     STALE_WAL = "stale-wal"
     """A WAL found at the open was written on another database file (a restore after a crash):
     set aside at the open, never replayed (manifests only)."""
+    MAIN_OVERWRITTEN = "main-overwritten"
+    """`<db>` was overwritten in place (a restore by copy) under the connection: found before a
+    checkpoint wrote into it."""
 
 
 class ErrorClass(enum.Enum):

@@ -50,6 +50,14 @@ pub struct PutBack {
     pub suffix: String,
     /// Its identity.
     pub identity: FileId,
+    /// Its length: the bytes the heal puts back at `<db>-wal` (absent in records written before
+    /// it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
+    /// Their sha256, hex: with `bytes`, what the live `-wal` shows once the heal's commit point
+    /// (the rename) is passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// `healed.json`, version 1.
@@ -94,6 +102,15 @@ pub enum HealState {
         /// The record.
         record: HealRecord,
     },
+    /// A heal stopped, and nothing durable says whether it passed its commit point: its staging
+    /// file is gone (deleted by hand?), and neither the live `-wal` (the length and sha256 the
+    /// record names) nor the main file (every page of the healed frames) shows the heal's bytes.
+    /// Read as rolled back: `recover` merges the rows, comparing each added row with the live
+    /// row of its rowid, so a row the heal did put back is not inserted twice.
+    Undetermined {
+        /// The record.
+        record: HealRecord,
+    },
 }
 
 impl HealState {
@@ -124,6 +141,11 @@ impl HealState {
                  the rows are in this capture only"
                     .into()
             }
+            HealState::Undetermined { .. } => {
+                "a heal at close was interrupted, its staging file is gone and the live file does \
+                 not show its bytes: read as rolled back (recover merges the rows, each once)"
+                    .into()
+            }
         }
     }
 }
@@ -151,25 +173,129 @@ pub fn heal_state(dir: &Path, database: &Path) -> io::Result<HealState> {
             interrupted: true,
         },
         (HealPhase::Started, Some(put_back)) => {
-            let mut still_staged = false;
-            for staging in staging_paths(dir, database, &put_back.suffix) {
+            let places = database_places(dir, database);
+            for db in &places {
+                let staging = with_suffix(db, &format!("-wal{}", put_back.suffix));
                 if identity_of_path(&staging)? == Some(put_back.identity)
                     || holds_capture_prefix(dir, &staging)?
                 {
-                    still_staged = true;
-                    break;
+                    return Ok(HealState::RolledBack { record });
                 }
             }
-            if still_staged {
-                HealState::RolledBack { record }
-            } else {
-                HealState::Healed {
-                    record,
-                    interrupted: true,
+            // Healed only when the live files show it (issue 34): the WAL it put back at the
+            // path, or every page of its frames in the main file.
+            for db in &places {
+                if live_wal_shows(dir, db, &record, put_back)? || main_shows(dir, db, &record)? {
+                    return Ok(HealState::Healed {
+                        record,
+                        interrupted: true,
+                    });
                 }
             }
+            HealState::Undetermined { record }
         }
     })
+}
+
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
+}
+
+/// sha256 (hex) of the first `len` bytes of `file`; `None` when it is shorter.
+fn sha256_prefix(file: &File, len: u64) -> io::Result<Option<String>> {
+    if file.metadata()?.len() < len {
+        return Ok(None);
+    }
+    let reader = io::Read::take(crate::digest::ReadAt { file, pos: 0 }, len);
+    let (sha, n) = crate::digest::sha256_stream(reader, |_| Ok(()))?;
+    Ok((n == len).then_some(sha))
+}
+
+fn open_if_there(path: &Path) -> io::Result<Option<File>> {
+    match File::open(path) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The captured WAL's page size and its file, for the record's frames.
+fn captured_wal(dir: &Path) -> io::Result<Option<(File, u64)>> {
+    let Ok(manifest) = super::Manifest::read(dir) else {
+        return Ok(None);
+    };
+    let page = u64::from(manifest.wal.header.page_size);
+    if page == 0 {
+        return Ok(None);
+    }
+    Ok(open_if_there(&dir.join(&manifest.wal.file))?.map(|f| (f, page)))
+}
+
+/// Whether `<db>-wal` begins with the bytes the heal put back: the length and sha256 the record
+/// names, or (a record without them) the captured WAL up to the healed frames.
+fn live_wal_shows(
+    dir: &Path,
+    db: &Path,
+    record: &HealRecord,
+    put_back: &PutBack,
+) -> io::Result<bool> {
+    let Some(live) = open_if_there(&with_suffix(db, "-wal"))? else {
+        return Ok(false);
+    };
+    let (len, want) = match (put_back.bytes, &put_back.sha256) {
+        (Some(len), Some(sha)) => (len, sha.clone()),
+        _ => {
+            let Some((wal, page)) = captured_wal(dir)? else {
+                return Ok(false);
+            };
+            let len = crate::walfile::WAL_HEADER_SIZE as u64
+                + record.frames * (crate::walfile::WAL_FRAME_HEADER_SIZE as u64 + page);
+            match sha256_prefix(&wal, len)? {
+                Some(sha) => (len, sha),
+                None => return Ok(false),
+            }
+        }
+    };
+    Ok(len > crate::walfile::WAL_HEADER_SIZE as u64
+        && sha256_prefix(&live, len)?.is_some_and(|sha| sha.eq_ignore_ascii_case(&want)))
+}
+
+/// Whether the main file at `db` holds, for every page the healed frames wrote, that page as the
+/// last of those frames has it: the heal (or SQLite replaying the WAL it put back) checkpointed
+/// them, and nothing rewrote them since. One read per page.
+fn main_shows(dir: &Path, db: &Path, record: &HealRecord) -> io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let (Some((wal, page)), Some(main)) = (captured_wal(dir)?, open_if_there(db)?) else {
+        return Ok(false);
+    };
+    let frame = crate::walfile::WAL_FRAME_HEADER_SIZE as u64 + page;
+    let mut last = std::collections::HashMap::new();
+    let mut head = [0u8; 4];
+    for i in 0..record.frames {
+        let at = crate::walfile::WAL_HEADER_SIZE as u64 + i * frame;
+        if wal.read_exact_at(&mut head, at).is_err() {
+            return Ok(false);
+        }
+        last.insert(u32::from_be_bytes(head), at);
+    }
+    if last.is_empty() || last.contains_key(&0) {
+        return Ok(false);
+    }
+    let (mut a, mut b) = (vec![0u8; page as usize], vec![0u8; page as usize]);
+    for (pgno, at) in last {
+        wal.read_exact_at(&mut a, at + crate::walfile::WAL_FRAME_HEADER_SIZE as u64)?;
+        if main
+            .read_exact_at(&mut b, u64::from(pgno - 1) * page)
+            .is_err()
+            || a != b
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether `staging` is there holding a prefix of the capture's WAL, byte for byte (its header at
@@ -206,16 +332,14 @@ fn holds_capture_prefix(dir: &Path, staging: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Where `<db>-wal<suffix>` is staged: beside the database, which is beside the capture `dir`
+/// Where the database is (its staging file and `-wal` beside it): beside the capture `dir`
 /// (wherever the directory went since), or — for a capture in a fallback capture directory — at
 /// the database's recorded path.
-fn staging_paths(dir: &Path, database: &Path, suffix: &str) -> Vec<PathBuf> {
-    let mut name = database.file_name().unwrap_or_default().to_owned();
-    name.push("-wal");
-    name.push(suffix);
-    let mut paths = vec![dir.parent().unwrap_or(Path::new(".")).join(&name)];
+fn database_places(dir: &Path, database: &Path) -> Vec<PathBuf> {
+    let name = database.file_name().unwrap_or_default();
+    let mut paths = vec![dir.parent().unwrap_or(Path::new(".")).join(name)];
     if let Some(parent) = database.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let recorded = parent.join(&name);
+        let recorded = parent.join(name);
         if recorded != paths[0] {
             paths.push(recorded);
         }

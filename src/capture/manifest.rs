@@ -78,7 +78,10 @@ impl Manifest {
     /// Whether the capture is of a replaced main file (a restore: an operator's decision), as
     /// opposed to a lost `-wal`/`-shm` (an accident).
     pub fn is_main_replaced(&self) -> bool {
-        self.reason == Some(RetireReason::MainReplaced)
+        matches!(
+            self.reason,
+            Some(RetireReason::MainReplaced | RetireReason::MainOverwritten)
+        )
     }
 
     /// Reads the manifest of the capture directory `capture` (e.g. [`GuardStatus::capture`]).
@@ -143,6 +146,12 @@ pub struct WalEntry {
     pub commits: u64,
     /// 1-based index of the last commit frame.
     pub last_commit_frame: Option<u64>,
+    /// The generation the WAL holds (`crate::walfile::generation_id`: its header's salts,
+    /// checkpoint sequence and checksum, and its first frame's checksum); with `frames`, the
+    /// range of it this capture holds. Absent from captures written before it was recorded, and
+    /// for a WAL without a valid frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<String>,
 }
 
 /// The `-shm` part of the manifest.

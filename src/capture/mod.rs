@@ -293,7 +293,7 @@ impl CapturedWal {
     }
 }
 
-fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {
+pub(crate) fn read_captured_wal(dir: BorrowedFd<'_>, capture: &str) -> Option<Manifest> {
     let fd = rustix::fs::openat(
         dir,
         format!("{capture}/{MANIFEST_NAME}"),
@@ -384,10 +384,14 @@ fn fill_staging(
             file: wal_name,
             bytes: wal_bytes,
             sha256: wal_sha256,
-            header: summary.header,
+            header: summary.header.clone(),
             frames: summary.frames,
             commits: summary.commits,
             last_commit_frame: summary.last_commit_frame,
+            generation: crate::walfile::generation_id(
+                &summary.header,
+                summary.first_frame_checksum,
+            ),
         },
         shm: input.shm_id.map(|identity| ShmEntry { identity }),
         main: MainEntry {

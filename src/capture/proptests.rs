@@ -140,10 +140,14 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                     file: wal_file,
                     bytes: wal_bytes,
                     sha256: wal_sha,
-                    header: summary.header,
+                    header: summary.header.clone(),
                     frames: wal_frames,
                     commits: summary.commits,
                     last_commit_frame: summary.last_commit_frame,
+                    generation: crate::walfile::generation_id(
+                        &summary.header,
+                        summary.first_frame_checksum,
+                    ),
                 },
                 shm: shm.map(|identity| ShmEntry { identity }),
                 main: MainEntry {

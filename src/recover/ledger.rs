@@ -7,14 +7,17 @@
 //! later run does not insert them again. Updates and deletions need no record: they are judged
 //! against the live row each time.
 //!
-//! A generation is keyed by what every copy of its capture shares, damaged or not: its WAL's
-//! header (salt-1, salt-2 and the checkpoint sequence: SQLite draws new salts whenever it starts
-//! the WAL over, and never rewrites a committed frame until then) and the sha256 of the main image
-//! that WAL was written on. The row says how far it was merged (`frames`: the WAL frames up to
-//! the last commit SQLite could read), so a later copy that reaches further (the intact capture
-//! after a damaged one) merges only what its later commits did. Rows written before this key
-//! (`wal:<sha256 of the WAL> main:<sha256 of the image>`, no `frames`) still count: the same WAL
-//! bytes are taken as merged in full.
+//! A generation is keyed by what every capture of it shares, damaged or not, whichever main
+//! image it holds ([`generation_id`]: its WAL header's salts, checkpoint sequence and checksum,
+//! and its first frame's checksum; SQLite draws new salts whenever it starts the WAL over, and
+//! never rewrites a committed frame until then). So a restore that leaves two captures of one
+//! generation (the replaced main file's, and the stale WAL set aside when the application
+//! reconnected) is merged once, whichever goes first (issue 34). The row says how far it was
+//! merged (`frames`: the WAL frames up to the last commit SQLite could read), so a later copy
+//! that reaches further (the intact capture after a damaged one) merges only what its later
+//! commits did, and whether a `whole` merge judged the image's rows too (`whole`). Rows written
+//! under the older keys (`wal-salts:… ckpt:… main:<sha256 of the image>`; `wal:<sha256 of the
+//! WAL> main:<…>`, no `frames`, taken as merged in full) still count.
 
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -30,10 +33,12 @@ pub(crate) const MOVED_TABLE: &str = "hermes_guard_moved";
 /// A captured generation, and how far this capture of it reaches.
 #[derive(Debug, Clone)]
 pub(crate) struct Generation {
-    /// `wal-salts:<salt-1>-<salt-2> ckpt:<sequence> main:<sha256 of the image>`.
+    /// [`generation_id`]: what every capture of this WAL generation shares, whichever main file
+    /// image it holds (or none: a stale WAL given its file with `--main`).
     pub id: String,
-    /// The key before `frames` was recorded: `wal:<sha256 of the WAL> main:<…>`.
-    pub legacy_id: String,
+    /// The keys rows were written under before (`wal-salts:… ckpt:… main:<sha256 of the
+    /// image>`, then `wal:<sha256 of the WAL> main:<…>`), newest first.
+    pub older_ids: Vec<String>,
     /// The capture directory.
     pub capture: String,
     /// WAL frames this capture's readable commits span (to its last readable commit frame).
@@ -44,25 +49,46 @@ pub(crate) struct Generation {
     pub wal_sha256: String,
 }
 
+/// The identity of the WAL generation `wal` holds ([`crate::walfile::generation_id`]): what
+/// every capture of it shares, damaged or not, whichever main image it holds. `None` for a WAL
+/// SQLite reads no frame of.
+pub fn generation_id(wal: &super::WalCheck) -> Option<String> {
+    crate::walfile::generation_id(&wal.header, wal.first_frame_checksum)
+}
+
 impl Generation {
     pub fn of(capture: &super::Capture) -> Generation {
         let m = capture.manifest();
         let wal = capture.wal_check();
         let h = &wal.header;
+        let image_sha = m.main.sha256.to_lowercase();
+        let by_image = format!(
+            "wal-salts:{:08x}-{:08x} ckpt:{} main:{}",
+            h.salts[0], h.salts[1], h.checkpoint_seq, image_sha
+        );
+        let legacy = format!("wal:{} main:{}", m.wal.sha256, m.main.sha256);
+        // A WAL with no readable frame has nothing to merge; its key is its bytes.
+        let id = generation_id(wal).unwrap_or_else(|| legacy.clone());
+        let mut older_ids = Vec::new();
+        if !image_sha.is_empty() {
+            older_ids.push(by_image);
+        }
+        if legacy != id {
+            older_ids.push(legacy);
+        }
         Generation {
-            id: format!(
-                "wal-salts:{:08x}-{:08x} ckpt:{} main:{}",
-                h.salts[0],
-                h.salts[1],
-                h.checkpoint_seq,
-                m.main.sha256.to_lowercase()
-            ),
-            legacy_id: format!("wal:{} main:{}", m.wal.sha256, m.main.sha256),
+            id,
+            older_ids,
             capture: crate::paths::path_display(capture.dir()),
             frames: capture.readable_frames(),
             commits: wal.commits,
             wal_sha256: m.wal.sha256.to_lowercase(),
         }
+    }
+
+    /// Every key this generation's rows (and moved rows) may be recorded under.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.id).chain(self.older_ids.iter())
     }
 }
 
@@ -71,50 +97,66 @@ impl Generation {
 pub(crate) struct Merged {
     /// When it was last merged.
     pub at: String,
+    /// The capture it was merged from (the one that took it furthest).
+    pub capture: String,
     /// How far (WAL frames); `None`: a row of the old format, whose WAL was merged in full.
     pub frames: Option<u64>,
+    /// Whether a merge under the `whole` rule judged the generation's image rows too; a row
+    /// written before this was recorded counts as whole (as it did then).
+    pub whole: bool,
 }
 
 /// What a merge of `generation` starts from, given what the ledger holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Start {
-    /// The generation's added rows are all in already (`merged_before` in the report).
-    pub merged_before: Option<String>,
+    /// The generation's added rows are all in already (`merged_before` in the report): when,
+    /// and from which capture.
+    pub merged_before: Option<(String, String)>,
     /// WAL frames already merged to take the delta against (0: the bare image).
     pub base_frames: u64,
+    /// A `whole` merge of a generation whose frames an earlier delta merged (a stale WAL's
+    /// capture with `--main`): the image's rows are judged now; what the delta inserted is live
+    /// under its rowid or found where it was moved. Recorded even when nothing is inserted.
+    pub widens_to_whole: bool,
 }
 
 impl Start {
     /// From the ledger's row: merged as far as this capture reaches → nothing to add (against
     /// the bare image, so changes and conflicts are judged again as before); merged less far →
     /// the delta from the merged prefix on; a longer prefix merged → this capture holds nothing
-    /// more (the delta is empty).
-    pub fn from(generation: &Generation, merged: Option<Merged>) -> Start {
-        match merged {
+    /// more (the delta is empty). A `whole` merge (`whole` true) after delta merges only of the
+    /// generation is a whole merge from the image, which finds the delta's rows live.
+    pub fn from(generation: &Generation, merged: Option<Merged>, whole: bool) -> Start {
+        let fresh = Start {
+            merged_before: None,
+            base_frames: 0,
+            widens_to_whole: false,
+        };
+        let Some(merged) = merged else {
+            return fresh;
+        };
+        let before = Some((merged.at, merged.capture));
+        match merged.frames {
             None => Start {
-                merged_before: None,
-                base_frames: 0,
+                merged_before: before,
+                ..fresh
             },
-            Some(Merged { at, frames: None }) => Start {
-                merged_before: Some(at),
-                base_frames: 0,
+            Some(_) if whole && !merged.whole => Start {
+                widens_to_whole: true,
+                ..fresh
             },
-            Some(Merged {
-                at,
-                frames: Some(f),
-            }) if f >= generation.frames => Start {
-                merged_before: Some(at),
+            Some(f) if f >= generation.frames => Start {
+                merged_before: before,
                 base_frames: if f > generation.frames {
                     generation.frames
                 } else {
                     0
                 },
+                widens_to_whole: false,
             },
-            Some(Merged {
-                frames: Some(f), ..
-            }) => Start {
-                merged_before: None,
+            Some(f) => Start {
                 base_frames: f,
+                ..fresh
             },
         }
     }
@@ -128,16 +170,17 @@ fn table_exists(conn: &Connection) -> rusqlite::Result<bool> {
     )
 }
 
-/// Whether the ledger table has the `frames` column (written by this format).
-fn has_frames(conn: &Connection) -> rusqlite::Result<bool> {
+/// Whether the ledger table has `column` (`frames` and `whole` came with later formats).
+fn has_column(conn: &Connection, column: &str) -> rusqlite::Result<bool> {
     conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1, 'main') WHERE name = 'frames')",
-        [LEDGER_TABLE],
+        "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1, 'main') WHERE name = ?2)",
+        [LEDGER_TABLE, column],
         |r| r.get(0),
     )
 }
 
-/// What the ledger of `conn`'s main database holds of `generation`, if anything.
+/// What the ledger of `conn`'s main database holds of `generation`, if anything: under its
+/// key, else under a key of an older format.
 pub(crate) fn merged(
     conn: &Connection,
     generation: &Generation,
@@ -146,34 +189,38 @@ pub(crate) fn merged(
         return Ok(None);
     }
     let table = quote(LEDGER_TABLE);
-    if has_frames(conn)? {
-        let found = conn
-            .query_row(
-                &format!("SELECT merged_at, frames FROM main.{table} WHERE generation = ?1"),
-                [&generation.id],
-                |r| {
-                    Ok(Merged {
-                        at: r.get(0)?,
-                        frames: r.get::<_, Option<i64>>(1)?.map(|f| f.max(0) as u64),
-                    })
-                },
-            )
+    let frames = if has_column(conn, "frames")? {
+        "frames"
+    } else {
+        "NULL"
+    };
+    let whole = if has_column(conn, "whole")? {
+        "coalesce(whole, 1)"
+    } else {
+        "1"
+    };
+    let mut stmt = conn.prepare(&format!(
+        "SELECT merged_at, capture, {frames}, {whole} FROM main.{table} WHERE generation = ?1"
+    ))?;
+    for key in generation.keys() {
+        let found = stmt
+            .query_row([key], |r| {
+                Ok(Merged {
+                    at: r.get(0)?,
+                    capture: r.get(1)?,
+                    frames: r.get::<_, Option<i64>>(2)?.map(|f| f.max(0) as u64),
+                    whole: r.get::<_, i64>(3)? != 0,
+                })
+            })
             .optional()?;
-        if found.is_some() {
-            return Ok(found);
+        if let Some(mut found) = found {
+            if key.starts_with("wal:") {
+                found.frames = None; // the oldest format: the same WAL bytes, merged in full
+            }
+            return Ok(Some(found));
         }
     }
-    conn.query_row(
-        &format!("SELECT merged_at FROM main.{table} WHERE generation = ?1"),
-        [&generation.legacy_id],
-        |r| {
-            Ok(Merged {
-                at: r.get(0)?,
-                frames: None,
-            })
-        },
-    )
-    .optional()
+    Ok(None)
 }
 
 /// Records (inside the merge's transaction) that `generation`'s added rows are merged up to its
@@ -184,6 +231,7 @@ pub(crate) fn record(
     generation: &Generation,
     report: &MergeReport,
 ) -> rusqlite::Result<()> {
+    let whole = i64::from(report.rule == super::report::MergeRule::Whole);
     let table = quote(LEDGER_TABLE);
     conn.execute_batch(&format!(
         "CREATE TABLE IF NOT EXISTS main.{table} (
@@ -194,14 +242,20 @@ pub(crate) fn record(
              tables TEXT NOT NULL,
              frames INTEGER,
              commits INTEGER,
-             wal_sha256 TEXT
+             wal_sha256 TEXT,
+             whole INTEGER
          )"
     ))?;
-    if !has_frames(conn)? {
+    if !has_column(conn, "frames")? {
         conn.execute_batch(&format!(
             "ALTER TABLE main.{table} ADD COLUMN frames INTEGER;
              ALTER TABLE main.{table} ADD COLUMN commits INTEGER;
              ALTER TABLE main.{table} ADD COLUMN wal_sha256 TEXT;"
+        ))?;
+    }
+    if !has_column(conn, "whole")? {
+        conn.execute_batch(&format!(
+            "ALTER TABLE main.{table} ADD COLUMN whole INTEGER;"
         ))?;
     }
     let mut tables: Vec<serde_json::Value> = conn
@@ -219,13 +273,15 @@ pub(crate) fn record(
     conn.execute(
         &format!(
             "INSERT INTO main.{table} \
-             (generation, capture, merged_at, inserted, tables, frames, commits, wal_sha256) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+             (generation, capture, merged_at, inserted, tables, frames, commits, wal_sha256, \
+              whole) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
              ON CONFLICT (generation) DO UPDATE SET capture = excluded.capture, \
              merged_at = excluded.merged_at, inserted = inserted + excluded.inserted, \
-             tables = excluded.tables, frames = excluded.frames, commits = excluded.commits, \
-             wal_sha256 = excluded.wal_sha256 \
-             WHERE excluded.frames > coalesce(frames, -1)"
+             tables = excluded.tables, frames = max(coalesce(frames, 0), excluded.frames), \
+             commits = max(coalesce(commits, 0), excluded.commits), \
+             wal_sha256 = excluded.wal_sha256, whole = max(coalesce(whole, 1), excluded.whole) \
+             WHERE excluded.frames > coalesce(frames, -1) OR excluded.whole > coalesce(whole, 1)"
         ),
         params![
             generation.id,
@@ -236,6 +292,7 @@ pub(crate) fn record(
             generation.frames as i64,
             generation.commits as i64,
             generation.wal_sha256,
+            whole,
         ],
     )?;
     Ok(())
@@ -248,8 +305,11 @@ mod tests {
 
     fn generation(salt: u32, frames: u64, wal_sha: &str) -> Generation {
         Generation {
-            id: format!("wal-salts:{salt:08x}-00000001 ckpt:0 main:bb"),
-            legacy_id: format!("wal:{wal_sha} main:bb"),
+            id: format!("wal-gen:{salt:08x}-00000001 ckpt:0 cksum:0-0 frame-1:0-0"),
+            older_ids: vec![
+                format!("wal-salts:{salt:08x}-00000001 ckpt:0 main:bb"),
+                format!("wal:{wal_sha} main:bb"),
+            ],
             capture: "/srv/state.db.retired-wal-1".into(),
             frames,
             commits: frames / 2,
@@ -297,18 +357,18 @@ mod tests {
         let damaged = generation(7, 6, "d1");
         let intact = generation(7, 12, "i1");
         record(&conn, &damaged, &report(3)).unwrap();
-        let start = Start::from(&intact, merged(&conn, &intact).unwrap());
+        let start = Start::from(&intact, merged(&conn, &intact).unwrap(), false);
         assert_eq!((start.merged_before, start.base_frames), (None, 6));
         record(&conn, &intact, &report(3)).unwrap();
         let m = merged(&conn, &intact).unwrap().unwrap();
         assert_eq!(m.frames, Some(12));
-        let start = Start::from(&intact, Some(m.clone()));
+        let start = Start::from(&intact, Some(m.clone()), false);
         assert!(start.merged_before.is_some());
         assert_eq!(
             start.base_frames, 0,
             "the same reach: against the bare image"
         );
-        let start = Start::from(&damaged, Some(m));
+        let start = Start::from(&damaged, Some(m), false);
         assert!(start.merged_before.is_some());
         assert_eq!(start.base_frames, 6, "a shorter copy: an empty delta");
         record(&conn, &damaged, &report(0)).unwrap(); // never moves the row back
@@ -335,8 +395,11 @@ mod tests {
         let same_wal = generation(7, 10, "aa");
         let m = merged(&conn, &same_wal).unwrap().unwrap();
         assert_eq!(m.frames, None);
-        let start = Start::from(&same_wal, Some(m));
-        assert_eq!(start.merged_before.as_deref(), Some("2026-11-30T00:00:00Z"));
+        let start = Start::from(&same_wal, Some(m), false);
+        assert_eq!(
+            start.merged_before.map(|b| b.0).as_deref(),
+            Some("2026-11-30T00:00:00Z")
+        );
         assert_eq!(start.base_frames, 0);
         let other = generation(7, 10, "ee");
         assert_eq!(merged(&conn, &other).unwrap(), None);
@@ -346,5 +409,59 @@ mod tests {
             merged(&conn, &same_wal).unwrap().is_some(),
             "found by its new key"
         );
+    }
+
+    fn whole_report(inserted: u64) -> MergeReport {
+        let mut r = report(inserted);
+        r.rule = MergeRule::Whole;
+        r
+    }
+
+    #[test]
+    fn a_row_under_the_image_key_is_found_for_a_capture_of_the_same_generation() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE hermes_guard_merges (generation TEXT PRIMARY KEY, capture TEXT NOT NULL,
+                 merged_at TEXT NOT NULL, inserted INTEGER NOT NULL, tables TEXT NOT NULL,
+                 frames INTEGER, commits INTEGER, wal_sha256 TEXT);
+             INSERT INTO hermes_guard_merges VALUES ('wal-salts:00000007-00000001 ckpt:0 main:bb',
+                 '/old', '2026-11-30T00:00:00Z', 4, '[]', 10, 5, 'aa');",
+        )
+        .unwrap();
+        let m = merged(&conn, &generation(7, 10, "zz")).unwrap().unwrap();
+        assert_eq!(
+            (m.frames, m.whole, m.capture.as_str()),
+            (Some(10), true, "/old")
+        );
+    }
+
+    #[test]
+    fn a_whole_merge_after_a_delta_merge_of_the_generation_judges_the_image_once() {
+        let conn = Connection::open_in_memory().unwrap();
+        let g = generation(7, 10, "aa");
+        record(&conn, &g, &report(3)).unwrap();
+        let delta_only = merged(&conn, &g).unwrap().unwrap();
+        assert!(!delta_only.whole);
+        let again = Start::from(&g, Some(delta_only.clone()), false);
+        assert!(
+            again.merged_before.is_some(),
+            "another delta: nothing to add"
+        );
+        let widen = Start::from(&g, Some(delta_only), true);
+        assert_eq!(
+            (
+                widen.merged_before,
+                widen.base_frames,
+                widen.widens_to_whole
+            ),
+            (None, 0, true)
+        );
+        record(&conn, &g, &whole_report(0)).unwrap();
+        let both = merged(&conn, &g).unwrap().unwrap();
+        assert_eq!((both.whole, both.frames), (true, Some(10)));
+        assert!(Start::from(&g, Some(both.clone()), true)
+            .merged_before
+            .is_some());
+        assert!(Start::from(&g, Some(both), false).merged_before.is_some());
     }
 }

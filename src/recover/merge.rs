@@ -31,15 +31,18 @@ pub(crate) struct Merge<'a> {
     /// The captured generation, recorded in the live database once its rows are in; `None`:
     /// nothing is recorded (a rebuild's new file).
     pub ledger: Option<Generation>,
-    /// When the ledger says this generation's added rows went in before (filled by the
-    /// caller from [`ledger::Start`]).
-    pub merged_before: Option<String>,
+    /// When, and from which capture, the ledger says this generation's added rows went in
+    /// before (filled by the caller from [`ledger::Start`]).
+    pub merged_before: Option<(String, String)>,
     /// WAL frames of the generation an earlier merge took, included in `pre` (0: the bare
     /// image; see [`ledger::Start`]).
     pub base_frames: u64,
     /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
     /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
     pub bulk: bool,
+    /// A `whole` merge after delta merges only of this generation: recorded even when it
+    /// inserts nothing (see [`ledger::Start::widens_to_whole`]).
+    pub widens_to_whole: bool,
 }
 
 impl Merge<'_> {
@@ -116,7 +119,10 @@ impl Merge<'_> {
             )?;
             target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         }
-        report.merged_before.clone_from(&self.merged_before);
+        if let Some((at, from)) = &self.merged_before {
+            report.merged_before = Some(at.clone());
+            report.merged_from = Some(from.clone());
+        }
         report.delta_from_frame = self.base_frames;
 
         let mut tables: Vec<TableMerge<'_>> = Vec::new();
@@ -188,10 +194,10 @@ impl Merge<'_> {
         // Moves are recorded for a later merge of this generation that reaches further, and
         // those of earlier merges are followed.
         let generation_id = self.ledger.as_ref().map(|g| g.id.clone());
-        let mut remaps = Remaps::recording(generation_id.clone().filter(|_| self.apply));
-        if let Some(id) = &generation_id {
+        let mut remaps = Remaps::recording(generation_id.filter(|_| self.apply));
+        for key in self.ledger.iter().flat_map(|g| g.keys()) {
             remaps
-                .load(self.target, id)
+                .load(self.target, key)
                 .map_err(self.sq("read hermes_guard_moved"))?;
         }
         for t in &mut tables {
@@ -209,7 +215,7 @@ impl Merge<'_> {
             if let (Some(generation), None, true) = (
                 &self.ledger,
                 &self.merged_before,
-                report.inserted() > 0 || self.base_frames > 0,
+                report.inserted() > 0 || self.base_frames > 0 || self.widens_to_whole,
             ) {
                 ledger::record(self.target, generation, &report)
                     .map_err(self.sq("record the merge in hermes_guard_merges"))?;

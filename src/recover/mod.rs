@@ -43,6 +43,7 @@ use std::path::{Path, PathBuf};
 use rusqlite::{Connection, OpenFlags};
 
 pub use error::RecoverError;
+pub use ledger::generation_id;
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};
 pub use rebuild::{check_torn, rebuild_torn, RebuildReport};
 pub use report::{
@@ -230,10 +231,10 @@ fn run_merge(
         report.capture_integrity = capture.integrity().to_vec();
         return Ok(report);
     }
-    let (generation, start) = ledger_start(capture, conn, database)?;
+    let (rule, rule_reason) = rule_for(capture, database);
+    let (generation, start) = ledger_start(capture, conn, database, rule)?;
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
-    let (rule, rule_reason) = rule_for(capture, database);
     let merge = Merge {
         source,
         source_path: capture.dir(),
@@ -248,6 +249,7 @@ fn run_merge(
         base_frames: start.base_frames,
         // The attached image is the bare one: a delta from a merged prefix goes row by row.
         bulk: bulk && start.base_frames == 0,
+        widens_to_whole: start.widens_to_whole,
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
@@ -263,11 +265,12 @@ pub(crate) fn ledger_start(
     capture: &Capture,
     conn: &Connection,
     database: &Path,
+    rule: MergeRule,
 ) -> Result<(ledger::Generation, ledger::Start), RecoverError> {
     let generation = ledger::Generation::of(capture);
     let merged = ledger::merged(conn, &generation)
         .map_err(|e| RecoverError::sqlite(database, "read hermes_guard_merges", e))?;
-    let start = ledger::Start::from(&generation, merged);
+    let start = ledger::Start::from(&generation, merged, rule == MergeRule::Whole);
     capture.set_base(start.base_frames)?;
     Ok((generation, start))
 }
@@ -289,12 +292,33 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         );
     }
+    if m.reason == Some(crate::status::RetireReason::StaleWal) {
+        return (
+            MergeRule::Delta,
+            "a stale WAL set aside at the open, with the file it was written on (--main): what its \
+             generation changed on that file is merged into the live file (rows the live file \
+             lacks from before that generation are not: that is the restore)"
+                .into(),
+        );
+    }
     let live = crate::identity::identity_of_path(database).ok().flatten();
     if live.is_none() || live != m.main.identity {
         return (
             MergeRule::Whole,
             "the live file is not the file the capture was taken of (another inode): it may not \
              descend from the captured image"
+                .into(),
+        );
+    }
+    if matches!(
+        capture.heal(),
+        crate::capture::HealState::Undetermined { .. }
+    ) {
+        return (
+            MergeRule::DeltaSharedWal,
+            "a heal at close was interrupted and nothing shows whether it reached the live file \
+             (its staging file is gone): read as rolled back, each added row compared with the \
+             live row of its rowid, so a row the heal did put back is not inserted twice"
                 .into(),
         );
     }

@@ -233,6 +233,7 @@ fn build(
         merged_before: None,
         base_frames: 0,
         bulk: false,
+        widens_to_whole: false,
     };
     let mut report = merge.run(&mut |_| {})?;
     let after = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;

@@ -183,6 +183,9 @@ pub struct MergeReport {
     /// When this capture's rows were inserted before (from the live database's
     /// `hermes_guard_merges`): its added rows are not inserted again.
     pub merged_before: Option<String>,
+    /// With `merged_before`: the capture that merged this generation then (another capture of
+    /// the same generation, or this one).
+    pub merged_from: Option<String>,
     /// WAL frames of the captured generation an earlier merge of it (another copy of the
     /// capture, which could read fewer commits) took: the delta is taken from there on. 0: from
     /// the captured image.
@@ -216,6 +219,7 @@ impl MergeReport {
             rule,
             rule_reason: why,
             merged_before: None,
+            merged_from: None,
             delta_from_frame: 0,
             capture_integrity: Vec::new(),
             created: Vec::new(),

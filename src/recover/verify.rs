@@ -207,6 +207,15 @@ pub fn wal_problems(check: &WalCheck, entry: &WalEntry) -> Vec<String> {
             }
         ));
     }
+    if let Some(recorded) = &entry.generation {
+        let found = crate::walfile::generation_id(&check.header, check.first_frame_checksum);
+        if found.as_ref() != Some(recorded) {
+            problems.push(format!(
+                "{file} holds the WAL generation {}; the manifest says {recorded}",
+                found.as_deref().unwrap_or("(none: no valid frame)")
+            ));
+        }
+    }
     if check.commits_after > 0 {
         let k = check.frames + 1;
         let damage = match (check.prefix_end, check.frames_after_intact) {

@@ -92,6 +92,10 @@ pub struct WalCheck {
     pub frames_after_intact: u64,
     /// Bytes after the last whole frame (or every byte after the header when it is not valid).
     pub partial_bytes: u64,
+    /// The stored checksum of the first frame of the valid prefix (`None`: no valid frame). With
+    /// the header's salts and checksum it names the generation: every copy of this WAL, however
+    /// far it reads, shares them (see `recover::generation_id`).
+    pub first_frame_checksum: Option<[u32; 2]>,
 }
 
 impl WalCheck {
@@ -118,6 +122,7 @@ impl WalCheck {
             commits_after: 0,
             frames_after_intact: 0,
             partial_bytes: 0,
+            first_frame_checksum: None,
         };
         if !check.header.valid {
             let rest = io::copy(&mut input, &mut io::sink())?;
@@ -168,6 +173,9 @@ impl WalCheck {
                     None => {
                         chain = stored;
                         check.frames += 1;
+                        if check.frames == 1 {
+                            check.first_frame_checksum = Some(stored);
+                        }
                         if commit != 0 {
                             check.commits += 1;
                             check.last_commit_frame = Some(check.frames);

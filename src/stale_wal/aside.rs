@@ -19,6 +19,87 @@ use crate::paths::{open_dir, path_display, path_hex};
 use crate::status::RetireReason;
 use crate::walfile::{parse_main_header, WalScanner};
 
+/// A stale WAL set aside: where, and which other capture beside the database holds the same
+/// generation with the main image it was written on (a restore by rename under a running
+/// application: the replaced main file's capture), if one does.
+#[derive(Debug)]
+pub(crate) struct SetAside {
+    /// The new capture (reason `stale-wal`).
+    pub dir: PathBuf,
+    /// A complete capture of the same WAL generation, at least as far, holding a main image
+    /// (the one it was written on, or, reason `main-overwritten`, the file that overwrote it).
+    pub also_in: Option<PathBuf>,
+}
+
+impl SetAside {
+    /// The ERROR line of the open: what was done, and the one command that brings the dead
+    /// generation's rows back exactly once.
+    pub(crate) fn log_line(&self, wal_path: &Path, db: &Path, detail: &str) -> String {
+        let done = format!(
+            "hermes-guard: {} was not written on the database file now at {} ({detail}): it was \
+             NOT replayed (that would undo the restore and corrupt the file). It and the -shm are \
+             set aside, byte for byte, in {}; the database opens as it is.",
+            wal_path.display(),
+            db.display(),
+            self.dir.display()
+        );
+        match &self.also_in {
+            Some(other) => format!(
+                "{done} The same generation is in {}, with a main image: `hermes-guard recover {} \
+                 --into {}` brings its rows back (once: recovering this copy as well adds \
+                 nothing)",
+                other.display(),
+                other.display(),
+                db.display()
+            ),
+            None => format!(
+                "{done} Its frames only make sense on the main file they were written on: if that \
+                 file still exists (the copy taken before the restore), `hermes-guard recover {} \
+                 --main <that file> --into {}` brings the dead generation's rows back",
+                self.dir.display(),
+                db.display()
+            ),
+        }
+    }
+}
+
+/// A complete capture in `dir` (other than `except`) of the WAL generation `wal` describes, at
+/// least as far, with its main image: the newest such, by the furthest frame.
+fn same_generation_with_image(
+    dir: &impl AsFd,
+    stem: &str,
+    except: &str,
+    wal: &WalEntry,
+) -> Option<String> {
+    let generation = wal.generation.as_ref()?;
+    let prefix = format!("{stem}{}", capture::ARTIFACT_MARKER);
+    let mut best: Option<(u64, String)> = None;
+    for entry in rustix::fs::Dir::read_from(dir).ok()?.flatten() {
+        let Ok(name) = entry.file_name().to_str() else {
+            continue;
+        };
+        if !name.starts_with(&prefix) || name.ends_with(".partial") || name == except {
+            continue;
+        }
+        let Some(m) = capture::read_captured_wal(dir.as_fd(), name) else {
+            continue;
+        };
+        if m.main.mode == ImageMode::Absent
+            || m.wal.generation.as_ref() != Some(generation)
+            || m.wal.frames < wal.frames
+        {
+            continue;
+        }
+        if best
+            .as_ref()
+            .is_none_or(|(f, n)| (m.wal.frames, name) > (*f, n.as_str()))
+        {
+            best = Some((m.wal.frames, name.to_owned()));
+        }
+    }
+    best.map(|(_, n)| n)
+}
+
 /// Moves the stale WAL (which `wal` has open) and the `-shm` (if any) of `database` into a new
 /// capture beside it, with a manifest of reason `stale-wal`. On failure everything moved is put
 /// back and the staging directory removed. The WAL is hard-linked into the staging directory and
@@ -30,7 +111,7 @@ pub(crate) fn set_aside(
     main_now: Option<FileId>,
     main_header: &[u8],
     mismatch: &Mismatch,
-) -> Result<PathBuf, CaptureError> {
+) -> Result<SetAside, CaptureError> {
     let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
         database: database.to_path_buf(),
         artifact: artifact.to_path_buf(),
@@ -53,6 +134,7 @@ pub(crate) fn set_aside(
     let wal_id = identity_of_fd(wal).map_err(|e| io_err(&wal_src, e))?;
     let mut moved: Vec<(&Path, &str)> = Vec::new();
     let mut linked = false;
+    let mut also_in = None;
     let result = (|| -> io::Result<()> {
         let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
         // Linked in, not renamed: the WAL stays at the path until the capture is complete and
@@ -96,6 +178,7 @@ pub(crate) fn set_aside(
             main_header,
             mismatch,
         )?;
+        also_in = same_generation_with_image(&dir, &stem, &final_name, &manifest.wal);
         let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
         capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, |f| {
             io::Write::write_all(f, &json)
@@ -119,7 +202,10 @@ pub(crate) fn set_aside(
     match result {
         Ok(()) => {
             crate::sqlite_log::captured(database, &final_path);
-            Ok(final_path)
+            Ok(SetAside {
+                dir: final_path,
+                also_in: also_in.map(|n| parent.join(n)),
+            })
         }
         Err(e) => {
             // Put back what was moved, never over anything that appeared at the path since:
@@ -197,10 +283,14 @@ fn manifest(
             file: wal_name.to_owned(),
             bytes,
             sha256,
-            header: summary.header,
+            header: summary.header.clone(),
             frames: summary.frames,
             commits: summary.commits,
             last_commit_frame: summary.last_commit_frame,
+            generation: crate::walfile::generation_id(
+                &summary.header,
+                summary.first_frame_checksum,
+            ),
         },
         shm: shm_id.map(|identity| ShmEntry { identity }),
         main: MainEntry {

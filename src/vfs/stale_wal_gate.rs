@@ -194,22 +194,9 @@ fn under_exclusive(
             let mut header = [0u8; 100];
             let _ = main.read_at(&mut header, 0);
             match set_aside(db, &wal, identity_of_path(db).ok().flatten(), &header, &m) {
-                Ok(dir) => {
-                    log::error!(
-                        "hermes-guard: {} was not written on the database file now at {} ({}): \
-                         it was NOT replayed (that would undo the restore and corrupt the file). \
-                         It and the -shm are set aside, byte for byte, in {}; the database opens \
-                         as it is. Its frames only make sense on the main file they were written \
-                         on: if that file still exists (the copy taken before the restore), \
-                         `hermes-guard recover {} --main <that file>` brings the dead \
-                         generation's rows back",
-                        wal_path.display(),
-                        db.display(),
-                        m.detail,
-                        dir.display(),
-                        dir.display()
-                    );
-                    slot.set_report(StaleWalAction::SetAside, Some(&dir), &m, wal);
+                Ok(aside) => {
+                    log::error!("{}", aside.log_line(wal_path, db, &m.detail));
+                    slot.set_report(StaleWalAction::SetAside, Some(&aside.dir), &m, wal);
                     ffi::SQLITE_OK
                 }
                 Err(e) => {

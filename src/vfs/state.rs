@@ -29,6 +29,7 @@ mod dir;
 mod gates;
 mod healing;
 mod open_here;
+mod overwrite;
 #[cfg(test)]
 mod tests;
 mod wal_reset;
@@ -106,6 +107,9 @@ pub(crate) struct DbState {
     /// This connection may have written the main file since `main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
     main_written: AtomicBool,
+    /// Issue 34: a checkpoint took its lock; its first main-file write judges the main file
+    /// first (`state/overwrite.rs`).
+    main_judge_due: AtomicBool,
     /// The database directory's watch, and its generation at the last full check that passed:
     /// while they match, no name in the directory has changed, no directory above it moved and
     /// the mount table is the same, so a transaction start needs no `stat`.
@@ -257,7 +261,7 @@ impl Inner {
             return false;
         }
         match self.reason {
-            Some(RetireReason::MainReplaced) => true,
+            Some(RetireReason::MainReplaced | RetireReason::MainOverwritten) => true,
             // Unknown size: capture rather than risk losing frames.
             _ => wal.size().map_or(true, |n| n >= SMALLEST_WAL_WITH_A_FRAME),
         }
@@ -310,6 +314,7 @@ impl DbState {
             tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
             refusals: AtomicU64::new(0),
+            main_judge_due: AtomicBool::new(false),
             main_written: AtomicBool::new(true),
             watch,
             shm_watch: Mutex::new(None),

@@ -110,6 +110,28 @@ pub struct WalSummary {
     /// frame and everything following it (e.g. stale frames from before a WAL
     /// reset). When the header itself is invalid or short, this is every byte.
     pub torn_tail_bytes: u64,
+    /// The stored checksum of the first valid frame (`None`: no valid frame): with the header it
+    /// names the generation ([`generation_id`]).
+    pub first_frame_checksum: Option<[u32; 2]>,
+}
+
+/// The identity of a WAL generation: its header's salts, checkpoint sequence and checksum, and
+/// its first frame's stored checksum (`wal-gen:<salt-1>-<salt-2> ckpt:<n> cksum:<c1>-<c2>
+/// frame-1:<c1>-<c2>`, lowercase hex). SQLite draws new salts whenever it starts the WAL over and
+/// never rewrites a committed frame until then: every copy of one generation shares it, however
+/// far it reads. `None` for a header SQLite rejects or a WAL without a valid frame.
+pub fn generation_id(header: &WalHeader, first_frame_checksum: Option<[u32; 2]>) -> Option<String> {
+    let first = first_frame_checksum.filter(|_| header.valid)?;
+    Some(format!(
+        "wal-gen:{:08x}-{:08x} ckpt:{} cksum:{:08x}-{:08x} frame-1:{:08x}-{:08x}",
+        header.salts[0],
+        header.salts[1],
+        header.checkpoint_seq,
+        header.checksum[0],
+        header.checksum[1],
+        first[0],
+        first[1]
+    ))
 }
 
 /// Where the scanner is within the WAL byte stream.
@@ -154,6 +176,7 @@ pub struct WalScanner {
     frames: u64,
     commits: u64,
     last_commit_frame: Option<u64>,
+    first_frame_checksum: Option<[u32; 2]>,
 }
 
 impl Default for WalScanner {
@@ -179,6 +202,7 @@ impl WalScanner {
             frames: 0,
             commits: 0,
             last_commit_frame: None,
+            first_frame_checksum: None,
         }
     }
 
@@ -291,6 +315,9 @@ impl WalScanner {
         }
         self.cksum = ck;
         self.frames = self.frames.wrapping_add(1);
+        if self.frames == 1 {
+            self.first_frame_checksum = Some(ck);
+        }
         if be_u32_at(hdr, 4) != 0 {
             self.commits = self.commits.wrapping_add(1);
             self.last_commit_frame = Some(self.frames);
@@ -319,6 +346,7 @@ impl WalScanner {
             last_commit_frame: self.last_commit_frame,
             committed_frames: self.last_commit_frame.unwrap_or(0),
             torn_tail_bytes,
+            first_frame_checksum: self.first_frame_checksum,
         }
     }
 }

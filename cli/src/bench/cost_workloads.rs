@@ -14,6 +14,11 @@ pub(super) const CHECKPOINT_SYSCALLS: f64 = 2.0;
 /// record's `pread` of the main file's first pages and its `fsetxattr` (issue 19).
 pub(super) const WAL_RESTART_SYSCALLS: f64 = 2.0;
 
+/// What the overwrite judgement adds per checkpoint that writes the main file (issue 34): the
+/// WAL-base record's `fgetxattr`, the WAL header's `pread` and one `pread` of the main file's
+/// recorded first pages, before the checkpoint's first write.
+pub(super) const OVERWRITE_JUDGE_SYSCALLS: f64 = 3.0;
+
 /// What the WAL-reset rule adds per WAL restart while it is on (issue 27; by default only on a
 /// SQLite with the race, `HERMES_GUARD_WAL_RESET_GUARD=on` elsewhere): CKPT taken and released.
 pub(super) const WAL_RESET_RULE_SYSCALLS: f64 = 2.0;
@@ -101,8 +106,9 @@ impl CostWorkload {
     }
 
     /// The targets of the guard's figures against stock: extra syscalls per write transaction
-    /// (and four per checkpoint: the guard checks before each, stamps the main file after it, and
-    /// records the next WAL generation's base), or per open + read + close (O1, O2: six, issue
+    /// (and seven per checkpoint: the guard checks before each, judges the main file before its
+    /// first write, stamps the main file after it, and records the next WAL generation's base),
+    /// or per open + read + close (O1, O2: six, issue
     /// 36), extra instructions (%).
     pub(super) fn target(self) -> (f64, f64) {
         match self {

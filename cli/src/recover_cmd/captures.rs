@@ -75,6 +75,32 @@ fn row_of(
         Ok(c) => c,
     };
     row["unreadable_commits"] = check.unreadable_commits.into();
+    if let Some(generation) = recover::generation_id(&check.wal_check) {
+        row["generation"] = generation.into();
+    }
+    row["frames"] = check.wal_check.last_commit_frame.unwrap_or(0).into();
+    row["holds_image"] =
+        (check.manifest.main.mode != hermes_guard::manifest::ImageMode::Absent).into();
+    row["main_file"] = check.manifest.main.file.clone().into();
+    // An image overwritten in place is not the file the WAL was written on: no --main.
+    row["image_is_base"] =
+        (check.manifest.reason != Some(hermes_guard::RetireReason::MainOverwritten)).into();
+    let mut command = vec![
+        "recover".to_owned(),
+        entry.path.display().to_string(),
+        "--into".to_owned(),
+        database.display().to_string(),
+    ];
+    if check.manifest.main.mode == hermes_guard::manifest::ImageMode::Absent {
+        command.splice(
+            2..2,
+            [
+                "--main".to_owned(),
+                "<the database file it was written on>".to_owned(),
+            ],
+        );
+    }
+    row["recover"] = command.into();
     if !check.verified() {
         row["verified"] = false.into();
         row["problems"] = check.problems.clone().into();
@@ -119,6 +145,64 @@ fn row_of(
     }
 }
 
+/// Captures of one WAL generation (issue 34: a replaced main file's capture and the stale WAL
+/// set aside when the application reconnected): each names the others, the one holding a main
+/// image and the most frames counts the group's missing rows, and a stale WAL's `recover`
+/// command takes that capture's main image as `--main` (the ledger merges the generation once
+/// whichever goes first).
+fn group_generations(rows: &mut [serde_json::Value]) {
+    let mut groups: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(g) = row["generation"].as_str() {
+            groups.entry(g.to_owned()).or_default().push(i);
+        }
+    }
+    for members in groups.values().filter(|m| m.len() > 1) {
+        let primary = members
+            .iter()
+            .copied()
+            .filter(|&i| rows[i]["holds_image"] == true)
+            .max_by_key(|&i| (rows[i]["frames"].as_u64(), std::cmp::Reverse(i)));
+        let names: Vec<String> = members
+            .iter()
+            .map(|&i| rows[i]["capture"].as_str().unwrap_or("").to_owned())
+            .collect();
+        for (k, &i) in members.iter().enumerate() {
+            let others: Vec<&String> = names
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != k)
+                .map(|(_, n)| n)
+                .collect();
+            rows[i]["same_generation_as"] = serde_json::json!(others);
+            let Some(p) = primary.filter(|&p| p != i) else {
+                continue;
+            };
+            let primary_dir = names[members.iter().position(|&m| m == p).unwrap_or(0)].clone();
+            rows[i]["missing_counted_in"] = primary_dir.clone().into();
+            if rows[i]["holds_image"] == false {
+                let image = std::path::Path::new(&primary_dir)
+                    .join(rows[p]["main_file"].as_str().unwrap_or(""));
+                if rows[p]["image_is_base"] == false {
+                    // The file it was written on is gone (overwritten in place): the capture
+                    // that holds the generation is the way back.
+                    rows[i]["recover"] = rows[p]["recover"].clone();
+                } else if let Some(cmd) = rows[i]["recover"].as_array_mut() {
+                    if let Some(at) = cmd.iter().position(|w| w == "--main") {
+                        cmd[at + 1] = image.display().to_string().into();
+                    }
+                }
+                rows[i]["status"] = format!(
+                    "verified (a stale WAL set aside at the open; its generation is also in \
+                     {primary_dir}, which holds a main image: recover that one; this one adds \
+                     nothing after it)"
+                )
+                .into();
+            }
+        }
+    }
+}
+
 /// `hermes-guard captures <DB|DIR>`.
 pub fn captures(args: CapturesArgs) -> ExitCode {
     let listed = match recover::list_captures(&args.path) {
@@ -152,7 +236,13 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
         unreadable += usize::from(bad);
         out.push(row);
     }
-    let missing: u64 = out.iter().filter_map(|r| r["missing"].as_u64()).sum();
+    group_generations(&mut out);
+    // A generation's missing rows once: from the capture its group merges from.
+    let missing: u64 = out
+        .iter()
+        .filter(|r| r.get("missing_counted_in").is_none())
+        .filter_map(|r| r["missing"].as_u64())
+        .sum();
     let code = ExitCode::from(if unreadable > 0 {
         FAILED
     } else if missing > 0 {
@@ -188,6 +278,21 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
             }
         );
         println!("    {}", s("status"));
+        if let Some(same) = row["same_generation_as"].as_array() {
+            let names: Vec<&str> = same.iter().filter_map(|v| v.as_str()).collect();
+            println!(
+                "    same WAL generation as {} (merged once, whichever is recovered first)",
+                names.join(", ")
+            );
+        }
+        if let Some(command) = row["recover"].as_array() {
+            let words: Vec<&str> = command.iter().filter_map(|v| v.as_str()).collect();
+            println!("    recover: hermes-guard {}", words.join(" "));
+        }
+        if let Some(primary) = row["missing_counted_in"].as_str() {
+            println!("    rows still missing: counted with {primary}");
+            continue;
+        }
         match (row.get("missing"), row.get("missing_error")) {
             (Some(n), _) => println!(
                 "    rows still missing from {}: {n}{}",
@@ -206,8 +311,9 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
     }
     if missing > 0 {
         println!(
-            "{missing} row(s) are still missing from the live database: `hermes-guard recover \
-             <capture> --into <database>` shows them, and with --apply merges them"
+            "{missing} row(s) are still missing from the live database: each capture's `recover` \
+             line shows them, and with --apply merges them (captures of one WAL generation are \
+             merged once, in any order)"
         );
     }
     if unreadable > 0 {

@@ -88,7 +88,13 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         return;
     }
     if let Some(at) = &report.merged_before {
-        println!("merged   before, at {at}: its added rows are not inserted again");
+        match &report.merged_from {
+            Some(from) => println!(
+                "merged   this generation was merged from {from} on {at}: its added rows are not \
+                 inserted again"
+            ),
+            None => println!("merged   before, at {at}: its added rows are not inserted again"),
+        }
     }
     if report.delta_from_frame > 0 && report.merged_before.is_none() {
         println!(

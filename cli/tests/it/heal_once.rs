@@ -102,13 +102,23 @@ fn the_lone_wal_only_loss_is_healed_at_close_and_captured() {
     assert!(heal_state(&capture, &db).unwrap().is_healed());
 }
 
+/// The staged bytes of [`started_record`]'s heal.
+const STAGED: &[u8] = b"the committed prefix, never renamed into place, header and all";
+
 /// A `started` record as the heal writes it before its commit point, for `capture` of `db`,
-/// naming `staging` (a file beside the database) as the WAL to be put back.
+/// naming `staging` (a file beside the database) as the WAL to be put back, of [`STAGED`]'s
+/// length and sha256.
 fn started_record(capture: &Path, staging: FileId) -> HealRecord {
+    use sha2::Digest;
+    let sha: String = sha2::Sha256::digest(STAGED)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let json = serde_json::json!({
         "v": 1, "phase": "started", "at": "2026-12-02T00:00:00Z", "pid": 1, "main": null,
         "frames": 1, "commits": 1,
-        "put_back": {"suffix": ".hermes-guard-heal-1", "identity": [staging.dev, staging.ino]},
+        "put_back": {"suffix": ".hermes-guard-heal-1", "identity": [staging.dev, staging.ino],
+                     "bytes": STAGED.len(), "sha256": sha},
     });
     fs::write(
         capture.join(HEALED_NAME),
@@ -135,7 +145,7 @@ fn a_heal_stopped_before_its_commit_point_reads_rolled_back_and_is_merged_once()
     let db = dir.path().join("state.db");
     let capture = unhealed_loss(&db, 30);
     let staging = sidecar(&db, "-wal.hermes-guard-heal-1");
-    fs::write(&staging, b"the committed prefix, never renamed into place").unwrap();
+    fs::write(&staging, STAGED).unwrap();
     started_record(&capture, identity(&staging));
     assert!(matches!(
         heal_state(&capture, &db).unwrap(),
@@ -154,22 +164,68 @@ fn a_heal_stopped_before_its_commit_point_reads_rolled_back_and_is_merged_once()
 }
 
 #[test]
-fn a_heal_stopped_after_its_commit_point_reads_healed() {
+fn a_heal_stopped_after_its_commit_point_reads_healed_from_the_wal_it_put_back() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
     let capture = unhealed_loss(&db, 30);
-    // The staging file is gone: it was renamed to <db>-wal, which SQLite replays.
+    // The staging file is gone: it was renamed to <db>-wal (the bytes the record names), which
+    // SQLite replays at the next open.
     started_record(&capture, FileId { dev: 1, ino: 1 });
-    assert!(matches!(
-        heal_state(&capture, &db).unwrap(),
-        HealState::Healed {
-            interrupted: true,
-            ..
-        }
-    ));
+    fs::write(sidecar(&db, "-wal"), STAGED).unwrap();
+    let state = heal_state(&capture, &db).unwrap();
+    fs::remove_file(sidecar(&db, "-wal")).unwrap();
+    assert!(
+        matches!(
+            state,
+            HealState::Healed {
+                interrupted: true,
+                ..
+            }
+        ),
+        "{state:?}"
+    );
+}
+
+/// Issue 34: the staging file of a heal stopped before its commit point removed by hand (the
+/// runbook no longer calls it harmless): nothing shows the heal reached the live file, so it
+/// reads rolled back and `recover` merges the rows, once.
+#[test]
+fn a_removed_staging_file_reads_rolled_back_and_recover_merges_the_rows_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let capture = unhealed_loss(&db, 50);
+    let staging = sidecar(&db, "-wal.hermes-guard-heal-1");
+    fs::write(&staging, STAGED).unwrap();
+    started_record(&capture, identity(&staging));
+    fs::remove_file(&staging).unwrap();
+    let state = heal_state(&capture, &db).unwrap();
+    assert!(matches!(state, HealState::Undetermined { .. }), "{state:?}");
+    for _ in 0..2 {
+        let (code, out, err) = recover_apply(&capture, &db, false);
+        assert_eq!(code, 0, "{out}{err}");
+        assert_eq!(sentinels(&db), 50, "merged, once: {out}");
+    }
+}
+
+/// A heal whose `done` record was lost after it checkpointed (the record still `started`, the
+/// WAL it put back gone from the path): the main file shows every page of its frames.
+#[test]
+fn a_started_heal_whose_frames_the_main_file_holds_reads_healed() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    drop(lone_loss(&db, 40, &["-wal", "-shm"]));
+    assert_eq!(sentinels(&db), 40, "healed at close");
+    let capture = only_capture(dir.path());
+    let path = capture.join(HEALED_NAME);
+    let mut record: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    record["phase"] = "started".into();
+    fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+    assert!(!sidecar(&db, "-wal").exists());
+    let state = heal_state(&capture, &db).unwrap();
+    assert!(state.is_healed(), "{state:?}");
     let (code, out, err) = recover_apply(&capture, &db, false);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("healed"), "{out}");
+    assert_eq!(sentinels(&db), 40, "nothing merged twice");
 }
 
 /// The store's self-heal at open after a heal at close: no message twice.

@@ -210,3 +210,25 @@ fn the_library_verifies_from_the_bytes_too() {
         check.problems
     );
 }
+
+/// Issue 34: the manifest records the WAL generation the capture holds (`wal.generation`), and
+/// `verify` reads it again from the bytes: a manifest naming another generation fails.
+#[test]
+fn a_manifest_naming_another_wal_generation_fails_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_path, artifact) = lost_rows(dir.path(), 6);
+    let mut m = manifest(&artifact);
+    let generation = m["wal"]["generation"].as_str().unwrap().to_owned();
+    assert!(generation.starts_with("wal-gen:"), "{generation}");
+    let (code, out, _) = cli(&[os("verify"), artifact.as_os_str()]);
+    assert_eq!(code, 0, "{out}");
+    m["wal"]["generation"] = generation.replace("frame-1:", "frame-1:f").into();
+    fs::write(
+        artifact.join("manifest.json"),
+        serde_json::to_vec_pretty(&m).unwrap(),
+    )
+    .unwrap();
+    let (code, out, _) = cli(&[os("verify"), artifact.as_os_str(), os("--json")]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("holds the WAL generation"), "{out}");
+}

@@ -42,6 +42,10 @@ impl TableMerge<'_> {
                 self.report.already_live += 1;
                 return Ok(());
             }
+            if self.compare_added && self.moved_here_before(m, remaps, &values, rowid)? {
+                self.report.already_live += 1;
+                return Ok(());
+            }
             let mut taken = false;
             if self.compare_added {
                 match self.live_row(m, &values, rowid)? {
@@ -185,6 +189,35 @@ impl TableMerge<'_> {
                 Ok(true)
             }
         }
+    }
+
+    /// Under a rule that compares added rows with the live ones: an earlier merge of this
+    /// generation (another capture of it) put this row under another rowid, and it is there
+    /// with the same content. Without this, a `whole` merge after a delta merge of the same
+    /// generation would insert those rows a second time (issue 34).
+    fn moved_here_before(
+        &self,
+        m: &Merge<'_>,
+        remaps: &Remaps,
+        values: &[Val],
+        rowid: Option<i64>,
+    ) -> Result<bool, RecoverError> {
+        let Some(old) = rowid else {
+            return Ok(false);
+        };
+        let Some(Some(new)) = remaps
+            .lookup(m.target, &self.lname(), old)
+            .map_err(m.sq("look up a moved row"))?
+        else {
+            return Ok(false);
+        };
+        let mut moved = values.to_vec();
+        if let Some(v) = self.alias_at.and_then(|at| moved.get_mut(at)) {
+            *v = Val::Int(new);
+        }
+        Ok(self
+            .live_row(m, &moved, Some(new))?
+            .is_some_and(|live| same_row(&live, &moved)))
     }
 
     /// The live row of the same identity, as the merged columns.

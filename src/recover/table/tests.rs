@@ -56,6 +56,7 @@ fn merge_t(source: &Connection, target: &Connection, bulk: bool) -> TableReport 
         merged_before: None,
         base_frames: 0,
         bulk,
+        widens_to_whole: false,
     };
     let (captured, image, live) = (
         Schema::read(source).unwrap(),

@@ -90,8 +90,15 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
-                // A full check, after which the close's other checks go by the watch.
-                if state.check_pins_vouching().is_some() {
+                // A full check, after which the close's other checks go by the watch; issue
+                // 34: a main file overwritten in place retires it here too (judged once the
+                // pins hold: a file taken away is retired for that).
+                let mut moved = state.check_pins_vouching().is_some();
+                if !moved && state.wal_pinned() {
+                    state.judge_main(&open::MainImage(sub));
+                    moved = state.is_retired();
+                }
+                if moved {
                     let _ = state.ensure_captured(Trigger::Close);
                     // SAFETY: for HAS_MOVED, `arg` is an `int *`.
                     unsafe { *(arg as *mut c_int) = 1 };

@@ -46,6 +46,15 @@ pub(super) unsafe extern "C" fn write_gated(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
+    // Issue 34: a checkpoint's first write judges the main file first, once the pins were
+    // checked (a file taken away is retired for that, not as overwritten): an overwrite in
+    // place retires the generation, and this write is refused.
+    if t.kind == Kind::Main && state.main_judge_due() && state.wal_pinned() {
+        shield_slow(|| state.judge_main(&open::MainImage(sub)));
+        if state.is_retired() {
+            return verdict(state, Gate::Refuse, ffi::SQLITE_IOERR_WRITE);
+        }
+    }
     sub_call!(t, sub, xWrite, buf, amt, ofst)
 }
 

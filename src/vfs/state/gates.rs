@@ -183,7 +183,9 @@ impl DbState {
     #[inline]
     pub(crate) fn checkpoint_lock(&self, held: bool) {
         if held {
-            // A checkpoint of this connection's may write the main file from here.
+            // A checkpoint of this connection's may write the main file from here: its first
+            // write judges the main file first (issue 34, `state/overwrite.rs`).
+            self.main_judge_due.store(true, Ordering::Relaxed);
             self.main_written.store(true, Ordering::Release);
             self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
         } else {
@@ -246,6 +248,14 @@ impl DbState {
             self.main_written.store(false, Ordering::Release);
             return None;
         };
+        self.retire_locked(&mut inner, reason);
+        Some(reason)
+    }
+
+    /// Retires the generation for `reason` (sticky; `inner` is this state's, locked, and not
+    /// retired yet): the WAL's write gate closes, the fast check stops vouching, and the
+    /// retirement is logged at ERROR (and a torn main file).
+    pub(super) fn retire_locked(&self, inner: &mut super::Inner, reason: RetireReason) {
         inner.reason = Some(reason);
         self.retired.store(true, Ordering::SeqCst);
         // The retired WAL must outlive SQLite's descriptor of it: a descriptor of the guard's
@@ -285,7 +295,10 @@ impl DbState {
             );
         }
         crate::sqlite_log::retired(&self.db_path, reason);
-        if reason != RetireReason::MainReplaced {
+        if !matches!(
+            reason,
+            RetireReason::MainReplaced | RetireReason::MainOverwritten
+        ) {
             inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
             if let Some(b) = inner.backfill_at_loss.filter(Backfill::tears_main) {
                 log::error!(
@@ -301,6 +314,5 @@ impl DbState {
                 );
             }
         }
-        Some(reason)
     }
 }

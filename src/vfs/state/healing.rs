@@ -364,6 +364,8 @@ fn put_back_and_checkpoint(
         record.put_back = Some(PutBack {
             suffix: staged.suffix.clone(),
             identity: staged.id,
+            bytes: Some(staged.bytes),
+            sha256: Some(staged.sha256.clone()),
         });
     }
     let recorded = match &record_in {
@@ -469,6 +471,10 @@ struct Staged {
     suffix: String,
     name: std::ffi::OsString,
     id: FileId,
+    /// What the heal puts back at `<db>-wal`: its length and sha256 (hex), recorded in the
+    /// `started` record, so that a reader can tell from the live `-wal` that it got there.
+    bytes: u64,
+    sha256: String,
 }
 
 impl Staged {
@@ -526,24 +532,32 @@ fn stage(
         mode,
     )?;
     let file = File::from(fd);
-    let copied = (|| -> io::Result<FileId> {
+    let copied = (|| -> io::Result<(FileId, String)> {
+        use sha2::Digest;
         let mut buf = vec![0u8; 1 << 20];
+        let mut hash = sha2::Sha256::new();
         let mut at = 0u64;
         while at < len {
             let want = buf.len().min((len - at) as usize);
             wal.read_exact_at(&mut buf[..want], at)?;
             file.write_all_at(&buf[..want], at)?;
+            hash.update(&buf[..want]);
             at += want as u64;
         }
         file.sync_all()?;
         rustix::fs::fsync(dir)?;
-        crate::identity::identity_of_fd(&file)
+        Ok((
+            crate::identity::identity_of_fd(&file)?,
+            crate::paths::hex(&hash.finalize()),
+        ))
     })();
     match copied {
-        Ok(id) => Ok(Staged {
+        Ok((id, sha256)) => Ok(Staged {
             suffix,
             name: staging,
             id,
+            bytes: len,
+            sha256,
         }),
         Err(e) => {
             let _ = rustix::fs::unlinkat(dir, staging.as_os_str(), AtFlags::empty());
