@@ -1,0 +1,203 @@
+//! The pins of a database's files and their lifecycle: the WAL pinned at its open and let go at
+//! its close, the WAL's write gate, the `-shm` pinned at its first mapping and let go at its
+//! unmap, and the main file's close (`DbState`'s own, split from `state.rs`).
+
+use std::fs::File;
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+use super::super::in_use;
+use super::super::watch::DirWatch;
+use super::{healing, DbState, Inner, WalGate, WalIndex, JUST_CLOSED_WAL};
+use crate::identity::{identity_of_path, FileId, PinnedWal};
+
+impl DbState {
+    /// Called when SQLite has opened `<db>-wal` for this database, with SQLite's own descriptor
+    /// of it when the shim can see into the wrapped file (the unix VFS): the pin then borrows it,
+    /// and the guard holds no descriptor of its own while the generation is live. Otherwise (a
+    /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
+    /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
+    /// could neither see nor capture: the caller fails the open.
+    pub(crate) fn pin_wal(
+        &self,
+        wal_path: &Path,
+        sqlite: Option<ManuallyDrop<File>>,
+    ) -> std::io::Result<()> {
+        let borrowed = match sqlite {
+            Some(fd) => PinnedWal::borrowed(fd, wal_path).unwrap_or_else(|e| {
+                log::debug!(
+                    "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by \
+                     path",
+                    wal_path.display()
+                );
+                None
+            }),
+            None => None,
+        };
+        let wal = match borrowed {
+            Some(wal) => wal,
+            None => PinnedWal::open(wal_path).inspect_err(|e| {
+                log::error!(
+                    "hermes-guard: cannot open {} to pin the WAL generation: {e}; refusing the \
+                     open",
+                    wal_path.display()
+                )
+            })?,
+        };
+        let mut inner = self.inner.lock();
+        inner.wal_here = None;
+        inner.wal_here = inner
+            .main_id
+            .map(|main| in_use::WalHere::new(main, wal.id()));
+        inner.wal = Some(wal);
+        drop(inner);
+        self.last_wal_offset.store(i64::MAX, Ordering::Release);
+        self.wal_pinned.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The WAL file object's write gate, installed once its file object is complete: opened or
+    /// closed at once as the state requires.
+    pub(crate) fn attach_wal_gate(&self, gate: Box<dyn WalGate>) {
+        let mut inner = self.inner.lock();
+        inner.wal_gate = Some(gate);
+        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
+    }
+
+    /// The WAL file object is about to be closed and freed: its gate goes first.
+    pub(crate) fn detach_wal_gate(&self) {
+        self.inner.lock().wal_gate = None;
+    }
+
+    /// The main file's lock level changed: above SHARED (`true`) or not. The WAL's gate follows
+    /// (see [`WalGate`]); nothing to do while the level stays on the same side of SHARED, nor
+    /// without a WAL (rollback mode's every write transaction moves it).
+    pub(crate) fn main_lock_level(&self, above_shared: bool) {
+        if self.main_above_shared.swap(above_shared, Ordering::AcqRel) != above_shared
+            && self.wal_pinned()
+        {
+            self.inner.lock().sync_wal_gate(above_shared);
+        }
+    }
+
+    /// Called when SQLite is about to close the WAL file object (before the wrapped close: a
+    /// pin that borrows SQLite's descriptor must let go of it, or own a `dup` of it, first).
+    /// A retired generation that is still to be captured, or may be healed at the main file's
+    /// close, keeps its WAL through a descriptor of the guard's own; every other pin is dropped.
+    pub(crate) fn wal_closing(&self) {
+        let mut inner = self.inner.lock();
+        let Some(id) = inner.wal.as_ref().map(PinnedWal::id) else {
+            return;
+        };
+        JUST_CLOSED_WAL.with(|j| *j.borrow_mut() = Some((self.wal_path.clone(), id)));
+        let keep = (inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing())
+            // Until the main file's close, which may check the frames back in (`healing.rs`).
+            || healing::may_heal(&inner);
+        if keep {
+            // The descriptor is the only way left to the retired frames: keep it for the retry
+            // or the heal. Normally owned since the retirement (`check_pins`).
+            match inner.wal.as_mut().map(PinnedWal::own) {
+                Some(Err(e)) => log::error!(
+                    "hermes-guard: cannot keep a descriptor of the retired WAL {} ({id}) past its \
+                     close: {e}; its frames that no capture holds are lost with SQLite's close",
+                    self.wal_path.display()
+                ),
+                _ => return,
+            }
+        }
+        inner.wal_here = None;
+        inner.wal = None;
+        inner.generation = None;
+        self.wal_pinned.store(false, Ordering::Release);
+    }
+
+    /// Called when the shared-memory region 0 is mapped: pins the inode behind the mapping
+    /// (`mapped` runs only while nothing is pinned: its identity, and the pathname the kernel
+    /// gives for it), or what the pathname names if that fails, and keeps `index` to read the
+    /// checkpoint progress from at a loss.
+    ///
+    /// The pin is checked later by a pathname: `<db>-shm` when that is the mapped file (the
+    /// common case) or when the mapped file has no other live name (a `-shm` unlinked before
+    /// this connection attached to it: retired at the first check, as it must be); else the
+    /// mapped file's own name (an `SQLITE_SHM_DIRECTORY` build keeps the `-shm` in that
+    /// directory, under a name of its own).
+    pub(crate) fn pin_shm(
+        &self,
+        mapped: impl FnOnce() -> Option<(FileId, Option<PathBuf>)>,
+        index: Box<dyn WalIndex>,
+    ) {
+        let mut inner = self.inner.lock();
+        if inner.shm_id.is_none() {
+            let at_sidecar = || identity_of_path(&self.shm_path).ok().flatten();
+            let (id, check_path) = match mapped() {
+                // The node's own name is `<db>-shm` in the common case: no `stat` to compare.
+                Some((id, Some(name))) if name != self.shm_path && at_sidecar() != Some(id) => {
+                    let live = identity_of_path(&name).ok().flatten() == Some(id);
+                    (Some(id), live.then_some(name))
+                }
+                Some((id, _)) => (Some(id), None),
+                None => (at_sidecar(), None),
+            };
+            if let Some(name) = &check_path {
+                let dir = name.parent().filter(|d| Some(*d) != self.db_path.parent());
+                // A change there must stop the fast path vouching as one beside the database
+                // does (the watcher's change count is shared by every watched directory); no
+                // watch there, no vouching at all (see `check`).
+                *self.shm_watch.lock() = dir.map(DirWatch::new);
+                log::info!(
+                    "hermes-guard: the shared memory of {} is {} (not {}): checked there",
+                    self.db_path.display(),
+                    name.display(),
+                    self.shm_path.display()
+                );
+            }
+            inner.shm_id = id;
+            inner.shm_check_path = check_path;
+        }
+        if inner.shm_here.is_none() {
+            inner.shm_here = inner.shm_id.map(in_use::ShmHere::new);
+        }
+        inner.wal_index = Some(index);
+    }
+
+    /// The pathname the pinned `-shm` is checked by (see [`DbState::pin_shm`]).
+    pub(super) fn shm_check_path<'a>(&'a self, inner: &'a Inner) -> &'a Path {
+        inner.shm_check_path.as_deref().unwrap_or(&self.shm_path)
+    }
+
+    /// The shared memory is about to be unmapped: its address must not be read from now on.
+    pub(crate) fn shm_unmapping(&self) {
+        self.inner.lock().wal_index = None;
+    }
+
+    /// The shared memory was unmapped (its WAL closed: a close, or a switch out of WAL mode).
+    /// The next mapping is a new generation, pinned afresh; a retired one keeps its pin.
+    pub(crate) fn shm_unmapped(&self) {
+        let mut inner = self.inner.lock();
+        inner.shm_here = None;
+        if inner.reason.is_none() {
+            inner.shm_id = None;
+            inner.shm_check_path = None;
+            *self.shm_watch.lock() = None;
+        }
+    }
+
+    /// Called when the main file object is finally closed.
+    pub(crate) fn main_closed(&self) {
+        let mut inner = self.inner.lock();
+        inner.shm_here = None;
+        inner.wal_here = None;
+        inner.main_image = None;
+        inner.wal = None;
+        inner.generation = None;
+        inner.wal_index = None;
+        self.wal_pinned.store(false, Ordering::Release);
+        JUST_CLOSED_WAL.with(|j| {
+            let mut j = j.borrow_mut();
+            if j.as_ref().is_some_and(|(path, _)| *path == self.wal_path) {
+                *j = None;
+            }
+        });
+    }
+}
