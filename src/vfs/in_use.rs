@@ -14,10 +14,15 @@
 //!
 //! The test needs a descriptor of the `-shm`, and closing any descriptor of a file drops every
 //! POSIX lock this process holds on it — an unguarded connection of this process may be one of
-//! them. So a probe descriptor is never closed: it is kept, one per `-shm` inode, and reused by
-//! the next test of that file (SQLite's own unix VFS keeps such descriptors for the same reason).
-//! Probes are rare — only when a WAL looks stale and the database's EXCLUSIVE lock cannot settle
-//! it — and bounded ([`MAX_PROBES`]); past the bound the answer is "in use", the conservative one.
+//! them. A probe that finds the dead-man-switch byte unlocked by everyone is closed at once: no
+//! connection of this process maps the `-shm` then (the unix VFS holds that byte for as long as
+//! its shared-memory node lives, and takes no other lock on the file without it), so this
+//! process holds no lock to lose. A probe that finds it locked is kept, one per `-shm` inode,
+//! reused by the next test of that file (SQLite's own unix VFS keeps descriptors it cannot close
+//! for the same reason), and closed once a later test, or the process's exit, finds the byte
+//! unlocked by everyone. Kept probes are rare — a WAL in doubt whose `-shm` a live connection
+//! holds — and bounded ([`MAX_PROBES`]); past the bound the answer is "in use", the conservative
+//! one.
 
 use std::collections::HashMap;
 use std::ffi::c_int;
@@ -152,6 +157,7 @@ pub(crate) fn shm_use(shm_path: &Path) -> ShmUse {
     }
     let mut probes = PROBES.lock();
     let probes = probes.get_or_insert_with(HashMap::new);
+    release_idle(probes);
     if !probes.contains_key(&id) {
         if probes.len() >= MAX_PROBES {
             log::debug!(
@@ -181,13 +187,34 @@ pub(crate) fn shm_use(shm_path: &Path) -> ShmUse {
     }
     match write_lock_conflicts(probes[&id].as_raw_fd(), DMS) {
         Ok(true) => ShmUse::Held,
-        Ok(false) => ShmUse::Unused,
+        Ok(false) => {
+            // Nobody holds the byte: no connection of this process maps the file, so closing
+            // the probe drops no lock of this process's.
+            probes.remove(&id);
+            ShmUse::Unused
+        }
         Err(e) => {
             log::debug!(
                 "hermes-guard: F_OFD_GETLK on {} failed ({e}): taken as in use",
                 shm_path.display()
             );
             ShmUse::Unknown
+        }
+    }
+}
+
+/// Closes the kept probes whose `-shm` nobody holds any more (see the module's docs).
+fn release_idle(probes: &mut HashMap<FileId, OwnedFd>) {
+    probes.retain(|_, fd| !matches!(write_lock_conflicts(fd.as_raw_fd(), DMS), Ok(false)));
+}
+
+/// At the process's exit: the kept probes whose `-shm` nobody holds are closed (a descriptor
+/// left open on a filesystem keeps it from being unmounted, and a FUSE filesystem served by this
+/// process could not answer its close any later).
+pub(crate) fn release_idle_probes() {
+    if let Some(mut probes) = PROBES.try_lock() {
+        if let Some(probes) = probes.as_mut() {
+            release_idle(probes);
         }
     }
 }
@@ -279,6 +306,28 @@ mod tests {
         let rc = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
         assert_eq!(rc, 0);
         assert_ne!(c_int::from(fl.l_type), libc::F_UNLCK);
+    }
+
+    #[test]
+    fn a_probe_of_a_shm_nobody_holds_is_closed_and_a_held_ones_kept_until_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let shm = dir.path().join("d.db-shm");
+        std::fs::write(&shm, [0u8; 256]).unwrap();
+        let id = identity_of_path(&shm).unwrap().unwrap();
+        let kept = |id| PROBES.lock().as_ref().is_some_and(|m| m.contains_key(&id));
+        assert_eq!(shm_use(&shm), ShmUse::Unused);
+        assert!(!kept(id), "nobody holds it: the probe is closed");
+        let holder = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .open(&shm)
+            .unwrap();
+        lock(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_RDLCK);
+        assert_eq!(shm_use(&shm), ShmUse::Held);
+        assert!(kept(id), "held: the probe is kept");
+        drop(holder); // its OFD lock goes with its last descriptor
+        release_idle_probes();
+        assert!(!kept(id), "released once nobody holds it");
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub(crate) fn held() -> (usize, usize) {
 /// the list (a process exiting under a running capture).
 pub(crate) extern "C" fn at_exit() {
     let _ = std::panic::catch_unwind(|| {
+        crate::vfs::in_use::release_idle_probes();
         if PENDING_COUNT.load(Ordering::Acquire) == 0 || PENDING.is_locked() {
             return;
         }
