@@ -58,6 +58,7 @@ mod close_no_checkpoint;
 mod close_pending_retry;
 mod descriptors;
 mod directory_deleted;
+mod exit_word;
 mod directory_moved;
 mod exclusive_and_rollback;
 mod file_layout;
