@@ -572,12 +572,20 @@ impl DbState {
         }
     }
 
-    /// Where the capture written at `at` is now: inside the held directory, wherever that went
-    /// since.
+    /// Where the capture written at `at` is now: a capture beside the database is inside the
+    /// held directory, wherever that went since; one written elsewhere (the fallback or orphan
+    /// capture directory) is where it was written.
     fn capture_now(&self, at: &Path) -> PathBuf {
-        match (self.dir(), at.file_name()) {
-            (Some(dir), Some(name)) => dir.current_path().join(name),
-            _ => at.to_path_buf(),
+        let (Some(dir), Some(name), Some(parent)) = (self.dir(), at.file_name(), at.parent())
+        else {
+            return at.to_path_buf();
+        };
+        let beside = Some(parent) == self.db_path.parent()
+            || identity_of_path(parent).ok().flatten() == Some(dir.id());
+        if beside {
+            dir.current_path().join(name)
+        } else {
+            at.to_path_buf()
         }
     }
 
