@@ -122,7 +122,11 @@ fn two_held_generations_that_cannot_be_captured_each_get_their_own_error_at_exit
         let word = format!("{LOST} {}", dir.path().join(db).display());
         let lines: Vec<_> = err.lines().filter(|l| l.contains(&word)).collect();
         assert_eq!(lines.len(), 1, "{db}:\n{err}");
-        assert!(lines[0].contains(" ERROR ") && lines[0].contains("LOST"), "{}", lines[0]);
+        assert!(
+            lines[0].contains(" ERROR ") && lines[0].contains("LOST"),
+            "{}",
+            lines[0]
+        );
     }
     assert!(artifacts(dir.path()).is_empty());
 }
