@@ -50,6 +50,8 @@
 //!   [`FileId`].
 //! - A capture's [`manifest`] ([`Manifest`] and its parts, [`Manifest::read`]).
 //! - Recovery, as the `hermes-guard` CLI runs it: the [`recover`] module.
+//! - From outside, read-only: [`judge_wal_at_path`] ([`WalAtPath`]), the stale-WAL judgement of
+//!   what is at a database's path (`hermes-guard status`).
 //! - Two helpers for applications built on the guard: [`identity_of_path`] and
 //!   [`set_busy_timeout`].
 //!
@@ -83,6 +85,7 @@ use unsupported as vfs;
 // crate builds and `register` says so (`unsupported.rs`).
 #[cfg(target_os = "linux")]
 mod vfs;
+mod wal_at_path;
 mod walfile;
 
 use std::path::PathBuf;
@@ -97,6 +100,7 @@ pub use stale_wal::{
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
+pub use wal_at_path::{judge_wal_at_path, WalAtPath};
 pub use wal_reset::{
     set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
     WalResetGuard, WAL_RESET_GUARD_ENV,
