@@ -63,7 +63,7 @@ fn captured_in(wal: &Path, fd: &Path) -> Option<PathBuf> {
 }
 
 /// What to do about one held WAL, in words.
-fn verdict(captured: Option<&Path>, fd: &Path) -> String {
+pub fn verdict(captured: Option<&Path>, fd: &Path) -> String {
     match captured {
         Some(capture) => format!(
             "captured in {}: nothing to do (the descriptor goes when its connection closes)",
@@ -83,6 +83,35 @@ fn deleted_wal(target: &Path) -> Option<PathBuf> {
     let name = bytes.strip_suffix(b" (deleted)")?;
     name.ends_with(b"-wal")
         .then(|| PathBuf::from(OsStr::from_bytes(name)))
+}
+
+/// One process's descriptors of the deleted `-wal` of one database, for `status`.
+pub struct HeldWal {
+    pub pid: u32,
+    pub command: String,
+    pub descriptors: usize,
+    /// `/proc/<pid>/fd/<n>`: where its bytes can be copied from while the process lives.
+    pub copy_from: PathBuf,
+    /// The capture that holds its bytes, if one does.
+    pub captured_in: Option<PathBuf>,
+}
+
+/// The processes holding `wal` (a database's `-wal`, by the path it had) open, deleted.
+pub fn held_wal(wal: &Path) -> Vec<HeldWal> {
+    holders(Some(wal))
+        .into_iter()
+        .flat_map(|(pid, h)| {
+            h.wals.into_iter().filter(|(w, _)| w == wal).map(
+                move |(w, (descriptors, copy_from))| HeldWal {
+                    pid,
+                    command: h.command.clone(),
+                    descriptors,
+                    captured_in: captured_in(&w, &copy_from),
+                    copy_from,
+                },
+            )
+        })
+        .collect()
 }
 
 fn holders(under: Option<&Path>) -> BTreeMap<u32, Holder> {

@@ -94,6 +94,7 @@ mod sqlite_log_events;
 mod stale_wal;
 mod stale_wal_controls;
 mod stale_wal_race;
+mod status_cli;
 mod store_api;
 mod store_loss;
 mod store_processes;
