@@ -572,23 +572,6 @@ impl DbState {
         }
     }
 
-    /// Where the capture written at `at` is now: a capture beside the database is inside the
-    /// held directory, wherever that went since; one written elsewhere (the fallback or orphan
-    /// capture directory) is where it was written.
-    fn capture_now(&self, at: &Path) -> PathBuf {
-        let (Some(dir), Some(name), Some(parent)) = (self.dir(), at.file_name(), at.parent())
-        else {
-            return at.to_path_buf();
-        };
-        let beside = Some(parent) == self.db_path.parent()
-            || identity_of_path(parent).ok().flatten() == Some(dir.id());
-        if beside {
-            dir.current_path().join(name)
-        } else {
-            at.to_path_buf()
-        }
-    }
-
     /// Whether `<db>-shm` may be unlinked by this connection's close: only while it still
     /// resolves to the mapping this connection pinned.
     pub(crate) fn may_delete_shm(&self) -> bool {
