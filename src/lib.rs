@@ -45,12 +45,15 @@
 //!   [`wal_reset_guard`] / [`wal_reset_guard_on`] with [`WalResetGuard`] (keeping SQLite's WAL
 //!   resets and checkpoints apart where [`sqlite_has_wal_reset_race`]; [`WAL_RESET_GUARD_ENV`]
 //!   for extension hosts); [`unsafe_fs_policy`] with [`UnsafeFsPolicy`] and [`UNSAFE_FS_ENV`]
-//!   (WAL mode on a network filesystem: warn, refuse or allow; [`Filesystem`]).
+//!   (WAL mode on a network filesystem: warn, refuse or allow; [`Filesystem`],
+//!   [`filesystem_of_dir`]).
 //! - What they report: [`GuardStatus`] (with [`Backfill`], [`StaleWalStatus`],
 //!   [`StaleWalAction`]), [`RetireReason`], [`ErrorClass`], [`GuardError`], [`CaptureError`],
 //!   [`FileId`].
 //! - A capture's [`manifest`] ([`Manifest`] and its parts, [`Manifest::read`]).
 //! - Recovery, as the `hermes-guard` CLI runs it: the [`recover`] module.
+//! - From outside, read-only: [`judge_wal_at_path`] ([`WalAtPath`]), the stale-WAL judgement of
+//!   what is at a database's path (`hermes-guard status`).
 //! - Two helpers for applications built on the guard: [`identity_of_path`] and
 //!   [`set_busy_timeout`].
 //!
@@ -85,6 +88,7 @@ use unsupported as vfs;
 // crate builds and `register` says so (`unsupported.rs`).
 #[cfg(target_os = "linux")]
 mod vfs;
+mod wal_at_path;
 mod walfile;
 
 use std::path::PathBuf;
@@ -93,13 +97,16 @@ use rusqlite::Connection;
 
 pub use capture::CaptureError;
 pub use error::GuardError;
-pub use filesystem::{unsafe_fs_policy, Filesystem, UnsafeFsPolicy, UNSAFE_FS_ENV};
+pub use filesystem::{
+    of_dir as filesystem_of_dir, unsafe_fs_policy, Filesystem, UnsafeFsPolicy, UNSAFE_FS_ENV,
+};
 pub use identity::{identity_of_path, FileId};
 pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
+pub use wal_at_path::{judge_wal_at_path, WalAtPath};
 pub use wal_reset::{
     set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
     WalResetGuard, WAL_RESET_GUARD_ENV,

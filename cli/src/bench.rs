@@ -76,7 +76,7 @@ pub struct BenchArgs {
     #[arg(long)]
     recovery_rows: Option<u64>,
     /// Rows the newer generation writes into the recovery workload's table before each side,
-    /// on the rowids the captured rows have [default: 0].
+    /// on the rowids the captured rows have.
     #[arg(long, default_value_t = 0)]
     recovery_newer_rows: u64,
 }

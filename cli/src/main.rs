@@ -6,6 +6,7 @@ mod demo;
 mod held;
 mod help;
 mod recover_cmd;
+mod status_cmd;
 mod table;
 mod writer;
 
@@ -21,7 +22,7 @@ use clap::{Parser, Subcommand};
     // `help <topic>` is ours: it also prints the docs compiled in (`help recovery`).
     disable_help_subcommand = true,
     after_help = "Exit codes: 0 done; 1 failed (nothing written); 2 bad input (nothing written); \
-                  3 something is left over (recover, captures). Each command's --help says more.\n\
+                  3 something is left over (recover, captures) or needs attention (status). Each command's --help says more.\n\
                   A write was refused? `hermes-guard help recovery` prints the runbook."
 )]
 struct Cli {
@@ -46,6 +47,10 @@ enum Command {
     /// Plan (and with --apply, merge) a capture's missing rows into the live database.
     #[command(after_help = recover_cmd::RECOVER_EXIT_CODES)]
     Recover(recover_cmd::RecoverArgs),
+    /// Is this database healthy: its -wal judged, who holds it, its captures and their missing
+    /// rows (read-only).
+    #[command(after_help = status_cmd::STATUS_EXIT_CODES)]
+    Status(status_cmd::StatusArgs),
     /// List the processes that hold retired WAL generations open (deleted -wal descriptors).
     #[command(after_help = held::HELD_EXIT_CODES)]
     Held(held::HeldArgs),
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
         Command::Verify(args) => return recover_cmd::verify(args),
         Command::Recover(args) => return recover_cmd::recover(args),
         Command::Held(args) => return held::held(args),
+        Command::Status(args) => return status_cmd::status(args),
         Command::Help(args) => return help::help(args),
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),

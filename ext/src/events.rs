@@ -1,17 +1,20 @@
-//! Where the guard's events go in a host process (issue 30): every host's user sees them.
+//! Where the guard's events go in a host process (issues 30 and 35): every host's user sees each
+//! event, once.
 //!
-//! - **stderr**, one line per event, WARN and ERROR by default — a capture, a heal, a stale WAL
-//!   set aside, a retired generation — because a host rarely listens to SQLite's log and these
-//!   must not pass unseen. [`LOG_ENV`] (`HERMES_GUARD_LOG`) chooses: `off`, `error` (or
-//!   `quiet`), `warn` (the default), `info` (or `verbose`), `debug`.
+//! - **One route per event, at one level.** [`LOG_ENV`] (`HERMES_GUARD_LOG`) sets the level for
+//!   whichever route is in use: `off` (no route at all), `error` (or `quiet`), `warn` (the
+//!   default), `info` (or `verbose`), `debug`. An event at that level or above goes to
+//!   - **stderr**, one line per event — a capture, a heal, a stale WAL set aside, a retired
+//!     generation — because a host rarely listens to SQLite's log and these must not pass
+//!     unseen; or, while a host routes them ([`hermes_guard_events_route`]: the Python package
+//!     does when the application configured `logging`),
+//!   - **a queue the host drains** instead (at most [`QUEUE_MAX`]; an event pushed out of a full
+//!     queue is written to stderr and counted) through [`hermes_guard_events_next`], which a host
+//!     thread calls with its own lock released (Python's ctypes releases the GIL around a foreign
+//!     call). The guard itself never waits on the host: pushing is a short mutex and a condvar
+//!     signal. A host that stops routing (at its exit) gets stderr again for what follows.
 //! - **SQLite's own error log** (`sqlite3_log`: `SQLITE_CONFIG_LOG`, the shell's `.log`, apsw's
-//!   log hook): WARN and ERROR, as before.
-//! - **A queue a host drains** (the Python package's `logging` bridge): once a host calls
-//!   [`hermes_guard_events_attach`], every event at the stderr level or above is also queued
-//!   (at most [`QUEUE_MAX`], the oldest dropped and counted) for
-//!   [`hermes_guard_events_next`], which a host thread calls with its own lock released (Python's
-//!   ctypes releases the GIL around a foreign call). The guard itself never waits on the host:
-//!   pushing is a short mutex and a condvar signal.
+//!   log hook): WARN and ERROR, as before, whatever the route.
 
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, CString};
@@ -28,9 +31,12 @@ pub const LOG_ENV: &str = "HERMES_GUARD_LOG";
 /// Events a queue holds before the oldest is dropped.
 pub const QUEUE_MAX: usize = 1000;
 
-/// The stderr level: 0 off, 1 error, 2 warn, 3 info, 4 debug.
-static STDERR_LEVEL: AtomicU8 = AtomicU8::new(2);
+/// The level of the route in use: 0 off, 1 error, 2 warn, 3 info, 4 debug.
+static LEVEL: AtomicU8 = AtomicU8::new(2);
+/// A host drains the queue ([`hermes_guard_events_attach`]).
 static ATTACHED: AtomicBool = AtomicBool::new(false);
+/// The host takes the events instead of stderr ([`hermes_guard_events_route`]).
+static ROUTED: AtomicBool = AtomicBool::new(false);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 static QUEUE: Mutex<VecDeque<(log::Level, String)>> = Mutex::new(VecDeque::new());
 static READY: Condvar = Condvar::new();
@@ -66,7 +72,7 @@ struct HostLog;
 
 impl log::Log for HostLog {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        rank(metadata.level()) <= STDERR_LEVEL.load(Ordering::Relaxed).max(2)
+        rank(metadata.level()) <= LEVEL.load(Ordering::Relaxed).max(2)
     }
 
     fn log(&self, record: &log::Record<'_>) {
@@ -76,10 +82,13 @@ impl log::Log for HostLog {
         // One line per event, whatever the message holds.
         let message = record.args().to_string().replace('\n', " ");
         let level = record.level();
-        if rank(level) <= STDERR_LEVEL.load(Ordering::Relaxed) {
-            let _ = writeln!(std::io::stderr(), "{message}");
-            if ATTACHED.load(Ordering::Acquire) {
-                push(level, &message);
+        if rank(level) <= LEVEL.load(Ordering::Relaxed) {
+            if ATTACHED.load(Ordering::Acquire) && ROUTED.load(Ordering::Acquire) {
+                if let Some(pushed_out) = push(level, &message) {
+                    let _ = writeln!(std::io::stderr(), "{pushed_out}");
+                }
+            } else {
+                let _ = writeln!(std::io::stderr(), "{message}");
             }
         }
         if rank(level) <= 2 {
@@ -99,15 +108,18 @@ impl log::Log for HostLog {
     fn flush(&self) {}
 }
 
-fn push(level: log::Level, message: &str) {
+/// Queues an event; returns the oldest one's text when the queue was full (it goes to stderr).
+fn push(level: log::Level, message: &str) -> Option<String> {
     let mut queue = QUEUE.lock();
+    let mut pushed_out = None;
     if queue.len() >= QUEUE_MAX {
-        queue.pop_front();
+        pushed_out = queue.pop_front().map(|(_, text)| text);
         DROPPED.fetch_add(1, Ordering::Relaxed);
     }
     queue.push_back((level, message.to_owned()));
     drop(queue);
     READY.notify_one();
+    pushed_out
 }
 
 static LOGGER: HostLog = HostLog;
@@ -116,7 +128,7 @@ static LOGGER: HostLog = HostLog;
 /// load, naming the variable).
 pub fn install() -> Result<(), String> {
     let level = level_from_env(std::env::var_os(LOG_ENV))?;
-    STDERR_LEVEL.store(level, Ordering::Relaxed);
+    LEVEL.store(level, Ordering::Relaxed);
     if log::set_logger(&LOGGER).is_ok() {
         log::set_max_level(match level.max(2) {
             2 => log::LevelFilter::Warn,
@@ -131,6 +143,14 @@ pub fn install() -> Result<(), String> {
 #[unsafe(no_mangle)]
 pub extern "C" fn hermes_guard_events_attach() {
     ATTACHED.store(true, Ordering::Release);
+}
+
+/// While `on` is non-zero, the events go to the host's queue instead of stderr (the host
+/// configured its own log); 0 gives them back to stderr (the host's log is not configured, or the
+/// host is exiting). Events queued before are still the host's to deliver.
+#[unsafe(no_mangle)]
+pub extern "C" fn hermes_guard_events_route(on: c_int) {
+    ROUTED.store(on != 0, Ordering::Release);
 }
 
 /// The next queued event, waiting up to `timeout_ms` (0: not at all): its level (1 error, 2
@@ -207,7 +227,7 @@ mod tests {
     #[test]
     fn a_drained_queue_gives_events_in_order_and_says_what_it_dropped() {
         for i in 0..QUEUE_MAX + 2 {
-            push(log::Level::Warn, &format!("event {i}"));
+            let _ = push(log::Level::Warn, &format!("event {i}"));
         }
         let (level, first) = next(0).unwrap();
         assert_eq!(level, log::Level::Warn);

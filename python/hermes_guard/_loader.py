@@ -172,10 +172,12 @@ def load(conn: Any, log: Optional[str] = None) -> None:
     database is guarded when it is opened through the VFS, with :func:`connect`, with a
     `file:<path>?vfs=hermes-guard` URI, or after :func:`enable` for every open.
 
-    Events (a capture, a heal, a refused generation) go to stderr, one line each, and to the
-    logger `hermes_guard` when the application configured logging; `log` sets what reaches
-    stderr (`"off"`, `"quiet"`, `"warn"` (the default), `"verbose"`, `"debug"`; the
-    environment variable `HERMES_GUARD_LOG` when not given).
+    Events (a capture, a heal, a refused generation) take one route each: the logger
+    `hermes_guard` while the application has configured logging (a handler on that logger or on
+    the root logger, as `logging.basicConfig` adds), else stderr, one line each — never both.
+    `log` sets the level for whichever route is in use: `"off"` (neither), `"quiet"` (errors
+    only), `"warn"` (the default), `"verbose"` (info), `"debug"`; the environment variable
+    `HERMES_GUARD_LOG` when not given. The logger's own level filters further.
 
     Loading is switched on for the call and off again after it. Raises
     :class:`ExtensionLoadingUnavailable` on a Python whose `sqlite3` cannot load extensions and
@@ -200,8 +202,8 @@ def enable(log: Optional[str] = None) -> None:
 
     The extension is loaded through a private in-memory connection, closed at once: the VFS stays
     registered for the life of the process (the extension returns `SQLITE_OK_LOAD_PERMANENTLY`).
-    Connections opened before the call are not guarded. Events reach stderr and Python's
-    `logging` as with :func:`load` (`log`: what reaches stderr). Raises
+    Connections opened before the call are not guarded. Events reach Python's `logging`
+    or stderr, one route each, as with :func:`load` (`log`: the level, `"off"` for neither). Raises
     :class:`ExtensionLoadingUnavailable` when this Python's `sqlite3` cannot load extensions.
     """
     global _default

@@ -1,6 +1,7 @@
-"""Every event reaches a Python user (issue 30): with only `enable()`, a loss prints on stderr
-where the rows are and the command that brings them back; with logging configured, the same
-events reach the logger `hermes_guard`; `log="quiet"` keeps the warnings off stderr."""
+"""Every event reaches a Python user (issue 30), once (issue 35): with only `enable()`, a loss
+prints on stderr where the rows are and the command that brings them back; with logging
+configured, the same events reach the logger `hermes_guard` instead of stderr; `log=` sets the
+level of whichever route is in use, `"off"` being neither."""
 
 from helpers import run_python
 
@@ -9,7 +10,7 @@ import logging, sys
 import hermes_guard
 from helpers import insert, lose_sidecars, open_db, wal_only_sentinel
 if sys.argv[2] == "logging":
-    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="PYLOG %(name)s %(levelname)s %(message)s")
 hermes_guard.enable(log=None if sys.argv[3] == "default" else sys.argv[3])
 conn = open_db(sys.argv[1])
@@ -44,9 +45,22 @@ def test_with_logging_configured_the_events_reach_the_hermes_guard_logger(tmp_pa
     db = tmp_path / "state.db"
     done = run_python(LOSS, str(db), "logging", "default")
     capture = _capture_of(done.stdout)
-    logged = [line for line in done.stdout.splitlines() if line.startswith("PYLOG hermes_guard ")]
-    assert any("ERROR" in line and "is retired" in line for line in logged), done.stdout
-    assert any("WARNING" in line and capture in line for line in logged), done.stdout
+    logged = [line for line in done.stderr.splitlines() if line.startswith("PYLOG hermes_guard ")]
+    assert any("ERROR" in line and "is retired" in line for line in logged), done.stderr
+    assert any("WARNING" in line and capture in line for line in logged), done.stderr
+
+
+def _lines_with(text: str, stderr: str) -> list:
+    return [line for line in stderr.splitlines() if text in line]
+
+
+def test_with_logging_configured_each_refusal_and_capture_line_appears_exactly_once(tmp_path):
+    db = tmp_path / "state.db"
+    done = run_python(LOSS, str(db), "logging", "default")
+    for text in ("is retired for this connection", "captured the retired generation"):
+        lines = _lines_with(text, done.stderr)
+        assert len(lines) == 1, done.stderr
+        assert lines[0].startswith("PYLOG hermes_guard "), lines[0]
 
 
 def test_quiet_keeps_warnings_off_stderr_and_errors_on_it(tmp_path):
@@ -54,3 +68,19 @@ def test_quiet_keeps_warnings_off_stderr_and_errors_on_it(tmp_path):
     done = run_python(LOSS, str(db), "plain", "quiet")
     assert "captured the retired generation" not in done.stderr, done.stderr
     assert "is retired for this connection" in done.stderr, done.stderr
+
+
+def test_quiet_sets_the_level_of_the_logging_route_too(tmp_path):
+    db = tmp_path / "state.db"
+    done = run_python(LOSS, str(db), "logging", "quiet")
+    assert not _lines_with("captured the retired generation", done.stderr), done.stderr
+    [refusal] = _lines_with("is retired for this connection", done.stderr)
+    assert refusal.startswith("PYLOG hermes_guard ERROR "), refusal
+
+
+def test_off_says_nothing_on_either_route(tmp_path):
+    for mode in ("plain", "logging"):
+        db = tmp_path / mode / "state.db"
+        db.parent.mkdir()
+        done = run_python(LOSS, str(db), mode, "off")
+        assert "hermes-guard:" not in done.stderr, done.stderr

@@ -188,8 +188,13 @@ fn apply_inner(
     bulk: bool,
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(|e| RecoverError::sqlite(database, "take the write lock (BEGIN IMMEDIATE)", e))?;
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| {
+        let operation = format!(
+            "take the write lock (BEGIN IMMEDIATE, waited up to {:?})",
+            options.busy_timeout
+        );
+        RecoverError::sqlite(database, operation, e)
+    })?;
     let result = (|| {
         let report = merge_checked(capture, conn, database, options, bulk, progress)?;
         conn.execute_batch("COMMIT")

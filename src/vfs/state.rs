@@ -426,15 +426,6 @@ impl DbState {
         }
     }
 
-    /// Where the capture written at `at` is now: inside the held directory, wherever that went
-    /// since.
-    fn capture_now(&self, at: &Path) -> PathBuf {
-        match (self.dir(), at.file_name()) {
-            (Some(dir), Some(name)) => dir.current_path().join(name),
-            _ => at.to_path_buf(),
-        }
-    }
-
     /// Whether `<db>-shm` may be unlinked by this connection's close: only while it still
     /// resolves to the mapping this connection pinned.
     pub(crate) fn may_delete_shm(&self) -> bool {

@@ -34,7 +34,7 @@ pub struct CapturesArgs {
 }
 
 /// One capture's row: its status, and whether it counts as unreadable for the exit code.
-fn row_of(
+pub fn row_of(
     entry: &recover::CaptureListing,
     given_db: Option<&PathBuf>,
 ) -> (serde_json::Value, bool) {

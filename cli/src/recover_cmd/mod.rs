@@ -24,7 +24,7 @@ use hermes_guard::recover::{
 };
 use serde_json::json;
 
-pub use captures::{captures, CapturesArgs, CAPTURES_EXIT_CODES};
+pub use captures::{captures, row_of, CapturesArgs, CAPTURES_EXIT_CODES};
 pub use verify::{verify, VerifyArgs, VERIFY_EXIT_CODES};
 
 /// Exit code: done.

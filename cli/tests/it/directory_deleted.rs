@@ -106,13 +106,20 @@ test_alone! {
     fn a_thousand_deleted_directories_log_a_bounded_number_of_lines_and_hold_no_descriptor() {
         record_logs_into(record);
         let mut dirs = Vec::new();
+        let started = std::time::Instant::now();
         for _ in 0..1000 {
             let (dir, conn) = database_in_a_directory_then_deleted(1);
             drop(conn);
             dirs.push(dir);
         }
+        // The rate limit is 5 lines a minute: the bound follows from how long the run took (a
+        // loaded machine may take more than a minute), never from how fast it was.
+        let minutes_begun = started.elapsed().as_secs() / 60 + 1;
         let lines = loud_lines();
-        assert!(lines <= 10, "{lines} lines for 1000 deleted directories");
+        assert!(
+            lines as u64 <= 5 * minutes_begun,
+            "{lines} lines for 1000 deleted directories in {minutes_begun} minute(s) begun"
+        );
         for dir in &dirs {
             assert_eq!(descriptors_under(dir.path()), Vec::<String>::new());
         }
@@ -122,7 +129,11 @@ test_alone! {
         assert_eq!(status.generations_let_go, 1000);
         assert_eq!(status.held_generations, 0);
         assert_eq!(status.held_descriptors, 0);
-        assert!(status.log_lines_suppressed >= 990, "{status:?}");
+        assert_eq!(
+            status.log_lines_suppressed + lines as u64,
+            1000,
+            "each let-go said or counted: {status:?}"
+        );
     }
 }
 

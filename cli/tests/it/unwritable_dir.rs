@@ -179,3 +179,27 @@ fn a_generation_still_held_at_exit_gets_a_last_attempt_and_a_plain_error_when_it
         "the last word at exit: {said}"
     );
 }
+
+#[test]
+fn the_status_names_a_fallback_capture_where_it_was_written() {
+    let Some((top, dir, db)) = setup() else {
+        return;
+    };
+    let fallback = top.path().join("fallback");
+    fs::create_dir(&fallback).unwrap();
+    chmod(&fallback, 0o777);
+    let mut gw = gateway_as_nobody(&db, &[("HERMES_GUARD_ORPHAN_CAPTURE_DIR", &fallback)]);
+    chmod(&dir, 0o755);
+    fs::remove_file(sidecar(&db, "-wal")).unwrap();
+    gw.send("write");
+    let refused = gw.next_event("write");
+    assert_eq!(refused["refused"], true, "{refused}");
+    // The write event carries the connection's `guard_status().capture`.
+    let named = Path::new(refused["artifact"].as_str().unwrap()).to_path_buf();
+    let [capture] = artifacts(&fallback).try_into().unwrap();
+    assert_eq!(named, capture);
+    assert!(named.join("manifest.json").is_file(), "{}", named.display());
+    gw.send("close");
+    gw.next_event("closed");
+    assert!(gw.quit().success());
+}

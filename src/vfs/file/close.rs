@@ -7,6 +7,7 @@ use rusqlite::ffi;
 
 use super::*;
 use crate::vfs::ffi_guard;
+use crate::vfs::fork::Origin;
 use crate::vfs::state::MainFile;
 
 pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
@@ -48,7 +49,11 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                             state.db_path().display()
                         );
                         let mut pending = PENDING.lock();
-                        pending.push((state.clone(), held));
+                        pending.push(Held {
+                            state: state.clone(),
+                            file: held,
+                            owner: Origin::here(),
+                        });
                         PENDING_COUNT.store(pending.len(), Ordering::Release);
                         ffi::SQLITE_OK
                     }

@@ -2,11 +2,12 @@
 //! passed: `retry.rs`), where it is written (beside the database; an orphan's elsewhere or
 //! nowhere), and what a failure leaves (the descriptors held, the error in the status).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{DbState, GenerationCapture, GenerationKey, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, Trigger};
+use crate::identity::identity_of_path;
 use crate::vfs::retry::{self, Attempt};
 
 impl DbState {
@@ -78,6 +79,23 @@ impl DbState {
         if self.check_pins().is_some() {
             // A failure is logged and recorded in the status; the descriptors stay open.
             let _ = self.ensure_captured(Trigger::Close);
+        }
+    }
+
+    /// Where the capture written at `at` is now: a capture beside the database is inside the
+    /// held directory, wherever that went since; one written elsewhere (the fallback or orphan
+    /// capture directory) is where it was written.
+    pub(super) fn capture_now(&self, at: &Path) -> PathBuf {
+        let (Some(dir), Some(name), Some(parent)) = (self.dir(), at.file_name(), at.parent())
+        else {
+            return at.to_path_buf();
+        };
+        let beside = Some(parent) == self.db_path.parent()
+            || identity_of_path(parent).ok().flatten() == Some(dir.id());
+        if beside {
+            dir.current_path().join(name)
+        } else {
+            at.to_path_buf()
         }
     }
 

@@ -183,8 +183,21 @@ impl DbState {
         }
     }
 
-    /// Called when the main file object is finally closed.
+    /// Called when the main file object is finally closed by SQLite's own close, on SQLite's
+    /// thread: [`DbState::main_released`], and this thread's just-closed WAL forgotten.
     pub(crate) fn main_closed(&self) {
+        self.main_released();
+        JUST_CLOSED_WAL.with(|j| {
+            let mut j = j.borrow_mut();
+            if j.as_ref().is_some_and(|(path, _)| *path == self.wal_path) {
+                *j = None;
+            }
+        });
+    }
+
+    /// The main file object is let go (a held one after its capture, on any thread, even at the
+    /// process's exit): what it pinned goes. No thread-local storage.
+    pub(crate) fn main_released(&self) {
         let mut inner = self.inner.lock();
         inner.shm_here = None;
         inner.wal_here = None;
@@ -193,11 +206,5 @@ impl DbState {
         inner.generation = None;
         inner.wal_index = None;
         self.wal_pinned.store(false, Ordering::Release);
-        JUST_CLOSED_WAL.with(|j| {
-            let mut j = j.borrow_mut();
-            if j.as_ref().is_some_and(|(path, _)| *path == self.wal_path) {
-                *j = None;
-            }
-        });
     }
 }
