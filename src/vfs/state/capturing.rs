@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use super::{DbState, GenerationCapture, GenerationKey, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, Trigger};
-use crate::identity::identity_of_path;
 use crate::vfs::retry::{self, Attempt};
 
 impl DbState {
@@ -83,17 +82,15 @@ impl DbState {
     }
 
     /// Where the capture written at `at` is now: a capture beside the database is inside the
-    /// held directory, wherever that went since; one written elsewhere (the fallback or orphan
-    /// capture directory) is where it was written.
+    /// held directory, wherever that went since (its name is there); one written elsewhere (the
+    /// fallback or orphan capture directory) is where it was written.
     pub(super) fn capture_now(&self, at: &Path) -> PathBuf {
-        let (Some(dir), Some(name), Some(parent)) = (self.dir(), at.file_name(), at.parent())
-        else {
+        let (Some(dir), Some(name)) = (self.dir(), at.file_name()) else {
             return at.to_path_buf();
         };
-        let beside = Some(parent) == self.db_path.parent()
-            || identity_of_path(parent).ok().flatten() == Some(dir.id());
-        if beside {
-            dir.current_path().join(name)
+        let followed = dir.current_path().join(name);
+        if followed.is_dir() {
+            followed
         } else {
             at.to_path_buf()
         }
