@@ -78,7 +78,9 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
         } else if let Some(main) = stale_main {
             Capture::open_with_main(&c.path, Some(main))
         } else {
-            let mut tried = images.iter().map(|m| Capture::open_with_main(&c.path, Some(m)));
+            let mut tried = images
+                .iter()
+                .map(|m| Capture::open_with_main(&c.path, Some(m)));
             match tried.find(Result::is_ok) {
                 Some(found) => found,
                 // Without the file it was written on it cannot be read (docs/recovery.md):
@@ -92,7 +94,10 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
                 let held = rows(cap.connection()).unwrap_or_default();
                 captures.push((cap, stale, healed, held));
             }
-            Err(e) => bad.push(format!("capture {} cannot be opened: {e}", c.path.display())),
+            Err(e) => bad.push(format!(
+                "capture {} cannot be opened: {e}",
+                c.path.display()
+            )),
         }
     }
     if listing.iter().any(|c| c.partial) {
@@ -113,7 +118,10 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
     // and a running writer's commits and its closing checkpoint land on the restored file (no
     // content hash: docs/decisions.md). Rows from before such a restore may come back or not;
     // only a restore renamed over the file (a new inode, which the guard sees) must stand.
-    let in_place = ledger.losses.iter().any(|(what, _)| what.starts_with("cp backup"));
+    let in_place = ledger
+        .losses
+        .iter()
+        .any(|(what, _)| what.starts_with("cp backup"));
     let mut acked: Vec<&str> = Vec::new();
     for (v, step) in &ledger.acked {
         if !discarded(v, *step) {
@@ -135,7 +143,9 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
             .filter(|(_, _, healed, h)| !healed && h.contains_key(v))
             .count();
         if n == 0 && held == 0 {
-            bad.push(format!("acknowledged row {v} is neither live nor in a capture"));
+            bad.push(format!(
+                "acknowledged row {v} is neither live nor in a capture"
+            ));
         }
     }
     // 3. No capture without a loss.

@@ -117,7 +117,11 @@ unsafe fn ours(f: *mut ffi::sqlite3_file) -> *mut Ours {
 ///
 /// # Safety
 /// `f` is one of our open files, used by this thread only for the call (SQLite's rule).
-unsafe fn below_call<R>(f: *mut ffi::sqlite3_file, closing: bool, call: impl FnOnce(&ffi::sqlite3_io_methods) -> R) -> R {
+unsafe fn below_call<R>(
+    f: *mut ffi::sqlite3_file,
+    closing: bool,
+    call: impl FnOnce(&ffi::sqlite3_io_methods) -> R,
+) -> R {
     // SAFETY: `f` is ours and open: its table is ours, `below` is the VFS below's.
     unsafe {
         let o = ours(f);
@@ -176,7 +180,7 @@ unsafe extern "C" fn x_open(
         // SAFETY: a WAL's name is derived from its main file's, as the function expects.
         let m = unsafe { ffi::sqlite3_database_file_object(name) };
         // SAFETY: `m` is null or the main file, open while its WAL opens.
-        let is_ours = !m.is_null() && unsafe { (*m).pMethods } == &METHODS as *const _;
+        let is_ours = !m.is_null() && std::ptr::eq(unsafe { (*m).pMethods }, &METHODS);
         is_ours.then_some(m)
     } else {
         None
@@ -200,9 +204,15 @@ unsafe extern "C" fn x_open(
     }
 }
 
-unsafe extern "C" fn x_delete(vfs: *mut ffi::sqlite3_vfs, name: *const c_char, sync: c_int) -> c_int {
-    // SAFETY: `name` is a C string from SQLite.
-    yield_now(Kind::Release, || format!("xDelete {}", unsafe { short(name) }));
+unsafe extern "C" fn x_delete(
+    vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    sync: c_int,
+) -> c_int {
+    yield_now(Kind::Release, || {
+        // SAFETY: `name` is a C string from SQLite.
+        format!("xDelete {}", unsafe { short(name) })
+    });
     // SAFETY: the VFS below is registered and has this method.
     unsafe {
         let below = below(vfs);
@@ -314,7 +324,11 @@ io_forward! {
 }
 
 fn shm_lock(ofst: c_int, n: c_int, flags: c_int) -> (Kind, String) {
-    let excl = if flags & ffi::SQLITE_SHM_EXCLUSIVE != 0 { "excl" } else { "shared" };
+    let excl = if flags & ffi::SQLITE_SHM_EXCLUSIVE != 0 {
+        "excl"
+    } else {
+        "shared"
+    };
     if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
         (Kind::Release, format!("xShmLock {ofst}+{n} unlock {excl}"))
     } else {

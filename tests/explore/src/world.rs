@@ -87,7 +87,8 @@ impl Who {
         if is_refusal(e) {
             l.refusals.push((self.name.clone(), step));
         }
-        l.errors.push(format!("{} {what} at step {step}: {e}", self.name));
+        l.errors
+            .push(format!("{} {what} at step {step}: {e}", self.name));
     }
 
     /// Opens (recording a failure); `None` when the open failed.
@@ -199,6 +200,8 @@ pub fn act(db: &Path, act: Act, ledger: &Shared) {
     let mut l = ledger.lock();
     match done {
         Ok(()) => l.losses.push((act.name().to_string(), step)),
-        Err(e) => l.errors.push(format!("actor {} at step {step}: {e}", act.name())),
+        Err(e) => l
+            .errors
+            .push(format!("actor {} at step {step}: {e}", act.name())),
     }
 }

@@ -15,20 +15,36 @@ fn main() -> ExitCode {
     let mut first = 0u64;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut value = || args.next().unwrap_or_else(|| usage(&format!("{a} needs a value")));
+        let mut value = || {
+            args.next()
+                .unwrap_or_else(|| usage(&format!("{a} needs a value")))
+        };
         match a.as_str() {
             "--scenario" => scenario = Some(value()),
-            "--seed" => seed = Some(value().parse().unwrap_or_else(|_| usage("--seed: a number"))),
-            "--schedules" => {
-                schedules = value().parse().unwrap_or_else(|_| usage("--schedules: a number"))
+            "--seed" => {
+                seed = Some(
+                    value()
+                        .parse()
+                        .unwrap_or_else(|_| usage("--seed: a number")),
+                )
             }
-            "--first" => first = value().parse().unwrap_or_else(|_| usage("--first: a number")),
+            "--schedules" => {
+                schedules = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--schedules: a number"))
+            }
+            "--first" => {
+                first = value()
+                    .parse()
+                    .unwrap_or_else(|_| usage("--first: a number"))
+            }
             _ => usage(&format!("unknown argument {a}")),
         }
     }
     let chosen: Vec<&'static scenarios::Scenario> = match &scenario {
-        Some(name) => vec![scenarios::find(name)
-            .unwrap_or_else(|| usage(&format!("no scenario {name}")))],
+        Some(name) => {
+            vec![scenarios::find(name).unwrap_or_else(|| usage(&format!("no scenario {name}")))]
+        }
         None => scenarios::ALL.iter().collect(),
     };
     if let Some(seed) = seed {
@@ -60,11 +76,21 @@ fn main() -> ExitCode {
             t.elapsed().as_secs_f64(),
             sc.about
         );
+        if !s.known.is_empty() {
+            println!(
+                "  {} schedule(s) showed a known guard bug only (not counted; tests/explore/README.md): seeds {:?}",
+                s.known.len(),
+                &s.known[..s.known.len().min(10)]
+            );
+        }
         for f in s.failures.iter().take(3) {
             print!("{}", f.describe());
         }
         for f in &s.failures {
-            println!("  failing seed {} (replay: bash tests/explore.sh --scenario {} --seed {})", f.seed, sc.name, f.seed);
+            println!(
+                "  failing seed {} (replay: bash tests/explore.sh --scenario {} --seed {})",
+                f.seed, sc.name, f.seed
+            );
         }
         violations += s.failures.len();
         total += s.schedules;
@@ -78,7 +104,9 @@ fn main() -> ExitCode {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("explore: {why}\nusage: explore [--scenario X] [--seed S] [--schedules N] [--first F]");
+    eprintln!(
+        "explore: {why}\nusage: explore [--scenario X] [--seed S] [--schedules N] [--first F]"
+    );
     eprintln!("scenarios:");
     for s in scenarios::ALL {
         eprintln!("  {}: {}", s.name, s.about);
