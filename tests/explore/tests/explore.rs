@@ -106,3 +106,9 @@ fn finds_bug_2_a_generation_begun_across_a_restore_is_replayed_onto_it() {
 fn finds_bug_3_a_peers_capture_of_a_healed_generation_is_merged_again() {
     finds("peer-loss", 240, "bug 3");
 }
+
+#[test]
+fn finds_bug_4_a_wal_taken_away_while_a_peer_is_inside_its_open_loses_rows_silently() {
+    finds("peer-loss", 3581, "bug 4");
+    finds("peer-loss", 3555, "bug 4");
+}

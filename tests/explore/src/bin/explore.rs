@@ -33,6 +33,12 @@ fn main() -> ExitCode {
                     .parse()
                     .unwrap_or_else(|_| usage("--schedules: a number"))
             }
+            "--list" => {
+                for s in scenarios::ALL {
+                    println!("{}", s.name);
+                }
+                return ExitCode::SUCCESS;
+            }
             "--first" => {
                 first = value()
                     .parse()
@@ -105,7 +111,7 @@ fn main() -> ExitCode {
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "explore: {why}\nusage: explore [--scenario X] [--seed S] [--schedules N] [--first F]"
+        "explore: {why}\nusage: explore [--scenario X] [--seed S] [--schedules N] [--first F] | --list"
     );
     eprintln!("scenarios:");
     for s in scenarios::ALL {
