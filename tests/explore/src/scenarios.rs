@@ -52,6 +52,12 @@ pub const ALL: &[Scenario] = &[
         build: restore_running,
     },
     Scenario {
+        name: "killed-peer",
+        about: "a guarded writer that abandons its connection after its commits (a kill: open until the schedule ends, closed before the checks), a guarded peer, an actor removing or renaming the -wal",
+        horizon: 200,
+        build: killed_peer,
+    },
+    Scenario {
         name: "checkpoint-race",
         about: "no loss: a guarded and a stock writer, a guarded checkpointer (two random modes) racing the writers' WAL resets",
         horizon: 250,
@@ -259,6 +265,29 @@ fn checkpoint_race(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             writer("W1", db, true, names("c", 3), l),
             writer("W2", db, false, names("s", 2), l),
             checkpointer,
+        ],
+        stale_main: None,
+    }
+}
+
+fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let what = [Act::UnlinkWal, Act::RenameWal][rng.below(2) as usize];
+    let (who, path) = (Who::new("K", l), db.to_path_buf());
+    let killed = part("K", move || {
+        let Some(conn) = who.open(&path, true) else {
+            return;
+        };
+        for v in ["k1", "k2"] {
+            who.insert(&conn, v);
+        }
+        who.abandon(conn);
+    });
+    Built {
+        parts: vec![
+            killed,
+            writer("W", db, true, names("b", 2), l),
+            actor(db, what, l),
         ],
         stale_main: None,
     }

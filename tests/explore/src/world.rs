@@ -30,7 +30,8 @@ pub struct Ledger {
     pub losses: Vec<(String, usize)>,
     /// Other errors the scripts saw (not violations by themselves): the replay shows them.
     pub errors: Vec<String>,
-    /// Connections abandoned without a close (a killed process's), closed after the checks.
+    /// Connections abandoned without a close (a killed process's): open until the schedule
+    /// ends, dropped (closed through the guard) before the checks.
     pub abandoned: Vec<Connection>,
 }
 
