@@ -141,9 +141,17 @@ fn peer_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
 /// and `crashed/` holding `state.db` with r1..r3 and its WAL (with the guard's record) holding
 /// d1..d3, as a writer killed after those commits leaves them. (The backup is older than the
 /// crashed file: one identical to the file the WAL began on cannot be told from it.)
+static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Removes the crashed template, if this process made one (the command's last step).
+pub fn remove_template() {
+    if let Some(dir) = TEMPLATE.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 fn crashed_template() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+    TEMPLATE.get_or_init(|| {
         let dir = tempfile::Builder::new()
             .prefix("explore-template-")
             .tempdir()

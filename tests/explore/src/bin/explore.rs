@@ -58,6 +58,7 @@ fn main() -> ExitCode {
             usage("--seed needs --scenario");
         };
         let o = run_one(sc, seed);
+        scenarios::remove_template();
         print!("{}", o.describe());
         return if o.violations.is_empty() {
             ExitCode::SUCCESS
@@ -101,6 +102,7 @@ fn main() -> ExitCode {
         violations += s.failures.len();
         total += s.schedules;
     }
+    scenarios::remove_template();
     println!("explored {total} schedules in all; violations {violations}");
     if violations == 0 {
         ExitCode::SUCCESS
