@@ -14,8 +14,9 @@
 # extension and guards a database. Then python/run-tests.sh builds the Python package
 # (`pip install ./python`, `pip wheel ./python`) in fresh virtual environments and runs its pytest
 # suite (python/tests). Then tests/loom.sh checks the loom model of the guard's lock-free protocol
-# (src/vfs/loom_protocol.rs). Last, tests/system-sqlite.sh runs the library's integration tests
-# again without `bundled`, on the system libsqlite3 (the README's test command is
+# (src/vfs/loom_protocol.rs), tests/crash-points.sh the crash points and tests/explore.sh the
+# seeded schedules of connections (tests/explore). Last, tests/system-sqlite.sh runs the
+# library's integration tests again without `bundled`, on the system libsqlite3 (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
 # tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
@@ -191,6 +192,9 @@ bash tests/loom.sh
 
 echo "== power loss: the crash-point tests through the power-loss filesystem (tests/crash-points.sh)"
 bash tests/crash-points.sh
+
+echo "== every interleaving: the deterministic scheduler of connections (tests/explore.sh)"
+bash tests/explore.sh
 
 echo "== the filesystem and container matrix (tests/fs-matrix.sh: ext4, xfs, btrfs, tmpfs, overlayfs, pid namespaces)"
 bash tests/fs-matrix.sh

@@ -1,0 +1,196 @@
+//! The invariants checked after every schedule, outside it (no participant runs any more):
+//!
+//! 1. `PRAGMA integrity_check` of the live database is `ok`, before and after recovery;
+//! 2. every acknowledged row is live (once) or, when not, in a capture that was not healed;
+//! 3. no capture without a loss (an actor's step that took a file away or restored one);
+//! 4. no refusal (`SQLITE_READONLY_DBMOVED`) before the first loss: a healthy connection is
+//!    never refused;
+//! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, none
+//!    of its rows is live; after a backup renamed over the file under running connections, no
+//!    row committed before the restore and missing from the backup is live (a copy in place,
+//!    same inode, is not seen by the guard: not checked);
+//! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
+//!    acknowledged row is live exactly once, and the database passes its integrity check.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use hermes_guard::recover::{self, Capture, MergeOptions};
+use hermes_guard::RetireReason;
+
+use crate::world::{open_direct, Ledger};
+
+/// The rows of table `t` (by `v`) with how many times each is there.
+fn rows(conn: &rusqlite::Connection) -> rusqlite::Result<HashMap<String, usize>> {
+    let mut out = HashMap::new();
+    let mut stmt = conn.prepare("SELECT v FROM t")?;
+    for v in stmt.query_map([], |r| r.get::<_, String>(0))? {
+        *out.entry(v?).or_insert(0) += 1;
+    }
+    Ok(out)
+}
+
+fn integrity(conn: &rusqlite::Connection) -> String {
+    conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))
+        .unwrap_or_else(|e| e.to_string())
+}
+
+/// The live database's rows and integrity, through the guard (as the next opener sees it).
+fn live(db: &Path) -> Result<(HashMap<String, usize>, String), String> {
+    let conn = open_direct(db).map_err(|e| format!("the live database cannot be opened: {e}"))?;
+    let rows = rows(&conn).map_err(|e| format!("the live database cannot be read: {e}"))?;
+    let ok = integrity(&conn);
+    drop(conn);
+    Ok((rows, ok))
+}
+
+/// Checks the invariants; `stale_main` is the main file a stale WAL was written on (the
+/// pre-restore copy, `recover --main`). Returns the violations, empty when all hold.
+pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<String> {
+    let mut bad = Vec::new();
+    let (live_rows, ok) = match live(db) {
+        Ok(x) => x,
+        Err(e) => return vec![e],
+    };
+    if ok != "ok" {
+        bad.push(format!("integrity_check of the live database: {ok}"));
+    }
+    let listing = match recover::list_captures(db) {
+        Ok(l) => l,
+        Err(e) => return vec![format!("captures cannot be listed: {e}")],
+    };
+    let mut captures = Vec::new();
+    // The main images of the other captures: a stale WAL's `--main` when the setup kept none
+    // (a restore under a running writer: its own capture holds the file its WAL was written on).
+    let images: Vec<std::path::PathBuf> = listing
+        .iter()
+        .filter(|c| !c.partial)
+        .map(|c| c.path.join(db.file_name().unwrap_or_default()))
+        .filter(|p| p.exists())
+        .collect();
+    for c in listing.iter().filter(|c| !c.partial) {
+        let stale = c
+            .manifest
+            .as_ref()
+            .is_some_and(|m| m.reason == Some(RetireReason::StaleWal));
+        let opened = if !stale {
+            Capture::open(&c.path)
+        } else if let Some(main) = stale_main {
+            Capture::open_with_main(&c.path, Some(main))
+        } else {
+            let mut tried = images
+                .iter()
+                .map(|m| Capture::open_with_main(&c.path, Some(m)));
+            match tried.find(Result::is_ok) {
+                Some(found) => found,
+                // Without the file it was written on it cannot be read (docs/recovery.md):
+                // kept, not counted; its rows must then be somewhere else.
+                None => continue,
+            }
+        };
+        match opened {
+            Ok(cap) => {
+                let healed = !matches!(cap.heal(), hermes_guard::manifest::HealState::NotHealed);
+                let held = rows(cap.connection()).unwrap_or_default();
+                captures.push((cap, stale, healed, held));
+            }
+            Err(e) => bad.push(format!(
+                "capture {} cannot be opened: {e}",
+                c.path.display()
+            )),
+        }
+    }
+    if listing.iter().any(|c| c.partial) {
+        bad.push("a partial capture was left behind".into());
+    }
+    // What a restore under running connections throws away on purpose (see `Ledger`).
+    let restored_at = ledger
+        .losses
+        .iter()
+        .find(|(what, _)| what.contains("backup"))
+        .map(|(_, s)| *s);
+    let discarded = |v: &str, step: usize| {
+        ledger.backup_rows.as_ref().is_some_and(|kept| {
+            restored_at.is_some_and(|r| step < r) && !kept.iter().any(|k| k == v)
+        })
+    };
+    // A backup copied over the file in place keeps its inode: nothing the guard pins changes,
+    // and a running writer's commits and its closing checkpoint land on the restored file (no
+    // content hash: docs/decisions.md). Rows from before such a restore may come back or not;
+    // only a restore renamed over the file (a new inode, which the guard sees) must stand.
+    let in_place = ledger
+        .losses
+        .iter()
+        .any(|(what, _)| what.starts_with("cp backup"));
+    let mut acked: Vec<&str> = Vec::new();
+    for (v, step) in &ledger.acked {
+        if !discarded(v, *step) {
+            acked.push(v);
+        } else if !in_place && live_rows.contains_key(v) {
+            bad.push(format!(
+                "row {v}, committed before the restore and not in the backup, is live: the restore was undone"
+            ));
+        }
+    }
+    // 2. Live once, or in a capture that was not healed.
+    for &v in &acked {
+        let n = live_rows.get(v).copied().unwrap_or(0);
+        if n > 1 {
+            bad.push(format!("acknowledged row {v} is live {n} times"));
+        }
+        let held = captures
+            .iter()
+            .filter(|(_, _, healed, h)| !healed && h.contains_key(v))
+            .count();
+        if n == 0 && held == 0 {
+            bad.push(format!(
+                "acknowledged row {v} is neither live nor in a capture"
+            ));
+        }
+    }
+    // 3. No capture without a loss.
+    let listed = listing.iter().filter(|c| !c.partial).count();
+    if ledger.losses.is_empty() && listed > 0 {
+        bad.push(format!("{listed} capture(s) without any loss"));
+    }
+    // 4. No refusal of a healthy connection.
+    let first_loss = ledger.losses.iter().map(|(_, s)| *s).min();
+    for (who, step) in &ledger.refusals {
+        if first_loss.is_none_or(|l| *step < l) {
+            bad.push(format!("{who} was refused at step {step}, before any loss"));
+        }
+    }
+    // 5. A set-aside stale WAL stays aside.
+    if captures.iter().any(|(_, stale, _, _)| *stale) {
+        for v in &ledger.stale_rows {
+            if live_rows.contains_key(v) {
+                bad.push(format!(
+                    "the stale WAL was set aside, yet its row {v} is live: the restore was undone"
+                ));
+            }
+        }
+    }
+    // 6. Recovery: every capture applied, then every acknowledged row exactly once.
+    for (cap, _, _, _) in &captures {
+        if let Err(e) = recover::apply(cap, db, &MergeOptions::default(), &mut |_| {}) {
+            bad.push(format!("recover --apply {}: {e}", cap.dir().display()));
+        }
+    }
+    if !captures.is_empty() {
+        match live(db) {
+            Ok((after, ok)) => {
+                if ok != "ok" {
+                    bad.push(format!("integrity_check after recover --apply: {ok}"));
+                }
+                for &v in &acked {
+                    let n = after.get(v).copied().unwrap_or(0);
+                    if n != 1 {
+                        bad.push(format!("after recover --apply, row {v} is live {n} times"));
+                    }
+                }
+            }
+            Err(e) => bad.push(format!("after recover --apply: {e}")),
+        }
+    }
+    bad
+}

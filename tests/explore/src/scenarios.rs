@@ -1,0 +1,302 @@
+//! The scenarios: who takes part (guarded or stock connections, actors), what each one's script
+//! is, and what the setup leaves on disk before the schedule starts. A scenario's variant (which
+//! file an actor takes away, which checkpoint mode) is drawn from the seed, so a seed names one
+//! schedule of one variant.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+
+use crate::sched::{Participant, Rng};
+use crate::world::{act, open_direct, sidecar, Act, Shared, Who};
+
+/// What a scenario's setup hands to the schedule.
+pub struct Built {
+    pub parts: Vec<Participant>,
+    /// The main file a stale WAL was written on (`recover --main`), when the setup made one.
+    pub stale_main: Option<PathBuf>,
+}
+
+/// One scenario.
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    /// About how many steps a schedule of it takes (PCT's change points fall among them).
+    pub horizon: usize,
+    pub build: fn(&Path, &mut Rng, &Shared) -> Built,
+}
+
+pub const ALL: &[Scenario] = &[
+    Scenario {
+        name: "lone-loss",
+        about: "one guarded writer (3 commits, then close: the heal) while an actor removes or renames its -wal or removes its -shm",
+        horizon: 120,
+        build: lone_loss,
+    },
+    Scenario {
+        name: "peer-loss",
+        about: "two guarded writers on the same database while an actor removes or renames the -wal: refusal and capture",
+        horizon: 200,
+        build: peer_loss,
+    },
+    Scenario {
+        name: "restore-openers",
+        about: "a killed writer's WAL, a backup restored over the file (cp or mv), then a guarded and a stock opener race",
+        horizon: 150,
+        build: restore_openers,
+    },
+    Scenario {
+        name: "restore-running",
+        about: "a backup (older than the file) restored over the file (cp or mv) under a running guarded writer and a second guarded opener",
+        horizon: 200,
+        build: restore_running,
+    },
+    Scenario {
+        name: "killed-peer",
+        about: "a guarded writer that abandons its connection after its commits (a kill: open until the schedule ends, closed before the checks), a guarded peer, an actor removing or renaming the -wal",
+        horizon: 200,
+        build: killed_peer,
+    },
+    Scenario {
+        name: "checkpoint-race",
+        about: "no loss: a guarded and a stock writer, a guarded checkpointer (two random modes) racing the writers' WAL resets",
+        horizon: 250,
+        build: checkpoint_race,
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static Scenario> {
+    ALL.iter().find(|s| s.name == name)
+}
+
+/// A new database in WAL mode with table `t`, its WAL checkpointed away, and `rows` rows.
+fn create(db: &Path, rows: &[&str]) {
+    let conn = open_direct(db).expect("create the database");
+    conn.pragma_update(None, "journal_mode", "WAL").unwrap();
+    conn.execute_batch("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        .unwrap();
+    for v in rows {
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+    }
+    drop(conn);
+    assert!(
+        !sidecar(db, "-wal").exists(),
+        "the setup's WAL was checkpointed away"
+    );
+}
+
+fn part(name: &str, script: impl FnOnce() + Send + 'static) -> Participant {
+    Participant {
+        name: name.into(),
+        script: Box::new(script),
+    }
+}
+
+/// A guarded or stock writer: open, the rows, close.
+fn writer(name: &str, db: &Path, guarded: bool, rows: Vec<String>, l: &Shared) -> Participant {
+    let (who, db) = (Who::new(name, l), db.to_path_buf());
+    part(name, move || {
+        let Some(conn) = who.open(&db, guarded) else {
+            return;
+        };
+        for v in &rows {
+            who.insert(&conn, v);
+        }
+        who.close(conn, guarded);
+    })
+}
+
+fn actor(db: &Path, what: Act, l: &Shared) -> Participant {
+    let (db, l) = (db.to_path_buf(), Arc::clone(l));
+    part("A", move || act(&db, what, &l))
+}
+
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+fn lone_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let what = [Act::UnlinkWal, Act::RenameWal, Act::UnlinkShm][rng.below(3) as usize];
+    Built {
+        parts: vec![writer("W", db, true, names("w", 3), l), actor(db, what, l)],
+        stale_main: None,
+    }
+}
+
+fn peer_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let what = [Act::UnlinkWal, Act::RenameWal][rng.below(2) as usize];
+    Built {
+        parts: vec![
+            writer("W1", db, true, names("a", 2), l),
+            writer("W2", db, true, names("b", 2), l),
+            actor(db, what, l),
+        ],
+        stale_main: None,
+    }
+}
+
+/// The crashed database of `restore-openers`, made once per process: `backup.db` (rows r1, r2),
+/// and `crashed/` holding `state.db` with r1..r3 and its WAL (with the guard's record) holding
+/// d1..d3, as a writer killed after those commits leaves them. (The backup is older than the
+/// crashed file: one identical to the file the WAL began on cannot be told from it.)
+static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Removes the crashed template, if this process made one (the command's last step).
+pub fn remove_template() {
+    if let Some(dir) = TEMPLATE.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn crashed_template() -> &'static Path {
+    TEMPLATE.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("explore-template-")
+            .tempdir()
+            .expect("a template directory")
+            .keep();
+        let db = dir.join("state.db");
+        create(&db, &["r1", "r2"]);
+        std::fs::copy(&db, dir.join("backup.db")).unwrap();
+        let conn = open_direct(&db).unwrap();
+        conn.execute("INSERT INTO t(v) VALUES ('r3')", []).unwrap();
+        drop(conn);
+        let conn = open_direct(&db).unwrap();
+        for v in ["d1", "d2", "d3"] {
+            conn.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+        }
+        std::fs::create_dir(dir.join("crashed")).unwrap();
+        // The files as the kill leaves them (the writer is alone and idle: a consistent copy).
+        cp_xattrs(&db, &dir.join("crashed"));
+        drop(conn);
+        dir
+    })
+}
+
+/// `cp --preserve=xattr` of `db` and its `-wal` and `-shm` into `to` (the WAL's record of the
+/// main file it was written on is an extended attribute).
+fn cp_xattrs(db: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("--preserve=xattr")
+        .args([db.to_path_buf(), sidecar(db, "-wal"), sidecar(db, "-shm")])
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(status.success(), "cp --preserve=xattr {}", db.display());
+}
+
+/// An opener: open, count, one row, close.
+fn opener(name: &str, db: &Path, guarded: bool, v: &str, l: &Shared) -> Participant {
+    let (who, db, v) = (Who::new(name, l), db.to_path_buf(), v.to_string());
+    part(name, move || {
+        let Some(conn) = who.open(&db, guarded) else {
+            return;
+        };
+        who.count(&conn);
+        who.insert(&conn, &v);
+        who.close(conn, guarded);
+    })
+}
+
+fn restore_openers(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    let t = crashed_template();
+    cp_xattrs(&t.join("crashed").join("state.db"), db.parent().unwrap());
+    std::fs::copy(t.join("backup.db"), db.with_file_name("backup.db")).unwrap();
+    let restore = [Act::CopyBackupOver, Act::RenameBackupOver][rng.below(2) as usize];
+    // The restore, before anybody opens (not a step of the schedule).
+    act(db, restore, l);
+    {
+        let mut l = l.lock();
+        // r3 was checkpointed into the file the restore replaced: the restore drops it on
+        // purpose (not counted); a replay of the stale WAL brings it back (it is on the WAL's
+        // pages), which a set-aside must not.
+        l.acked
+            .extend(["r1", "r2", "d1", "d2", "d3"].map(|v| (v.to_string(), 0)));
+        l.stale_rows
+            .extend(["r3", "d1", "d2", "d3"].map(String::from));
+    }
+    let (g, s) = (
+        opener("G", db, true, "g1", l),
+        opener("S", db, false, "s1", l),
+    );
+    // Which one is listed first does not matter: the seed orders them.
+    Built {
+        parts: vec![g, s],
+        stale_main: Some(t.join("crashed").join("state.db")),
+    }
+}
+
+fn restore_running(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &["r1", "r2"]);
+    std::fs::copy(db, db.with_file_name("backup.db")).unwrap();
+    // A commit after the backup, checkpointed: the backup is older than the file the writers'
+    // WAL starts on (a backup identical to it cannot be told from the file itself: a documented
+    // limit, docs/architecture.md, Known limits).
+    let conn = open_direct(db).unwrap();
+    conn.execute("INSERT INTO t(v) VALUES ('r3')", []).unwrap();
+    drop(conn);
+    {
+        let mut l = l.lock();
+        l.acked
+            .extend(["r1", "r2", "r3"].map(|v| (v.to_string(), 0)));
+        l.backup_rows = Some(vec!["r1".into(), "r2".into()]);
+    }
+    let restore = [Act::CopyBackupOver, Act::RenameBackupOver][rng.below(2) as usize];
+    Built {
+        parts: vec![
+            writer("W", db, true, names("w", 3), l),
+            opener("O", db, true, "o1", l),
+            actor(db, restore, l),
+        ],
+        stale_main: None,
+    }
+}
+
+fn checkpoint_race(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    const MODES: [&str; 4] = ["PASSIVE", "FULL", "RESTART", "TRUNCATE"];
+    let modes = [MODES[rng.below(4) as usize], MODES[rng.below(4) as usize]];
+    let (who, path) = (Who::new("C", l), db.to_path_buf());
+    let checkpointer = part("C", move || {
+        let Some(conn) = who.open(&path, true) else {
+            return;
+        };
+        for mode in modes {
+            who.checkpoint(&conn, mode);
+        }
+        who.close(conn, true);
+    });
+    Built {
+        parts: vec![
+            writer("W1", db, true, names("c", 3), l),
+            writer("W2", db, false, names("s", 2), l),
+            checkpointer,
+        ],
+        stale_main: None,
+    }
+}
+
+fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let what = [Act::UnlinkWal, Act::RenameWal][rng.below(2) as usize];
+    let (who, path) = (Who::new("K", l), db.to_path_buf());
+    let killed = part("K", move || {
+        let Some(conn) = who.open(&path, true) else {
+            return;
+        };
+        for v in ["k1", "k2"] {
+            who.insert(&conn, v);
+        }
+        who.abandon(conn);
+    });
+    Built {
+        parts: vec![
+            killed,
+            writer("W", db, true, names("b", 2), l),
+            actor(db, what, l),
+        ],
+        stale_main: None,
+    }
+}

@@ -1,0 +1,114 @@
+//! The explorer's own checks: a seed replays exactly, every scenario keeps the invariants over
+//! its first seeds, a blocked participant waits instead of spinning, and the guard bugs it found
+//! are found again from their seeds (tests/explore/README.md, "Found").
+
+use hermes_guard_explore::{explore, run_one, scenarios, world::BUSY_TRIES};
+
+fn scenario(name: &str) -> &'static scenarios::Scenario {
+    scenarios::find(name).expect("a scenario")
+}
+
+#[test]
+fn a_seed_replays_the_same_schedule_step_for_step() {
+    for sc in scenarios::ALL {
+        for seed in [3, 1234] {
+            let a = run_one(sc, seed);
+            let b = run_one(sc, seed);
+            assert_eq!(a.run.steps, b.run.steps, "{} seed {seed}", sc.name);
+            assert_eq!(a.violations, b.violations, "{} seed {seed}", sc.name);
+        }
+    }
+}
+
+#[test]
+fn every_scenario_keeps_the_invariants_over_its_first_seeds() {
+    for sc in scenarios::ALL {
+        let s = explore(sc, 0, 60);
+        let shown: Vec<String> = s.failures.iter().map(|o| o.describe()).collect();
+        assert!(shown.is_empty(), "{}", shown.join("\n"));
+        assert!(
+            s.distinct > 5,
+            "{}: only {} distinct schedules",
+            sc.name,
+            s.distinct
+        );
+    }
+}
+
+#[test]
+fn the_loss_scenarios_see_refusals_and_captures() {
+    for name in ["lone-loss", "peer-loss", "restore-running"] {
+        let s = explore(scenario(name), 0, 60);
+        assert!(
+            s.refusals > 0 && s.captures > 0,
+            "{name}: no refusal or no capture"
+        );
+    }
+    let s = explore(scenario("restore-openers"), 0, 60);
+    assert!(
+        s.captures > 0,
+        "restore-openers: the stale WAL was never set aside"
+    );
+}
+
+#[test]
+fn a_blocked_participant_yields_instead_of_spinning() {
+    let mut busy_seen = false;
+    for seed in 0..60 {
+        let o = run_one(scenario("peer-loss"), seed);
+        let busy: Vec<usize> = (0..o.run.steps.len())
+            .filter(|&i| o.run.steps[i].what.starts_with("busy"))
+            .collect();
+        busy_seen |= !busy.is_empty();
+        // A busy step is followed by another participant's step, unless nobody else can run
+        // (then the blocked one retries, at most BUSY_TRIES times in a row).
+        let mut in_a_row = 0;
+        for w in o.run.steps.windows(2) {
+            if w[0].what.starts_with("busy")
+                && w[1].who == w[0].who
+                && w[1].what.starts_with("busy")
+            {
+                in_a_row += 1;
+                assert!(in_a_row <= BUSY_TRIES as usize, "seed {seed}: spinning");
+            } else {
+                in_a_row = 0;
+            }
+        }
+    }
+    assert!(
+        busy_seen,
+        "no schedule blocked a participant: the scenario lost its contention"
+    );
+}
+
+/// Asserts that `scenario` at `seed` shows `bug` (and nothing unknown).
+fn finds(scenario_name: &str, seed: u64, bug: &str) {
+    let o = run_one(scenario(scenario_name), seed);
+    assert!(o.violations.is_empty(), "{}", o.describe());
+    assert!(
+        o.known.iter().any(|k| k.contains(bug)),
+        "{scenario_name} seed {seed} no longer shows {bug} (fixed? update KNOWN):\n{}",
+        o.describe()
+    );
+}
+
+#[test]
+fn finds_bug_1_a_generation_captured_twice_is_merged_twice() {
+    finds("restore-running", 0, "bug 1");
+}
+
+#[test]
+fn finds_bug_2_a_generation_begun_across_a_restore_is_replayed_onto_it() {
+    finds("restore-running", 44, "bug 2");
+}
+
+#[test]
+fn finds_bug_3_a_peers_capture_of_a_healed_generation_is_merged_again() {
+    finds("peer-loss", 240, "bug 3");
+}
+
+#[test]
+fn finds_bug_4_a_wal_taken_away_while_a_peer_is_inside_its_open_loses_rows_silently() {
+    finds("peer-loss", 3581, "bug 4");
+    finds("peer-loss", 3555, "bug 4");
+}
