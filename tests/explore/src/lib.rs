@@ -147,11 +147,6 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
 pub const KNOWN: &[(&str, &str, &str)] = &[
     (
         "restore-running",
-        "is live 2 times",
-        "bug 1: two captures of one generation (the writer's main-replaced, the next opener's stale-wal) are both merged by recover --apply",
-    ),
-    (
-        "restore-running",
         "the restore was undone",
         "bug 2: a generation whose first frames land after the restore is never recorded (the writer is refused from then on) and is replayed onto the restored file",
     ),
