@@ -231,6 +231,9 @@ fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Optio
     // not have recorded the latest restart yet), it names the file that inode was written on.
     match verdict {
         Verdict::Continues { .. } | Verdict::OtherGeneration { .. } => {}
+        // Not taken for stale without a record: a holder of this very file whose POSIX locks a
+        // stray close() of the main file dropped (an unguarded one: the shield keeps a guarded
+        // one's) looks the same from here, and its WAL is the live one.
         Verdict::NoRecord => {
             log::warn!(
                 "hermes-guard: {}-shm is in use by a connection that does not hold {} (the file \
