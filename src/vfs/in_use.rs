@@ -47,7 +47,8 @@ static SHM_HERE: Mutex<Option<HashMap<FileId, u32>>> = Mutex::new(None);
 /// WALs guarded connections of this process have open: (main file, WAL) identities, counted.
 static WAL_HERE: Mutex<Option<HashMap<(FileId, FileId), u32>>> = Mutex::new(None);
 
-/// Probe descriptors of `-shm`s, never closed (see the module's docs).
+/// Probe descriptors of `-shm`s some connection holds, kept until nobody does (see the module's
+/// docs).
 static PROBES: Mutex<Option<HashMap<FileId, OwnedFd>>> = Mutex::new(None);
 
 fn add<K: std::hash::Hash + Eq>(map: &Mutex<Option<HashMap<K, u32>>>, key: K) {
@@ -177,8 +178,8 @@ pub(crate) fn shm_use(shm_path: &Path) -> ShmUse {
                 return ShmUse::Unknown;
             }
         };
-        // Replaced between the stat and the open: asked about the file opened, kept under its
-        // own identity (never closed either way).
+        // Replaced between the stat and the open: kept under the opened file's own identity,
+        // released as any kept probe is once nobody holds that file.
         let opened = identity_of_fd(&fd).unwrap_or(id);
         probes.insert(opened, fd);
         if opened != id {

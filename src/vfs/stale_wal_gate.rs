@@ -79,16 +79,10 @@ pub(super) fn before_wal_open(
     if Turn::taken(state.main_id()) {
         return ffi::SQLITE_BUSY;
     }
-    match locks.lock(ffi::SQLITE_LOCK_EXCLUSIVE) {
+    match exclusive(locks, 1) {
         ffi::SQLITE_OK => return under_exclusive(state, main, locks, wal_path),
-        ffi::SQLITE_BUSY => {
-            // A refused EXCLUSIVE may leave PENDING: back to SHARED, as SQLite's pager does.
-            locks.unlock(ffi::SQLITE_LOCK_SHARED);
-        }
-        rc => {
-            locks.unlock(ffi::SQLITE_LOCK_SHARED);
-            return no_exclusive(db, wal_path, rc);
-        }
+        ffi::SQLITE_BUSY => {}
+        rc => return no_exclusive(db, wal_path, rc),
     }
     // Somebody holds the file at the path: the quick look (the header, the record, the first
     // pages) outside any lock settles the common case.
@@ -112,7 +106,10 @@ pub(super) fn before_wal_open(
     let Some(_turn) = Turn::take(state.main_id()) else {
         return ffi::SQLITE_BUSY;
     };
-    match exclusive(locks) {
+    // An opener on its way holds SHARED only until it maps the `-shm` or steps back: tried for
+    // 10 to 50 ms, the span drawn at random so that two guarded openers in two processes do not
+    // step back in step.
+    match exclusive(locks, 10 + jitter() % 40) {
         ffi::SQLITE_OK => under_exclusive(state, main, locks, wal_path),
         ffi::SQLITE_BUSY => {
             // A connection that has the WAL open maps the -shm within moments of its SHARED
@@ -222,19 +219,22 @@ fn under_exclusive(
 /// replay here would mix two histories. `None`: nothing says so.
 fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Option<Box<Mismatch>> {
     let db = state.db_path();
-    let holder = in_use::shm_use(&sidecar(db, "-shm"));
-    if !matches!(holder, ShmUse::Here | ShmUse::Held) {
-        return None;
-    }
     let main_now = state.main_id()?;
+    let held = || {
+        matches!(
+            in_use::shm_use(&sidecar(db, "-shm")),
+            ShmUse::Here | ShmUse::Held
+        )
+    };
     // The record is bound to the WAL inode: whichever generation it describes (the writer may
     // not have recorded the latest restart yet), it names the file that inode was written on.
+    // Read first: a record of this very file settles it without asking who holds the `-shm`.
     match verdict {
         Verdict::Continues { .. } | Verdict::OtherGeneration { .. } => {}
         // Not taken for stale without a record: a holder of this very file whose POSIX locks a
         // stray close() of the main file dropped (an unguarded one: the shield keeps a guarded
         // one's) looks the same from here, and its WAL is the live one.
-        Verdict::NoRecord => {
+        Verdict::NoRecord if held() => {
             log::warn!(
                 "hermes-guard: {}-shm is in use by a connection that does not hold {} (the file \
                  may have been replaced while it ran), and its WAL carries no record of the file \
@@ -248,6 +248,9 @@ fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Optio
     }
     let recorded = read_record(wal.as_fd())?;
     let written_on = recorded.main.filter(|on| *on != main_now)?;
+    if !held() {
+        return None;
+    }
     let wal_salts = match verdict {
         Verdict::OtherGeneration { found, .. } => *found,
         _ => recorded.salts,
@@ -334,12 +337,9 @@ fn open_wal(db: &Path, wal_path: &Path) -> Option<File> {
     }
 }
 
-/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) every millisecond for
-/// 10 to 50 ms — an opener on its way holds SHARED only until it maps the `-shm` or steps back —
-/// and leaves the file at SHARED when it fails. The span is drawn at random, so that two guarded
-/// openers in two processes do not step back in step.
-fn exclusive(locks: &dyn MainLocks) -> c_int {
-    let tries = 10 + (jitter() % 40);
+/// Tries for EXCLUSIVE on the main file (from the SHARED SQLite holds) `tries` times, a
+/// millisecond apart, and leaves the file at SHARED when it fails.
+fn exclusive(locks: &dyn MainLocks, tries: u32) -> c_int {
     let mut rc = ffi::SQLITE_BUSY;
     for i in 0..tries {
         if i > 0 {

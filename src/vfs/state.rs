@@ -381,9 +381,14 @@ impl DbState {
         self.filesystem.as_ref().is_some_and(|f| f.local)
     }
 
-    /// The filesystem the database is on, when WAL mode is not safe there (issue 33).
-    pub(crate) fn wal_unsafe_filesystem(&self) -> Option<&Filesystem> {
-        self.filesystem.as_ref().filter(|f| !f.wal_safe)
+    /// The filesystem the database is on, when WAL mode is not safe there and the policy
+    /// (`HERMES_GUARD_UNSAFE_FS=refuse`) refuses it (issue 33).
+    pub(crate) fn wal_refused_on(&self) -> Option<&Filesystem> {
+        self.filesystem.as_ref().filter(|f| {
+            !f.wal_safe
+                && crate::filesystem::unsafe_fs_policy()
+                    == crate::filesystem::UnsafeFsPolicy::Refuse
+        })
     }
 
     pub(crate) fn status(&self) -> GuardStatus {

@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::path::Path;
 
-use crate::restore_once::{assert_exactly_once, listed};
+use crate::restore_once::{ack, assert_exactly_once, listed, writes_around_a_backup};
 use common::*;
 use rusqlite::Connection;
 
@@ -18,33 +18,7 @@ use rusqlite::Connection;
 /// acknowledged and the checkpoint's answer.
 fn copy_restore_under_a_running_app(db: &Path) -> (Vec<String>, serde_json::Value) {
     let (mut gw, _) = Gateway::start(db, "guard");
-    let mut acknowledged: Vec<String> = (0..20)
-        .map(|i| format!("history {i}"))
-        .chain((0..4).map(|i| format!("uncheckpointed {i}")))
-        .collect();
-    let ack = |gw: &mut Gateway, k: usize, acknowledged: &mut Vec<String>| {
-        gw.send(&format!("ack {k}"));
-        let e = gw.next_event("ack");
-        if e["refused"] == false {
-            acknowledged.push(format!("ack {k}"));
-        }
-        e
-    };
-    for k in 0..8 {
-        ack(&mut gw, k, &mut acknowledged);
-    }
-    let backup = db.with_file_name("backup.db");
-    {
-        let src = open_guarded(db);
-        let mut dst = Connection::open(&backup).unwrap();
-        rusqlite::backup::Backup::new(&src, &mut dst)
-            .unwrap()
-            .run_to_completion(1000, std::time::Duration::ZERO, None)
-            .unwrap();
-    }
-    for k in 8..16 {
-        ack(&mut gw, k, &mut acknowledged);
-    }
+    let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, db);
     let before = identity(db);
     fs::copy(&backup, db).unwrap();
     assert_eq!(identity(db), before, "copied in place: the same inode");

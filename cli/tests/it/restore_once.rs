@@ -31,34 +31,7 @@ fn rename_restore_under_a_running_app(db: &Path) -> (Vec<String>, String) {
         .stderr(fs::File::create(&log).unwrap());
     let mut gw = Gateway::spawn(cmd);
     gw.next_event("ready");
-    let mut acknowledged: Vec<String> = (0..20)
-        .map(|i| format!("history {i}"))
-        .chain((0..4).map(|i| format!("uncheckpointed {i}")))
-        .collect();
-    assert_eq!(acknowledged.len(), GATEWAY_ROWS);
-    let ack = |gw: &mut Gateway, k: usize, acknowledged: &mut Vec<String>| {
-        gw.send(&format!("ack {k}"));
-        let e = gw.next_event("ack");
-        if e["refused"] == false {
-            acknowledged.push(format!("ack {k}"));
-        }
-        e
-    };
-    for k in 0..8 {
-        ack(&mut gw, k, &mut acknowledged);
-    }
-    let backup = db.with_file_name("backup.db");
-    {
-        let src = open_guarded(db);
-        let mut dst = Connection::open(&backup).unwrap();
-        rusqlite::backup::Backup::new(&src, &mut dst)
-            .unwrap()
-            .run_to_completion(1000, std::time::Duration::ZERO, None)
-            .unwrap();
-    }
-    for k in 8..16 {
-        ack(&mut gw, k, &mut acknowledged);
-    }
+    let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, db);
     gw.send("checkpoint");
     assert_eq!(
         gw.next_event("checkpoint")["error"],
@@ -78,6 +51,43 @@ fn rename_restore_under_a_running_app(db: &Path) -> (Vec<String>, String) {
     }
     assert!(gw.quit().success());
     (acknowledged, fs::read_to_string(&log).unwrap())
+}
+
+/// `ack K` through the gateway: one row, acknowledged (pushed on `acknowledged`) unless refused.
+pub fn ack(gw: &mut Gateway, k: usize, acknowledged: &mut Vec<String>) -> serde_json::Value {
+    gw.send(&format!("ack {k}"));
+    let e = gw.next_event("ack");
+    if e["refused"] == false {
+        acknowledged.push(format!("ack {k}"));
+    }
+    e
+}
+
+/// A ready gateway on `db` writes `ack 0..8`, a backup of `db` is taken with SQLite's backup
+/// API (`backup.db` beside it), and it writes `ack 8..16`. Returns every row it acknowledged
+/// (its own 24 first) and the backup.
+pub fn writes_around_a_backup(gw: &mut Gateway, db: &Path) -> (Vec<String>, PathBuf) {
+    let mut acknowledged: Vec<String> = (0..20)
+        .map(|i| format!("history {i}"))
+        .chain((0..4).map(|i| format!("uncheckpointed {i}")))
+        .collect();
+    assert_eq!(acknowledged.len(), GATEWAY_ROWS);
+    for k in 0..8 {
+        ack(gw, k, &mut acknowledged);
+    }
+    let backup = db.with_file_name("backup.db");
+    {
+        let src = open_guarded(db);
+        let mut dst = Connection::open(&backup).unwrap();
+        rusqlite::backup::Backup::new(&src, &mut dst)
+            .unwrap()
+            .run_to_completion(1000, std::time::Duration::ZERO, None)
+            .unwrap();
+    }
+    for k in 8..16 {
+        ack(gw, k, &mut acknowledged);
+    }
+    (acknowledged, backup)
 }
 
 /// `captures --json`: each capture and the command it names to bring its rows back.

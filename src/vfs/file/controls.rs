@@ -195,19 +195,15 @@ fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
     if !mode.eq_ignore_ascii_case(b"wal") {
         return None;
     }
-    let fs = state.wal_unsafe_filesystem()?;
-    (crate::filesystem::unsafe_fs_policy() == crate::filesystem::UnsafeFsPolicy::Refuse).then(
-        || {
-            format!(
-            "hermes-guard: refusing journal_mode=WAL for {}: it is on {}, where SQLite's WAL mode \
-             is not safe (it needs every process on one host, with working shared memory and \
-             POSIX locks); {}=refuse is set. Use a local filesystem or another journal mode",
-            state.db_path().display(),
-            fs.name,
-            crate::filesystem::UNSAFE_FS_ENV
-        )
-        },
-    )
+    let fs = state.wal_refused_on()?;
+    Some(format!(
+        "hermes-guard: refusing journal_mode=WAL for {}: it is on {}, where SQLite's WAL mode is \
+         not safe (it needs every process on one host, with working shared memory and POSIX \
+         locks); {}=refuse is set. Use a local filesystem or another journal mode",
+        state.db_path().display(),
+        fs.name,
+        crate::filesystem::UNSAFE_FS_ENV
+    ))
 }
 
 /// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]` (issue 27): sets the rule for this

@@ -273,18 +273,16 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
     let Some(state) = (unsafe { guard_state(main) }) else {
         return ffi::SQLITE_OK;
     };
-    if let Some(fs) = state.wal_unsafe_filesystem() {
-        if crate::filesystem::unsafe_fs_policy() == crate::filesystem::UnsafeFsPolicy::Refuse {
-            log::error!(
-                "hermes-guard: refusing to open the WAL of {}: it is on {}, where SQLite's WAL \
-                 mode is not safe; {}=refuse is set. Open it from a local filesystem, or switch \
-                 it out of WAL mode where it is safe",
-                state.db_path().display(),
-                fs.name,
-                crate::filesystem::UNSAFE_FS_ENV
-            );
-            return ffi::SQLITE_CANTOPEN;
-        }
+    if let Some(fs) = state.wal_refused_on() {
+        log::error!(
+            "hermes-guard: refusing to open the WAL of {}: it is on {}, where SQLite's WAL mode \
+             is not safe; {}=refuse is set. Open it from a local filesystem, or switch it out of \
+             WAL mode where it is safe",
+            state.db_path().display(),
+            fs.name,
+            crate::filesystem::UNSAFE_FS_ENV
+        );
+        return ffi::SQLITE_CANTOPEN;
     }
     // SAFETY: a main file of ours (it has a state), open.
     let sub = unsafe { table(main) }.sub_object(main);

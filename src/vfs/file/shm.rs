@@ -40,23 +40,21 @@ pub(super) unsafe extern "C" fn x_shm_map(
                     // layout; xShmMap just succeeded.
                     unsafe { shm_node(sub) }
                 } else {
-                    None
+                    Err("the wrapped file does not have the unix VFS's layout".into())
                 };
                 state.pin_shm(
-                    || node.as_ref().map(|(_, id, name)| (*id, Some(name.clone()))),
+                    || {
+                        node.as_ref()
+                            .ok()
+                            .map(|(_, id, name)| (*id, Some(name.clone())))
+                    },
                     Box::new(WalIndexView(addr)),
                 );
                 // Issue 19: the record reads the generation's salts from this mapping.
                 state.stale_wal().mapped(addr);
                 if state.shield().enabled() {
-                    // The node's descriptor, `fstat`ed once for the pin: the shield's when it is
-                    // the pinned `-shm` (else verified on its own below).
-                    let pinned = node
-                        .filter(|(_, id, _)| state.shm_id() == Some(*id))
-                        .map(|(fd, id, _)| (fd, id));
-                    // SAFETY: an armed shield means the wrapped file's unix layout was verified
-                    // at the open; xShmMap just mapped region 0.
-                    match pinned.map_or_else(|| unsafe { shm_descriptor(sub, state) }, Ok) {
+                    // The node's descriptor, `fstat`ed once for the pin too.
+                    match shm_descriptor(node, state) {
                         Ok((fd, id)) => {
                             let region0 = (addr as usize, size.max(0) as usize);
                             state.shield().join_shm(fd, id, Some(region0))

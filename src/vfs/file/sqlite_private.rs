@@ -186,66 +186,49 @@ pub(super) unsafe fn main_descriptor(
 /// (`hShm`), that descriptor's identity (`fstat`: the same device numbering as every `stat` the
 /// guard compares it with, where `/proc/self/maps` numbers a btrfs file by its superblock), and
 /// the name SQLite opened it by (`zFilename`, bytes as SQLite has them: `<db>-shm`, or a file in
-/// the `SQLITE_SHM_DIRECTORY` of such a build). `None` when the node has no `-shm` file (heap
-/// memory) or does not have the expected layout.
+/// the `SQLITE_SHM_DIRECTORY` of such a build). The reason when the node has no `-shm` file
+/// (heap memory) or does not have the expected layout.
 ///
 /// # Safety
 /// `sub` is the wrapped file object of a live main file checked at its open to have the
 /// `unixFile` layout ([`unix_prefix`]), whose `xShmMap` just succeeded.
-pub(super) unsafe fn shm_node(sub: *mut ffi::sqlite3_file) -> Option<(c_int, FileId, PathBuf)> {
+pub(super) unsafe fn shm_node(
+    sub: *mut ffi::sqlite3_file,
+) -> Result<(c_int, FileId, PathBuf), String> {
     // SAFETY: as the caller promises: `pShm`, its node and the node's `pInode`, `zFilename` and
     // `hShm` are set by xShmMap and stay until xShmUnmap.
     let (node_inode, fd, file_inode, name) = unsafe {
         let p = &*(sub as *const UnixFilePrefix);
         if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
-            return None;
+            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
         }
         let node = &*(*p.p_shm).p_shm_node;
         (node.p_inode, node.h_shm, p.p_inode, node.z_filename)
     };
-    if node_inode != file_inode || fd < 0 || name.is_null() {
-        return None;
-    }
-    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
-    let id = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }).ok()?;
-    // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
-    let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
-    let path = PathBuf::from(std::ffi::OsStr::from_bytes(bytes));
-    Some((fd, id, path))
-}
-
-/// The descriptor of the shared-memory node the connection just mapped (SQLite's `hShm`),
-/// verified against the pinned `-shm`.
-///
-/// # Safety
-/// `sub` is the wrapped file object of a live main file whose shield is armed (so it has the
-/// verified unix layout) and whose `xShmMap` just succeeded.
-pub(super) unsafe fn shm_descriptor(
-    sub: *mut ffi::sqlite3_file,
-    state: &DbState,
-) -> Result<(c_int, FileId), String> {
-    // SAFETY: as the caller promises: the layout was verified at the open, and `pShm`, its
-    // node and the node's `pInode` and `hShm` are set by xShmMap and stay until xShmUnmap.
-    let (node_inode, fd, file_inode) = unsafe {
-        let p = &*(sub as *const UnixFilePrefix);
-        if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
-            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
-        }
-        let node = &*(*p.p_shm).p_shm_node;
-        (node.p_inode, node.h_shm, p.p_inode)
-    };
-    if node_inode != file_inode {
+    if node_inode != file_inode || name.is_null() {
         return Err("the unix VFS's shared-memory node does not have the expected layout".into());
     }
     if fd < 0 {
         return Err("the shared memory has no -shm file (heap memory)".into());
     }
+    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
+    let id = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?;
+    // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
+    let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+    Ok((fd, id, PathBuf::from(std::ffi::OsStr::from_bytes(bytes))))
+}
+
+/// The shield's descriptor of the `-shm`: the node's ([`shm_node`]), verified against the pinned
+/// `-shm`; the reason the shield cannot use it otherwise.
+pub(super) fn shm_descriptor(
+    node: Result<(c_int, FileId, PathBuf), String>,
+    state: &DbState,
+) -> Result<(c_int, FileId), String> {
+    let (fd, now, _) = node?;
     let Some(pinned) = state.shm_id() else {
         return Err("the -shm is not pinned".into());
     };
-    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
-    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-        .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?;
     if now != pinned {
         return Err(format!(
             "SQLite's -shm descriptor {fd} is {now}, not the pinned -shm {pinned}"
