@@ -140,10 +140,21 @@ impl PinnedWal {
     }
 
     /// Pins the inode `file` (SQLite's descriptor of the WAL, see [`WalDescriptor::Sqlite`])
-    /// refers to, if it is the file `path` names now: else `None`, and the caller pins by path.
-    pub fn borrowed(file: ManuallyDrop<File>, path: &Path) -> io::Result<Option<PinnedWal>> {
+    /// refers to, if it is the file `path` names: else `None`, and the caller pins by path.
+    /// `seen`: what `path` named just before SQLite opened it, when that was looked at; the same
+    /// inode behind the descriptor means the open found it there, and the path is not asked
+    /// again (issue 36; what it names later is every later check's business).
+    pub fn borrowed(
+        file: ManuallyDrop<File>,
+        path: &Path,
+        seen: Option<FileId>,
+    ) -> io::Result<Option<PinnedWal>> {
         let id = identity_of_fd(&*file)?;
-        Ok((identity_of_path(path)? == Some(id)).then_some(PinnedWal {
+        let at_path = match seen {
+            Some(seen) if seen == id => Some(seen),
+            _ => identity_of_path(path)?,
+        };
+        Ok((at_path == Some(id)).then_some(PinnedWal {
             file: WalDescriptor::Sqlite(file),
             id,
         }))

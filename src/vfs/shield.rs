@@ -293,6 +293,17 @@ impl Shield {
         self.level.store(level.clamp(0, 4) as u8, Ordering::Release);
     }
 
+    /// The connection holds SHARED or more on the main file, in this process (not a forked
+    /// child's copy of its parent's connection).
+    pub(crate) fn holds_shared_here(&self) -> bool {
+        !self.inherited() && self.level.load(Ordering::Acquire) >= LOCK_SHARED
+    }
+
+    /// The node this connection maps, as joined: its descriptor and the `-shm` behind it.
+    pub(crate) fn joined_node(&self) -> Option<(c_int, FileId)> {
+        self.node.lock().as_ref().map(|j| (j.key.fd, j.key.id))
+    }
+
     /// Before `xLock(EXCLUSIVE)`: step aside (release both locks of this connection).
     pub(crate) fn before_exclusive(&self) {
         self.attempting.store(true, Ordering::Release);

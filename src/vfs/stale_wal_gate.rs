@@ -58,7 +58,10 @@ pub(super) fn before_wal_open(
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes
     // connections beside a long-lived one: issue 36).
-    if let (Some(main_id), Ok(Some(wal_id))) = (state.main_id(), identity_of_path(wal_path)) {
+    let wal_now = identity_of_path(wal_path).ok().flatten();
+    // The pin takes it from here when SQLite's descriptor turns out to be this inode.
+    state.wal_seen_before_open(wal_now);
+    if let (Some(main_id), Some(wal_id)) = (state.main_id(), wal_now) {
         if in_use::wal_open_here(main_id, wal_id) {
             return ffi::SQLITE_OK;
         }

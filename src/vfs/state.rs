@@ -136,6 +136,8 @@ pub(crate) struct DbState {
     inner: Mutex<Inner>,
     /// Issue 33: the filesystem the database is on (found once per mount).
     filesystem: Option<Filesystem>,
+    /// Issue 36: the connection has started to close (`state/open_here.rs`).
+    closing: AtomicBool,
 }
 
 #[derive(Default)]
@@ -145,6 +147,8 @@ struct Inner {
     shm_id: Option<FileId>,
     /// The `-shm`'s pathname when it is not `<db>-shm` ([`DbState::pin_shm`]).
     shm_check_path: Option<PathBuf>,
+    /// What `<db>-wal` named just before SQLite opened it ([`DbState::wal_seen_before_open`]).
+    wal_before_open: Option<FileId>,
     /// The `-shm` this connection maps, on the process's list while held (`in_use.rs`).
     shm_here: Option<in_use::ShmHere>,
     /// The (main file, WAL) pair this connection has open, on the process's list while held.
@@ -277,7 +281,19 @@ thread_local! {
 impl DbState {
     /// `main_fd`: SQLite's descriptor of the main file, when the shim can see into the wrapped
     /// file (the directory is then found when needed, see `state/dir.rs`).
+    #[cfg(test)]
     pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<DbState> {
+        DbState::new_pinned(db_path, main_fd, None)
+    }
+
+    /// [`DbState::new`], the main file pinned to `main_id` when SQLite's own `fstat` of its
+    /// descriptor gave it (issue 36: no `stat` of the path; the first full check compares the
+    /// path with it), else to what the path names now.
+    pub(crate) fn new_pinned(
+        db_path: PathBuf,
+        main_fd: Option<RawFd>,
+        main_id: Option<FileId>,
+    ) -> Arc<DbState> {
         // The directory's identity (one `stat`) gives the filesystem (remembered per device)
         // and the slot to find the directory by later.
         let parent = db_path.parent().filter(|p| !p.as_os_str().is_empty());
@@ -285,13 +301,15 @@ impl DbState {
         let filesystem = parent
             .zip(dir_id)
             .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
-        // Watch first, pin second: a change after the pin is then always seen.
+        // Watch first, pin second: a change after the pin is then always seen. (A pin from
+        // SQLite's descriptor, taken before the watch, is only vouched for after a full check
+        // that compares the path with it.)
         let watch = match (parent, &filesystem) {
             (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
             _ => None,
         };
         let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd, dir_id));
-        let main_id = match identity_of_path(&db_path) {
+        let main_id = match main_id.map_or_else(|| identity_of_path(&db_path), |id| Ok(Some(id))) {
             Ok(id) => id,
             Err(e) => {
                 log::error!(
@@ -304,6 +322,7 @@ impl DbState {
         let fast_watch = watch.as_ref().map_or(FastWatch::NONE, DirWatch::fast);
         Arc::new(DbState {
             filesystem,
+            closing: AtomicBool::new(false),
             wal_path: sidecar(&db_path, "-wal"),
             shm_path: sidecar(&db_path, "-shm"),
             db_path,

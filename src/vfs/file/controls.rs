@@ -88,6 +88,13 @@ pub(super) unsafe extern "C" fn file_control_answered(
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
+                // Issue 36: another connection of this process holds the same generation, so
+                // this close cannot checkpoint (its EXCLUSIVE is refused in-process) and that
+                // connection checks what this one would (`state/open_here.rs`).
+                state.close_starts();
+                if state.generation_held_by_sibling() {
+                    return rc;
+                }
                 // SQLite asks this just before its close-time checkpoint: a retired generation
                 // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
                 // A full check, after which the close's other checks go by the watch; issue

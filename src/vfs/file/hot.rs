@@ -113,6 +113,9 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         // file and deletes the journal by pathname): both are checked, once per lock.
         let gate = if state.wal_pinned() {
             if level == ffi::SQLITE_LOCK_EXCLUSIVE {
+                if let Some(rc) = exclusive_beside_sibling(t, sub, state) {
+                    return rc;
+                }
                 Gate::Check(Site::MainWrite)
             } else {
                 Gate::Go
@@ -129,6 +132,46 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         return lock_shielded(t, sub, state, level);
     }
     sub_call!(t, sub, xLock, level)
+}
+
+/// Issue 36: `xLock(EXCLUSIVE)` in WAL mode while another connection of this process holds the
+/// same generation (`state/open_here.rs`): SQLite's unix VFS refuses it in-process, without a
+/// syscall, so it is asked first, with no check and no step-aside of the shield for a lock that
+/// is not granted. `None` when the long way must be taken: nobody else holds the generation, or
+/// the refusal came while the other connection let go (then it may have come from the kernel,
+/// against this connection's own shield).
+#[cold]
+#[inline(never)]
+fn exclusive_beside_sibling(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+) -> Option<c_int> {
+    if !ffi_guard(false, || state.generation_held_by_sibling()) {
+        return None;
+    }
+    let rc = sub_call!(t, sub, xLock, ffi::SQLITE_LOCK_EXCLUSIVE);
+    match rc {
+        ffi::SQLITE_BUSY if ffi_guard(false, || state.generation_held_by_sibling()) => Some(rc),
+        ffi::SQLITE_BUSY => None,
+        ffi::SQLITE_OK => {
+            // Granted after all (the other connection let go meanwhile, and the shield held
+            // nothing in the way): checked now, before anything can be written under it.
+            let verdict = verdict(state, Gate::Check(Site::MainWrite), ffi::SQLITE_IOERR_LOCK);
+            if verdict != ffi::SQLITE_OK {
+                sub_call!(t, sub, xUnlock, ffi::SQLITE_LOCK_SHARED);
+                return Some(verdict);
+            }
+            let shield = state.shield();
+            shield.set_level(ffi::SQLITE_LOCK_EXCLUSIVE);
+            state.main_lock_level(true);
+            if shield.engaged() {
+                shield_slow(|| shield.reconcile());
+            }
+            Some(rc)
+        }
+        _ => Some(rc),
+    }
 }
 
 /// `xLock` of a guarded main file, with the lock shield around it: it steps aside before an

@@ -133,7 +133,11 @@ pub(crate) unsafe fn open(
     let path = unsafe { cstr_path(z_name) };
     let (kind, state) = match path {
         Some(path) if flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
-            let state = DbState::new(path, prefix.map(|p| p.h).filter(|&h| h >= 0));
+            let state = DbState::new_pinned(
+                path,
+                prefix.map(|p| p.h).filter(|&h| h >= 0),
+                inode_file_id(prefix),
+            );
             DbState::opened_here(&state);
             state.set_main_image(Some(Box::new(MainImage(sub))));
             // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS.

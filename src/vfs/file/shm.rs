@@ -38,7 +38,7 @@ pub(super) unsafe extern "C" fn x_shm_map(
                 let node = if t.unix_prefix {
                     // SAFETY: the wrapped file was checked at its open to have the `unixFile`
                     // layout; xShmMap just succeeded.
-                    unsafe { shm_node(sub) }
+                    unsafe { shm_node(sub, |fd| state.shm_joined_by_sibling(fd)) }
                 } else {
                     Err("the wrapped file does not have the unix VFS's layout".into())
                 };

@@ -31,7 +31,7 @@ use std::mem::size_of;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 
 use rusqlite::ffi;
 
@@ -135,6 +135,44 @@ pub(super) unsafe fn unix_prefix<'a>(
         .then_some(p)
 }
 
+/// `struct unixFileId`, the first field of the unix VFS's `struct unixInodeInfo` (what
+/// `unixFile.pInode` points at): the `st_dev` and `st_ino` of SQLite's own `fstat` of the
+/// descriptor at the open.
+#[repr(C)]
+struct UnixFileId {
+    dev: libc::dev_t,
+    ino: u64,
+}
+
+/// A main file's `h` and `pInode->fileId` were seen to agree with an `fstat` of `h` in this
+/// process ([`main_descriptor`]): the layout holds for this build of SQLite, so later opens take
+/// both from SQLite's structures without a syscall (issue 36).
+static INODE_LAYOUT_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// The main file's identity from SQLite's own `fstat` at the open (`pInode->fileId`), once
+/// [`INODE_LAYOUT_SEEN`]: what the guard pins the main file to, from the descriptor, without a
+/// `stat` of its own (issue 36). `None` before the layout was seen to hold, or without an inode.
+pub(super) fn inode_file_id(prefix: Option<&UnixFilePrefix>) -> Option<FileId> {
+    if !INODE_LAYOUT_SEEN.load(Ordering::Acquire) {
+        return None;
+    }
+    read_inode_file_id(prefix?)
+}
+
+fn read_inode_file_id(p: &UnixFilePrefix) -> Option<FileId> {
+    if p.p_inode.is_null() {
+        return None;
+    }
+    // SAFETY: `pInode` of a checked `unixFile` prefix ([`unix_prefix`]) points at the inode's
+    // `unixInodeInfo`, alive while the file is open; `fileId` is its first field, set once when
+    // the inode is found and never written again.
+    let id = unsafe { ptr::read(p.p_inode as *const UnixFileId) };
+    Some(FileId {
+        dev: id.dev as u64,
+        ino: id.ino,
+    })
+}
+
 /// The unix VFS's descriptor of a freshly opened main file, verified, for the lock shield; the
 /// reason the shield cannot be used otherwise.
 ///
@@ -167,9 +205,21 @@ pub(super) unsafe fn main_descriptor(
     let Some(pinned) = state.main_id() else {
         return Err("the main file is not pinned".into());
     };
-    // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call runs.
-    let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
-        .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+    let inode = read_inode_file_id(p);
+    let now = if let Some(id) = inode.filter(|_| INODE_LAYOUT_SEEN.load(Ordering::Acquire)) {
+        // Issue 36: the layout was seen to hold in this process; `h` is the descriptor whose
+        // `fstat` SQLite keeps in `pInode`.
+        id
+    } else {
+        // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call
+        // runs.
+        let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
+            .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+        if inode == Some(now) {
+            INODE_LAYOUT_SEEN.store(true, Ordering::Release);
+        }
+        now
+    };
     if now != pinned {
         return Err(format!(
             "SQLite's descriptor {} is {now}, not the pinned main file {pinned}",
@@ -184,7 +234,8 @@ pub(super) unsafe fn main_descriptor(
 
 /// The `-shm` the connection just mapped, from SQLite's own shared-memory node: its descriptor
 /// (`hShm`), that descriptor's identity (`fstat`: the same device numbering as every `stat` the
-/// guard compares it with, where `/proc/self/maps` numbers a btrfs file by its superblock), and
+/// guard compares it with, where `/proc/self/maps` numbers a btrfs file by its superblock; none
+/// when `known` has it: another guarded connection here maps the node), and
 /// the name SQLite opened it by (`zFilename`, bytes as SQLite has them: `<db>-shm`, or a file in
 /// the `SQLITE_SHM_DIRECTORY` of such a build). The reason when the node has no `-shm` file
 /// (heap memory) or does not have the expected layout.
@@ -194,6 +245,7 @@ pub(super) unsafe fn main_descriptor(
 /// `unixFile` layout ([`unix_prefix`]), whose `xShmMap` just succeeded.
 pub(super) unsafe fn shm_node(
     sub: *mut ffi::sqlite3_file,
+    known: impl FnOnce(c_int) -> Option<FileId>,
 ) -> Result<(c_int, FileId, PathBuf), String> {
     // SAFETY: as the caller promises: `pShm`, its node and the node's `pInode`, `zFilename` and
     // `hShm` are set by xShmMap and stay until xShmUnmap.
@@ -211,9 +263,13 @@ pub(super) unsafe fn shm_node(
     if fd < 0 {
         return Err("the shared memory has no -shm file (heap memory)".into());
     }
-    // SAFETY: `hShm` is open while the node lives, which it does while this connection maps it.
-    let id = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-        .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?;
+    let id = match known(fd) {
+        Some(id) => id,
+        // SAFETY: `hShm` is open while the node lives, which it does while this connection maps
+        // it.
+        None => identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+            .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?,
+    };
     // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
     let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
     Ok((fd, id, PathBuf::from(std::ffi::OsStr::from_bytes(bytes))))

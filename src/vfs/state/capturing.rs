@@ -68,6 +68,12 @@ impl DbState {
         if !self.wal_pinned() && !self.is_retired() {
             return;
         }
+        // Issue 36: another connection of this process holds the same generation and checks it
+        // at its next write or its own close (`state/open_here.rs`).
+        self.close_starts();
+        if self.generation_held_by_sibling() {
+            return;
+        }
         // Issue 36: the directory watch vouches that nothing on the path (nor the mount table)
         // changed since the last full check, as it does for every write transaction (a retired
         // generation is never vouched for): no `stat` then. The close-time checkpoint keeps its

@@ -19,20 +19,27 @@ impl DbState {
     /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
     /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
     /// could neither see nor capture: the caller fails the open.
+    /// What `<db>-wal` named just before SQLite opened it (the stale-WAL gate's look), for
+    /// [`DbState::pin_wal`].
+    pub(crate) fn wal_seen_before_open(&self, id: Option<FileId>) {
+        self.inner.lock().wal_before_open = id;
+    }
+
     pub(crate) fn pin_wal(
         &self,
         wal_path: &Path,
         sqlite: Option<ManuallyDrop<File>>,
     ) -> std::io::Result<()> {
         let borrowed = match sqlite {
-            Some(fd) => PinnedWal::borrowed(fd, wal_path).unwrap_or_else(|e| {
-                log::debug!(
+            Some(fd) => PinnedWal::borrowed(fd, wal_path, self.inner.lock().wal_before_open.take())
+                .unwrap_or_else(|e| {
+                    log::debug!(
                     "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by \
                      path",
                     wal_path.display()
                 );
-                None
-            }),
+                    None
+                }),
             None => None,
         };
         let wal = match borrowed {
