@@ -35,6 +35,17 @@ const EMPTY: i32 = -1;
 
 static LOCKED: [AtomicI32; SLOTS] = [const { AtomicI32::new(EMPTY) }; SLOTS];
 
+/// How many slots of [`LOCKED`] were ever claimed (it only grows, past [`SLOTS`] when the table is
+/// full): every listed descriptor is below it, so a look at the table reads only that many slots,
+/// not all of them (issue 36: a connection's open and close took and released a lock each, and
+/// each scanned the whole table, a compare-and-swap per slot to unlist).
+static LOCKED_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// The slots of [`LOCKED`] that were ever claimed.
+fn locked() -> &'static [AtomicI32] {
+    &LOCKED[..LOCKED_USED.load(Ordering::Acquire).min(SLOTS)]
+}
+
 /// The `-shm` regions mapped by guarded connections: address, length, file offset, and the
 /// descriptor they were mapped from (published last, cleared first).
 struct Region {
@@ -45,6 +56,9 @@ struct Region {
 }
 
 const REGION_SLOTS: usize = 4096;
+
+/// How many slots of [`REGIONS`] were ever claimed (as [`LOCKED_USED`]).
+static REGIONS_USED: AtomicUsize = AtomicUsize::new(0);
 
 static REGIONS: [Region; REGION_SLOTS] = [const {
     Region {
@@ -63,34 +77,64 @@ pub(super) fn map_region(fd: c_int, addr: usize, len: usize, offset: usize) -> b
     if !addr.is_multiple_of(page_size()) {
         return true;
     }
-    let listed = REGIONS
+    let listed = regions()
         .iter()
         .any(|r| r.fd.load(Ordering::Acquire) == fd && r.addr.load(Ordering::Acquire) == addr);
     if listed {
         return true;
     }
-    for r in &REGIONS {
-        // Claimed with a value no descriptor has, filled, then published with the descriptor.
-        if r.fd
-            .compare_exchange(EMPTY, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            r.addr.store(addr, Ordering::Release);
-            r.len.store(len, Ordering::Release);
-            r.offset.store(offset, Ordering::Release);
-            r.fd.store(fd, Ordering::Release);
-            return true;
+    // Claimed with a value no descriptor has, filled, then published with the descriptor.
+    let claim = |r: &Region| {
+        r.fd.load(Ordering::Acquire) == EMPTY
+            && r.fd
+                .compare_exchange(EMPTY, CLAIMED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    };
+    let Some(r) = claim_slot(&REGIONS, &REGIONS_USED, claim) else {
+        return false;
+    };
+    r.addr.store(addr, Ordering::Release);
+    r.len.store(len, Ordering::Release);
+    r.offset.store(offset, Ordering::Release);
+    r.fd.store(fd, Ordering::Release);
+    true
+}
+
+/// The slots of [`REGIONS`] that were ever claimed.
+fn regions() -> &'static [Region] {
+    &REGIONS[..REGIONS_USED.load(Ordering::Acquire).min(REGION_SLOTS)]
+}
+
+/// A free slot of `table` claimed with `claim`: one that was claimed before and freed, else the
+/// next never used (`used` counts those); `None` when the table is full.
+fn claim_slot<T>(
+    table: &'static [T],
+    used: &AtomicUsize,
+    claim: impl Fn(&T) -> bool,
+) -> Option<&'static T> {
+    loop {
+        let seen = used.load(Ordering::Acquire).min(table.len());
+        if let Some(slot) = table[..seen].iter().find(|slot| claim(slot)) {
+            return Some(slot);
+        }
+        // A slot never used: ours alone unless a look at the table since the count moved took
+        // it first (then look again).
+        let next = used.fetch_add(1, Ordering::AcqRel);
+        let slot = table.get(next)?;
+        if claim(slot) {
+            return Some(slot);
         }
     }
-    false
 }
 
 /// Forgets every region of `fd`: no guarded connection maps the node any more, and its mappings
 /// may go at any moment.
 pub(super) fn forget_regions(fd: c_int) {
-    for r in &REGIONS {
-        let _ =
-            r.fd.compare_exchange(fd, EMPTY, Ordering::AcqRel, Ordering::Acquire);
+    for r in regions() {
+        if r.fd.load(Ordering::Acquire) == fd {
+            let _ =
+                r.fd.compare_exchange(fd, EMPTY, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 
@@ -120,19 +164,24 @@ static DETACH_FAILURES: AtomicU32 = AtomicU32::new(0);
 /// Lists `fd` before a lock is taken on it; `false` when the table is full (the lock must not be
 /// taken: a child would share it).
 pub(super) fn register(fd: c_int) -> bool {
-    if LOCKED.iter().any(|s| s.load(Ordering::Acquire) == fd) {
+    if locked().iter().any(|s| s.load(Ordering::Acquire) == fd) {
         return true;
     }
-    LOCKED.iter().any(|slot| {
-        slot.compare_exchange(EMPTY, fd, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+    claim_slot(&LOCKED, &LOCKED_USED, |slot| {
+        slot.load(Ordering::Acquire) == EMPTY
+            && slot
+                .compare_exchange(EMPTY, fd, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     })
+    .is_some()
 }
 
 /// Takes `fd` off the list once nothing is locked on it any more.
 pub(super) fn unregister(fd: c_int) {
-    for slot in &LOCKED {
-        let _ = slot.compare_exchange(fd, EMPTY, Ordering::AcqRel, Ordering::Acquire);
+    for slot in locked() {
+        if slot.load(Ordering::Acquire) == fd {
+            let _ = slot.compare_exchange(fd, EMPTY, Ordering::AcqRel, Ordering::Acquire);
+        }
     }
 }
 
@@ -146,13 +195,13 @@ pub(super) fn take_detach_failures() -> u32 {
 /// description of its own, and the list is emptied (the child holds no lock). System calls that
 /// are async-signal-safe only, no allocation.
 pub(super) fn detach_in_child() {
-    for slot in &LOCKED {
+    for slot in locked() {
         let fd = slot.swap(EMPTY, Ordering::AcqRel);
         if fd >= 0 && !(reopen_in_place(fd) && remap_regions(fd)) {
             DETACH_FAILURES.fetch_add(1, Ordering::AcqRel);
         }
     }
-    for r in &REGIONS {
+    for r in regions() {
         r.fd.store(EMPTY, Ordering::Release);
     }
 }
@@ -170,7 +219,7 @@ fn remap_regions(fd: c_int) -> bool {
         libc::PROT_READ | libc::PROT_WRITE
     };
     let mut all = true;
-    for r in &REGIONS {
+    for r in regions() {
         if r.fd.load(Ordering::Acquire) != fd {
             continue;
         }

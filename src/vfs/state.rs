@@ -136,8 +136,14 @@ pub(crate) struct DbState {
     inner: Mutex<Inner>,
     /// Issue 33: the filesystem the database is on (found once per mount).
     filesystem: Option<Filesystem>,
+    /// The database directory's identity at the open (issue 36: shared with the connections
+    /// opened beside this one, `state/open_here.rs`).
+    dir_id: Option<FileId>,
     /// Issue 36: the connection has started to close (`state/open_here.rs`).
     closing: AtomicBool,
+    /// Issue 36: this close leaves its checks to another connection of the generation, decided
+    /// once per close (`state/open_here.rs`).
+    left_to_sibling: AtomicBool,
 }
 
 #[derive(Default)]
@@ -294,20 +300,27 @@ impl DbState {
         main_fd: Option<RawFd>,
         main_id: Option<FileId>,
     ) -> Arc<DbState> {
-        // The directory's identity (one `stat`) gives the filesystem (remembered per device)
-        // and the slot to find the directory by later.
         let parent = db_path.parent().filter(|p| !p.as_os_str().is_empty());
-        let dir_id = parent.and_then(|p| identity_of_path(p).ok().flatten());
-        let filesystem = parent
-            .zip(dir_id)
-            .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
-        // Watch first, pin second: a change after the pin is then always seen. (A pin from
-        // SQLite's descriptor, taken before the watch, is only vouched for after a full check
-        // that compares the path with it.)
-        let watch = match (parent, &filesystem) {
-            (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
-            _ => None,
-        };
+        let (dir_id, filesystem, watch) =
+            match parent.and_then(|p| DbState::directory_from_sibling(main_id, &db_path, p)) {
+                Some((id, fs, watch)) => (Some(id), Some(fs), Some(watch)),
+                None => {
+                    // The directory's identity (one `stat`) gives the filesystem (remembered per
+                    // device) and the slot to find the directory by later.
+                    let dir_id = parent.and_then(|p| identity_of_path(p).ok().flatten());
+                    let filesystem = parent
+                        .zip(dir_id)
+                        .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
+                    // Watch first, pin second: a change after the pin is then always seen. (A pin
+                    // from SQLite's descriptor, taken before the watch, is only vouched for after
+                    // a full check that compares the path with it.)
+                    let watch = match (parent, &filesystem) {
+                        (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
+                        _ => None,
+                    };
+                    (dir_id, filesystem, watch)
+                }
+            };
         let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd, dir_id));
         let main_id = match main_id.map_or_else(|| identity_of_path(&db_path), |id| Ok(Some(id))) {
             Ok(id) => id,
@@ -322,7 +335,9 @@ impl DbState {
         let fast_watch = watch.as_ref().map_or(FastWatch::NONE, DirWatch::fast);
         Arc::new(DbState {
             filesystem,
+            dir_id,
             closing: AtomicBool::new(false),
+            left_to_sibling: AtomicBool::new(false),
             wal_path: sidecar(&db_path, "-wal"),
             shm_path: sidecar(&db_path, "-shm"),
             db_path,

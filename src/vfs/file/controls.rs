@@ -89,10 +89,10 @@ pub(super) unsafe extern "C" fn file_control_answered(
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
                 // Issue 36: another connection of this process holds the same generation, so
-                // this close cannot checkpoint (its EXCLUSIVE is refused in-process) and that
-                // connection checks what this one would (`state/open_here.rs`).
-                state.close_starts();
-                if state.generation_held_by_sibling() {
+                // this close cannot checkpoint (its EXCLUSIVE is refused in-process), and the
+                // watch vouches for that connection's last full check: nothing was taken away
+                // (`state/open_here.rs`).
+                if state.close_left_to_sibling() {
                     return rc;
                 }
                 // SQLite asks this just before its close-time checkpoint: a retired generation

@@ -68,10 +68,9 @@ impl DbState {
         if !self.wal_pinned() && !self.is_retired() {
             return;
         }
-        // Issue 36: another connection of this process holds the same generation and checks it
-        // at its next write or its own close (`state/open_here.rs`).
-        self.close_starts();
-        if self.generation_held_by_sibling() {
+        // Issue 36: another connection of this process holds the same generation, whose last
+        // full check the watch vouches for (`state/open_here.rs`).
+        if self.close_left_to_sibling() {
             return;
         }
         // Issue 36: the directory watch vouches that nothing on the path (nor the mount table)

@@ -119,6 +119,7 @@ impl DbState {
             self.verified_generation.store(g, Ordering::Release);
         }
         self.record_vouch(generation, changes);
+        self.share_vouch(generation, changes);
         None
     }
 
@@ -138,7 +139,7 @@ impl DbState {
     }
 
     /// After a check that passed: the fast path may vouch from the change count read before it.
-    fn record_vouch(&self, generation: Option<u64>, changes: Option<u64>) {
+    pub(super) fn record_vouch(&self, generation: Option<u64>, changes: Option<u64>) {
         if let (Some(_), Some(c)) = (generation, changes) {
             // Vouched for by the path's generations, or verified by `stat` just now: the path was
             // as pinned when `changes` was read, or `changes` has moved since.

@@ -9,12 +9,15 @@
 //! check of its own (see there).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::super::watch::DirWatch;
 use super::DbState;
+use crate::filesystem::Filesystem;
 use crate::identity::{FileId, PinnedWal};
 
 static OPEN: Mutex<Option<HashMap<FileId, Vec<Weak<DbState>>>>> = Mutex::new(None);
@@ -63,6 +66,72 @@ impl DbState {
         states.iter().filter(|s| s.is_retired()).count()
     }
 
+    /// Issue 36: the database's directory (its identity, its filesystem and a watch of it) as
+    /// another connection of this process on the same main file, by the same name, found it,
+    /// when that is still true: the watch just made (and drained) shows the generation that
+    /// connection's last full check saw, so nothing in the directory or above it changed since
+    /// that check found the main file there. Spares the open its `stat` of the directory.
+    pub(super) fn directory_from_sibling(
+        main_id: Option<FileId>,
+        db_path: &Path,
+        parent: &Path,
+    ) -> Option<(FileId, Filesystem, DirWatch)> {
+        let main = main_id?;
+        let states: Vec<Arc<DbState>> = OPEN
+            .lock()
+            .as_ref()
+            .and_then(|map| map.get(&main))
+            .map(|c| c.iter().filter_map(Weak::upgrade).collect())
+            .unwrap_or_default();
+        let sibling = states.into_iter().find(|s| {
+            s.db_path == db_path
+                && !s.is_retired()
+                && s.dir_id.is_some()
+                && s.filesystem.as_ref().is_some_and(|f| f.local)
+                && s.shm_watch.lock().is_none()
+        })?;
+        let verified = sibling.verified_generation.load(Ordering::Acquire);
+        let watch = DirWatch::new_local(parent)?;
+        if watch.generation_as_drained() != Some(verified) {
+            return None;
+        }
+        Some((sibling.dir_id?, sibling.filesystem.clone()?, watch))
+    }
+
+    /// Issue 36: a full check of this connection passed, from the watch's figures read before it:
+    /// it is one of every connection here with the same name and the same pins (main file, WAL,
+    /// `-shm` at the same path), which vouch from it too. A connection opened beside a long-lived
+    /// one that has not written since something else changed in the directory then finds it
+    /// vouched for at its open and its close, from the second such connection on.
+    pub(super) fn share_vouch(&self, generation: Option<u64>, changes: Option<u64>) {
+        let Some(g) = generation else {
+            return;
+        };
+        if changes.is_none() || self.shm_watch.lock().is_some() {
+            return;
+        }
+        let pins = |s: &DbState| {
+            let inner = s.inner.lock();
+            (
+                inner.main_id,
+                inner.wal.as_ref().map(PinnedWal::id),
+                inner.shm_id,
+                inner.shm_check_path.clone(),
+            )
+        };
+        let ours = pins(self);
+        for s in self.siblings() {
+            if s.db_path == self.db_path
+                && !s.is_retired()
+                && s.shm_watch.lock().is_none()
+                && pins(&s) == ours
+            {
+                s.verified_generation.store(g, Ordering::Release);
+                s.record_vouch(generation, changes);
+            }
+        }
+    }
+
     /// The `-shm` behind `fd` when another connection of this process on the same main file maps
     /// the shared-memory node whose descriptor it is (the unix VFS shares one node per inode):
     /// that node, and its descriptor, live while that connection maps it, so the identity taken
@@ -97,6 +166,28 @@ impl DbState {
         self.closing.store(true, Ordering::SeqCst);
     }
 
+    /// Issue 36: whether this closing connection leaves its close-time checks to another
+    /// connection of the process that holds its generation ([`DbState::generation_held_by_sibling`])
+    /// and whose last full check the directory watch still vouches for (one `epoll_wait`: nothing
+    /// on the paths of the generation's files, nor the mount table, changed since that check, so
+    /// nothing was taken away since — a loss after this connection's last write and before its
+    /// close is found here, not left to a connection that may never write or close again).
+    /// Decided once per close: the checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose`
+    /// follow the first one's answer.
+    pub(crate) fn close_left_to_sibling(&self) -> bool {
+        self.close_starts();
+        if self.left_to_sibling.load(Ordering::Acquire) {
+            return true;
+        }
+        let left = self
+            .sibling_holding_generation()
+            .is_some_and(|s| s.vouched_fast());
+        if left {
+            self.left_to_sibling.store(true, Ordering::Release);
+        }
+        left
+    }
+
     /// Issue 36: whether another connection of this process, not closing, holds this
     /// connection's generation: the same main file and the same WAL open, neither retired, and
     /// SHARED (or more) on the main file. Then this connection's close owes no check and no
@@ -114,13 +205,15 @@ impl DbState {
     /// and does the full checks. A sibling inherited from a parent process (a forked child's
     /// copy) holds nothing here and is never counted.
     pub(crate) fn generation_held_by_sibling(&self) -> bool {
+        self.sibling_holding_generation().is_some()
+    }
+
+    fn sibling_holding_generation(&self) -> Option<Arc<DbState>> {
         if self.is_retired() {
-            return false;
+            return None;
         }
-        let Some(wal) = self.inner.lock().wal.as_ref().map(PinnedWal::id) else {
-            return false;
-        };
-        self.siblings().iter().any(|s| {
+        let wal = self.inner.lock().wal.as_ref().map(PinnedWal::id)?;
+        self.siblings().into_iter().find(|s| {
             !s.closing.load(Ordering::SeqCst)
                 && !s.is_retired()
                 && s.shield.holds_shared_here()

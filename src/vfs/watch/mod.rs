@@ -219,6 +219,12 @@ impl DirWatch {
 
     /// The sum of the path's generations, `None` if a watch on it can no longer vouch.
     #[inline]
+    /// The generation as the last drain left it (no `epoll_wait`): right after
+    /// [`DirWatch::new_local`], which drains, what [`DirWatch::current`] would say.
+    pub(crate) fn generation_as_drained(&self) -> Option<u64> {
+        self.sum()
+    }
+
     fn sum(&self) -> Option<u64> {
         let mut sum = 0u64;
         for entry in &self.entries {
