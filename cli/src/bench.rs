@@ -132,7 +132,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let cost_workloads = if args.cost {
         Some(cost::selected(&args.only).ok_or_else(|| {
             format!(
-                "--only {}: bench --cost measures W1, R1 and W2 only",
+                "--only {}: bench --cost measures W1, R1, W2, O1 and O2 only",
                 args.only.join(",")
             )
         })?)
@@ -208,6 +208,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             })?,
             Id::St => bench.paired(id, sizes.st, 1.0, |vfs| st::open(vfs, dir))?,
             Id::Mp => bench.paired(id, sizes.mp, 1.0, |vfs| mp::Writers::open(&exe, dir, vfs))?,
+            Id::O1 => bench.paired(id, sizes.o1, 1.0, |vfs| workloads::Churn::open(vfs, dir, 0))?,
             Id::CapTime => bench.capture(&exe, dir, &sizes)?,
             Id::CapMem | Id::RecMem => {} // measured with CapTime, RecTime
             Id::RecTime => bench.recovery(&exe, dir, &sizes)?,

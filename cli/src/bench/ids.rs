@@ -24,6 +24,7 @@ pub(super) struct Sizes {
     pub(super) ck: Chunks,
     pub(super) ck_wal_bytes: u64,
     pub(super) mp: Chunks,
+    pub(super) o1: Chunks,
     pub(super) cap_wal_bytes: u64,
     pub(super) cap_main_bytes: u64,
     pub(super) rec_rows: u64,
@@ -48,6 +49,7 @@ impl Sizes {
                 ck: c(1, 1),
                 ck_wal_bytes: MIB / 4,
                 mp: c(2, 10),
+                o1: c(2, 20),
                 cap_wal_bytes: MIB,
                 cap_main_bytes: MIB / 4,
                 rec_rows: 2000,
@@ -66,6 +68,7 @@ impl Sizes {
                 ck: c(2, 1),
                 ck_wal_bytes: 64 * MIB,
                 mp: c(6, 2000),
+                o1: c(40, 250),
                 cap_wal_bytes: 256 * MIB,
                 cap_main_bytes: 64 * MIB,
                 rec_rows: 300_000,
@@ -98,13 +101,14 @@ pub(super) enum Id {
     CkTruncate,
     St,
     Mp,
+    O1,
     CapTime,
     CapMem,
     RecTime,
     RecMem,
 }
 
-pub(super) const ALL: [Id; 13] = [
+pub(super) const ALL: [Id; 14] = [
     Id::W1Normal,
     Id::W1Full,
     Id::W2,
@@ -114,6 +118,7 @@ pub(super) const ALL: [Id; 13] = [
     Id::CkTruncate,
     Id::St,
     Id::Mp,
+    Id::O1,
     Id::CapTime,
     Id::CapMem,
     Id::RecTime,
@@ -139,6 +144,7 @@ impl Id {
             Id::CkTruncate => "CK-TRUNCATE",
             Id::St => "ST",
             Id::Mp => "MP",
+            Id::O1 => "O1",
             Id::CapTime => "CAP-TIME",
             Id::CapMem => "CAP-MEM",
             Id::RecTime => "MERGE-TIME",
@@ -157,6 +163,7 @@ impl Id {
             Id::CkTruncate => format!("TRUNCATE checkpoint of {}", mib(sizes.ck_wal_bytes)),
             Id::St => "SessionDb::append_message (store defaults)".into(),
             Id::Mp => "2 processes, 1-row txns, same db".into(),
+            Id::O1 => "open + point read + close, a long-lived peer".into(),
             Id::CapTime => format!(
                 "capture {} WAL + {} main vs copy+sha256",
                 mib(sizes.cap_wal_bytes),
@@ -181,6 +188,7 @@ impl Id {
             Id::St => "msg/s",
             Id::W2 | Id::R2 | Id::RecTime => "rows/s",
             Id::R1 => "query/s",
+            Id::O1 => "cycle/s",
             Id::CkPassive | Id::CkTruncate | Id::CapTime => "MiB/s",
             Id::CapMem | Id::RecMem => "MiB",
         }
@@ -191,6 +199,12 @@ impl Id {
             Id::W1Normal | Id::W1Full | Id::St | Id::Mp => Target::AtLeast(0.97),
             Id::W2 | Id::R1 | Id::R2 => Target::AtLeast(0.99),
             Id::CkPassive | Id::CkTruncate => Target::AtLeast(0.98),
+            // Issue 36: within 1.25× of stock's time. (O2, with 1,000 databases open, has no
+            // row here: both sides share the process, and the unix VFS walks its process-wide
+            // list of inodes, newest first, at every open: the side whose databases were opened
+            // first walks past the other's 1,000 and looks twice as slow. `bench --cost` counts
+            // O2 in a process of its own.)
+            Id::O1 => Target::AtLeast(0.8),
             Id::CapTime => Target::AtMost(1.25),
             Id::CapMem => Target::AtMost(8.0),
             Id::RecTime => Target::AtMost(1.3),

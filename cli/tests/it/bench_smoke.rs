@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-const WORKLOADS: [&str; 13] = [
+const WORKLOADS: [&str; 14] = [
     "W1-NORMAL",
     "W1-FULL",
     "W2",
@@ -13,6 +13,7 @@ const WORKLOADS: [&str; 13] = [
     "CK-TRUNCATE",
     "ST",
     "MP",
+    "O1",
     "CAP-TIME",
     "CAP-MEM",
     "MERGE-TIME",
