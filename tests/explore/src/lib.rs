@@ -15,7 +15,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use scenarios::Scenario;
-use sched::{Rng, Run, Sched};
+use sched::{Rng, Run, Sched, Strategy};
 use world::Ledger;
 
 /// One schedule's outcome.
@@ -84,7 +84,11 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
     let depth = 1 + rng.below(3) as usize;
     let built = (sc.build)(&db, &mut rng, &ledger);
-    let run = Sched::run(seed, depth, sc.horizon, built.parts);
+    let strategy = Strategy::Pct {
+        depth,
+        horizon: sc.horizon,
+    };
+    let run = Sched::run(seed, strategy, sc.unfetch, built.parts);
     let mut violations: Vec<String> = run
         .panics
         .iter()
