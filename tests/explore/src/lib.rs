@@ -5,6 +5,7 @@
 //! (`check.rs`).
 
 pub mod check;
+pub mod dfs;
 pub mod scenarios;
 pub mod sched;
 pub mod vfs;
@@ -23,6 +24,10 @@ pub struct Outcome {
     pub scenario: &'static str,
     pub seed: u64,
     pub depth: usize,
+    /// The variant the seed chose.
+    pub variant: String,
+    /// The enumeration's deviations (`dfs.rs`), `None` for a PCT schedule.
+    pub deviations: Option<Vec<(usize, usize)>>,
     pub run: Run,
     pub violations: Vec<String>,
     /// Violations of a guard bug already reported (see `KNOWN`): printed, not counted.
@@ -39,11 +44,21 @@ pub struct Outcome {
 impl Outcome {
     /// The replay's report: the seed, the command, the violations, the errors, the steps.
     pub fn describe(&self) -> String {
+        let (how, replay) = match &self.deviations {
+            None => (format!("PCT depth {}", self.depth), String::new()),
+            Some(d) => {
+                let d = dfs::format_deviations(d);
+                (
+                    format!("enumerated, deviations [{d}]"),
+                    format!(" --deviations '{d}'"),
+                )
+            }
+        };
         let mut out = format!(
-            "scenario {} seed {} (PCT depth {}): {} steps, {} violation(s)\n  replay: bash tests/explore.sh --scenario {} --seed {}\n",
+            "scenario {} seed {} ({}; {how}): {} steps, {} violation(s)\n  replay: bash tests/explore.sh --scenario {} --seed {}{replay}\n",
             self.scenario,
             self.seed,
-            self.depth,
+            self.variant,
             self.run.steps.len(),
             self.violations.len(),
             self.scenario,
@@ -70,6 +85,16 @@ impl Outcome {
 
 /// Runs scenario `sc` with `seed`: setup in a fresh directory, the schedule, the checks.
 pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
+    run_with(sc, seed, None)
+}
+
+/// As [`run_one`]; with `deviations`, the schedule is the enumeration's (the seed chooses the
+/// variant only), else PCT's.
+pub fn run_with(
+    sc: &'static Scenario,
+    seed: u64,
+    deviations: Option<Vec<(usize, usize)>>,
+) -> Outcome {
     vfs::register();
     let dir = tempfile::Builder::new()
         .prefix("explore-")
@@ -84,9 +109,12 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
     let depth = 1 + rng.below(3) as usize;
     let built = (sc.build)(&db, &mut rng, &ledger);
-    let strategy = Strategy::Pct {
-        depth,
-        horizon: sc.horizon,
+    let strategy = match &deviations {
+        None => Strategy::Pct {
+            depth,
+            horizon: sc.horizon,
+        },
+        Some(d) => Strategy::Deviations(d.clone()),
     };
     let run = Sched::run(seed, strategy, sc.unfetch, built.parts);
     let mut violations: Vec<String> = run
@@ -134,6 +162,8 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
         scenario: sc.name,
         seed,
         depth,
+        variant: built.variant,
+        deviations,
         run,
         violations,
         known,
@@ -244,4 +274,69 @@ pub fn explore(sc: &'static Scenario, first: u64, n: u64) -> Summary {
         }
     }
     s
+}
+
+/// What an enumeration found for one scenario.
+pub struct DfsSummary {
+    pub schedules: usize,
+    /// The variants enumerated (seed, variant), each completely unless `complete` is false.
+    pub variants: Vec<(u64, String)>,
+    pub complete: bool,
+    /// Schedules that showed a known bug only: (seed, deviations).
+    pub known: Vec<(u64, Vec<(usize, usize)>)>,
+    pub failures: Vec<Outcome>,
+}
+
+/// Enumerates every schedule of `sc` within `bound` preemptions, for each variant the seeds
+/// `0..seeds` choose (a variant is enumerated once, for the first seed that chooses it); stops
+/// after `max` schedules (then `complete` is false) or, with `stop_at_first`, at the first
+/// failing one.
+pub fn explore_dfs(
+    sc: &'static Scenario,
+    bound: usize,
+    seeds: u64,
+    max: usize,
+    stop_at_first: bool,
+) -> DfsSummary {
+    let mut s = DfsSummary {
+        schedules: 0,
+        variants: Vec::new(),
+        complete: true,
+        known: Vec::new(),
+        failures: Vec::new(),
+    };
+    'seeds: for seed in 0..seeds {
+        let mut search = dfs::Dfs::new(bound);
+        while let Some(d) = search.next() {
+            if s.schedules >= max {
+                s.complete = false;
+                break 'seeds;
+            }
+            let first = d.is_empty() && search_is_fresh(&search);
+            let o = run_with(sc, seed, Some(d.clone()));
+            if first {
+                if s.variants.iter().any(|(_, v)| *v == o.variant) {
+                    continue 'seeds;
+                }
+                s.variants.push((seed, o.variant.clone()));
+            }
+            s.schedules += 1;
+            search.record(&o.run.choices);
+            if !o.violations.is_empty() {
+                s.failures.push(o);
+                if stop_at_first {
+                    s.complete = false;
+                    break 'seeds;
+                }
+            } else if !o.known.is_empty() {
+                s.known.push((seed, d));
+            }
+        }
+    }
+    s
+}
+
+/// Whether the search has run nothing yet but its first schedule (the default one).
+fn search_is_fresh(search: &dfs::Dfs) -> bool {
+    search.save().ends_with("stack=")
 }

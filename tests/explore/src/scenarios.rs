@@ -15,6 +15,8 @@ pub struct Built {
     pub parts: Vec<Participant>,
     /// The main file a stale WAL was written on (`recover --main`), when the setup made one.
     pub stale_main: Option<PathBuf>,
+    /// The variant the seed chose (which file the actor takes, which checkpoint modes).
+    pub variant: String,
 }
 
 /// One scenario.
@@ -66,6 +68,13 @@ pub const ALL: &[Scenario] = &[
         horizon: 200,
         unfetch: false,
         build: killed_peer,
+    },
+    Scenario {
+        name: "wal-reset",
+        about: "no loss: a guarded checkpointer (a complete checkpoint of any mode, then a PASSIVE one) beside a guarded writer whose commits reset the WAL it finds wholly checkpointed (the WAL-reset race of SQLite 3.7.0-3.51.2)",
+        horizon: 120,
+        unfetch: true,
+        build: wal_reset,
     },
     Scenario {
         name: "checkpoint-race",
@@ -132,6 +141,7 @@ fn lone_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     Built {
         parts: vec![writer("W", db, true, names("w", 3), l), actor(db, what, l)],
         stale_main: None,
+        variant: what.name().into(),
     }
 }
 
@@ -145,6 +155,7 @@ fn peer_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, what, l),
         ],
         stale_main: None,
+        variant: what.name().into(),
     }
 }
 
@@ -236,6 +247,7 @@ fn restore_openers(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     Built {
         parts: vec![g, s],
         stale_main: Some(t.join("crashed").join("state.db")),
+        variant: restore.name().into(),
     }
 }
 
@@ -262,6 +274,7 @@ fn restore_running(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, restore, l),
         ],
         stale_main: None,
+        variant: restore.name().into(),
     }
 }
 
@@ -286,6 +299,43 @@ fn checkpoint_race(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             checkpointer,
         ],
         stale_main: None,
+        variant: modes.join(", "),
+    }
+}
+
+/// The smallest setting of the WAL-reset race (docs/architecture.md, "The WAL-reset race"). The
+/// checkpointer's connection is opened in the setup, before two commits it has not seen: its
+/// first checkpoint finds the WAL header changed, checkpoints the WAL completely and forgets its
+/// copy of the header; so its PASSIVE one reads the header again and calls `xUnfetch(0, NULL)`
+/// before comparing `nBackfill`. The writer's first commit resets the WAL it finds wholly
+/// checkpointed: a preemption at that `xUnfetch` puts the reset and the commit in the window,
+/// and a second one after that commit lets the checkpointer finish by its stale header: it
+/// sets `nBackfill` to the old WAL's 5 frames, past the new one, so the writer's next commit
+/// (frame 2) is never checkpointed and its close deletes the WAL (`w2` lost). The checkpointer
+/// is listed first: the default order runs it first.
+fn wal_reset(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let conn = crate::world::open(db, true).expect("open the checkpointer's connection");
+    let setup = open_direct(db).expect("open the database");
+    let rows = names("r", 5);
+    for v in &rows {
+        setup.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+    }
+    drop(setup);
+    l.lock().acked.extend(rows.into_iter().map(|v| (v, 0)));
+    const MODES: [&str; 4] = ["PASSIVE", "FULL", "RESTART", "TRUNCATE"];
+    let first = MODES[rng.below(4) as usize];
+    let who = Who::new("C", l);
+    let checkpointer = part("C", move || {
+        for mode in [first, "PASSIVE"] {
+            who.checkpoint(&conn, mode);
+        }
+        who.close(conn, true);
+    });
+    Built {
+        parts: vec![checkpointer, writer("W", db, true, names("w", 2), l)],
+        stale_main: None,
+        variant: format!("{first}, PASSIVE"),
     }
 }
 
@@ -309,5 +359,6 @@ fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, what, l),
         ],
         stale_main: None,
+        variant: what.name().into(),
     }
 }
