@@ -5,8 +5,9 @@
 //! 3. no capture without a loss (an actor's step that took a file away or restored one);
 //! 4. no refusal (`SQLITE_READONLY_DBMOVED`) before the first loss: a healthy connection is
 //!    never refused;
-//! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, none
-//!    of its rows is live; after a backup renamed over the file under running connections, no
+//! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, or a
+//!    guarded opener reached the WAL's open before any stock opener took SHARED, none of its
+//!    rows is live; after a backup renamed over the file under running connections, no
 //!    row committed before the restore and missing from the backup is live (a copy in place,
 //!    same inode, is not seen by the guard: not checked);
 //! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
@@ -45,8 +46,14 @@ fn live(db: &Path) -> Result<(HashMap<String, usize>, String), String> {
 }
 
 /// Checks the invariants; `stale_main` is the main file a stale WAL was written on (the
-/// pre-restore copy, `recover --main`). Returns the violations, empty when all hold.
-pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<String> {
+/// pre-restore copy, `recover --main`); `guard_first`: a guarded opener reached the WAL's open
+/// before any stock opener took SHARED. Returns the violations, empty when all hold.
+pub fn check(
+    db: &Path,
+    ledger: &Ledger,
+    stale_main: Option<&Path>,
+    guard_first: bool,
+) -> Vec<String> {
     let mut bad = Vec::new();
     let (live_rows, ok) = match live(db) {
         Ok(x) => x,
@@ -160,8 +167,17 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
             bad.push(format!("{who} was refused at step {step}, before any loss"));
         }
     }
-    // 5. A set-aside stale WAL stays aside.
-    if captures.iter().any(|(_, stale, _, _)| *stale) {
+    // 5. A set-aside stale WAL stays aside; a guarded opener that came first sets it aside.
+    if !ledger.stale_rows.is_empty() && guard_first {
+        for v in &ledger.stale_rows {
+            if live_rows.contains_key(v) {
+                bad.push(format!(
+                    "a guarded opener reached the WAL before any stock opener took SHARED, yet \
+                     the stale WAL's row {v} is live: the restore it saw first was undone"
+                ));
+            }
+        }
+    } else if captures.iter().any(|(_, stale, _, _)| *stale) {
         for v in &ledger.stale_rows {
             if live_rows.contains_key(v) {
                 bad.push(format!(

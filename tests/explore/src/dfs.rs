@@ -40,7 +40,7 @@ impl Dfs {
 
     /// The deviations of the next schedule to run, `None` when every schedule within the bound
     /// was run.
-    pub fn next(&mut self) -> Option<Vec<(usize, usize)>> {
+    pub fn next_schedule(&mut self) -> Option<Vec<(usize, usize)>> {
         if !self.started {
             self.started = true;
             return Some(Vec::new());
@@ -79,7 +79,7 @@ impl Dfs {
             .collect()
     }
 
-    /// Takes note of the choice points of the schedule just run (from [`Dfs::next`]'s
+    /// Takes note of the choice points of the schedule just run (from [`Dfs::next_schedule`]'s
     /// deviations): the prefix must be the stack's, the rest is pushed.
     pub fn record(&mut self, choices: &[Choice]) {
         let n = self.stack.len();

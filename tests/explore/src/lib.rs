@@ -54,8 +54,26 @@ impl Outcome {
                 )
             }
         };
+        // What else the replay needs: another SQLite (EXPLORE_SQLITE), the WAL-reset rule set
+        // otherwise than by default, a fault switched on.
+        let mut env = String::new();
+        if !cfg!(feature = "bundled") {
+            env += &format!("EXPLORE_SQLITE={} ", rusqlite::version());
+        }
+        match hermes_guard::wal_reset_guard() {
+            hermes_guard::WalResetGuard::Auto => {}
+            rule => {
+                let on = rule == hermes_guard::WalResetGuard::On;
+                env += &format!(
+                    "{}={} ",
+                    hermes_guard::WAL_RESET_GUARD_ENV,
+                    if on { "on" } else { "off" }
+                );
+            }
+        }
+        let replay = format!("{}{replay}", faults::replay_args());
         let mut out = format!(
-            "scenario {} seed {} ({}; {how}): {} steps, {} violation(s)\n  replay: bash tests/explore.sh --scenario {} --seed {}{replay}\n",
+            "scenario {} seed {} ({}; {how}): {} steps, {} violation(s)\n  replay: {env}bash tests/explore.sh --scenario {} --seed {}{replay}\n",
             self.scenario,
             self.seed,
             self.variant,
@@ -142,16 +160,24 @@ pub fn run_with(
     drop(l);
     drop(abandoned);
     let mut l = ledger.lock();
-    violations.extend(check::check(&db, &l, built.stale_main.as_deref()));
+    let guard_first = guard_first(&run);
+    violations.extend(check::check(
+        &db,
+        &l,
+        built.stale_main.as_deref(),
+        guard_first,
+    ));
     let captures = hermes_guard::recover::list_captures(&db).map_or(0, |c| c.len());
     let mut known = Vec::new();
-    violations.retain(|v| match known_bug(sc.name, v) {
-        Some(bug) => {
-            known.push(format!("{v} [{bug}]"));
-            false
-        }
-        None => true,
-    });
+    violations.retain(
+        |v| match known_bug(sc.name, v).filter(|_| !faults::any_on()) {
+            Some(bug) => {
+                known.push(format!("{v} [{bug}]"));
+                false
+            }
+            None => true,
+        },
+    );
     if keep {
         eprintln!(
             "explore: the files after the checks in {}",
@@ -172,6 +198,103 @@ pub fn run_with(
         refusals: l.refusals.len(),
         acked: l.acked.clone(),
         losses: l.losses.clone(),
+    }
+}
+
+/// The guard's fault switches (`hermes_guard::explore_faults`), for proving that the explorer
+/// finds a bug the guard once had. While one is on, no violation is taken for a known bug.
+pub mod faults {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::sched::{yield_now, Kind};
+
+    /// Whether `judged-before-exclusive` is on (the only fault there is).
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    /// The names `--fault` takes.
+    pub const NAMES: &[&str] = &["judged-before-exclusive"];
+
+    /// The stale-WAL gate's window between its judgement and its EXCLUSIVE attempt, in the
+    /// order before issue 33: a yield point.
+    fn gate_window() {
+        yield_now(Kind::Go, || {
+            "gate: judged, EXCLUSIVE not yet asked (judged-before-exclusive)".into()
+        });
+    }
+
+    /// Switches fault `name` on (`NAMES`); `false` when there is no such fault.
+    pub fn switch_on(name: &str) -> bool {
+        match name {
+            "judged-before-exclusive" => {
+                hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(Some(
+                    gate_window,
+                ))
+            }
+            _ => return false,
+        }
+        ON.store(true, Ordering::Release);
+        true
+    }
+
+    /// Switches every fault off.
+    pub fn switch_off() {
+        hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(None);
+        ON.store(false, Ordering::Release);
+    }
+
+    pub fn any_on() -> bool {
+        ON.load(Ordering::Acquire)
+    }
+
+    /// The `--fault` arguments of a replay (empty when none is on).
+    pub fn replay_args() -> String {
+        if any_on() {
+            format!(" --fault {}", NAMES[0])
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// Whether a guarded participant's stale-WAL gate ran before any stock participant took its
+/// SHARED lock on the main file: then the guard saw a restore first. A step is what its
+/// participant is about to do, done when it next runs: the gate runs after the guarded one's
+/// `xOpen state.db-wal` step, before its next step; the lock after the stock one's `xLock main
+/// SHARED`, before its next. The run that ends first came first.
+fn guard_first(run: &Run) -> bool {
+    let opened = |how: &str| -> Vec<usize> {
+        let note = format!("# open {how}");
+        let mut who: Vec<usize> = run
+            .steps
+            .iter()
+            .filter(|s| s.what == note)
+            .map(|s| s.who)
+            .collect();
+        who.dedup();
+        who
+    };
+    let (guarded, stock) = (opened("guarded"), opened("stock"));
+    // The step after which `what` of one of `who` was done: its participant's next step.
+    let done = |who: &[usize], what: &str| {
+        let at = run
+            .steps
+            .iter()
+            .position(|s| who.contains(&s.who) && s.what == what)?;
+        let by = run.steps[at].who;
+        Some(
+            run.steps[at + 1..]
+                .iter()
+                .position(|s| s.who == by)
+                .map_or(usize::MAX, |n| at + 1 + n),
+        )
+    };
+    match (
+        done(&guarded, "xOpen state.db-wal"),
+        done(&stock, "xLock main SHARED"),
+    ) {
+        (Some(g), Some(s)) => g < s,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -307,7 +430,7 @@ pub fn explore_dfs(
     };
     'seeds: for seed in 0..seeds {
         let mut search = dfs::Dfs::new(bound);
-        while let Some(d) = search.next() {
+        while let Some(d) = search.next_schedule() {
             if s.schedules >= max {
                 s.complete = false;
                 break 'seeds;

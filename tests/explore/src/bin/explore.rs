@@ -68,6 +68,15 @@ fn main() -> ExitCode {
             }
             "--max" => max = value().parse().unwrap_or_else(|_| usage("--max: a number")),
             "--stop-at-first" => stop_at_first = true,
+            "--fault" => {
+                let name = value();
+                if !hermes_guard_explore::faults::switch_on(&name) {
+                    usage(&format!(
+                        "no fault {name} (there are: {:?})",
+                        hermes_guard_explore::faults::NAMES
+                    ));
+                }
+            }
             "--first" => {
                 first = value()
                     .parse()
@@ -195,7 +204,7 @@ fn enumerate(
 
 fn usage(why: &str) -> ! {
     eprintln!(
-        "explore: {why}\nusage: explore [--scenario X] [--seed S [--deviations D]] [--schedules N] [--first F] | --scenario X --dfs B [--variant-seeds K] [--max N] [--stop-at-first] | --list"
+        "explore: {why}\nusage: explore [--scenario X] [--seed S [--deviations D]] [--schedules N] [--first F] | --scenario X --dfs B [--variant-seeds K] [--max N] [--stop-at-first] | --list; --fault F puts back a bug the guard once had"
     );
     eprintln!("scenarios:");
     for s in scenarios::ALL {
