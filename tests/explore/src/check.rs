@@ -7,9 +7,9 @@
 //!    never refused;
 //! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, or a
 //!    guarded opener reached the WAL's open before any stock opener took SHARED, none of its
-//!    rows is live; after a backup renamed over the file under running connections, no
-//!    row committed before the restore and missing from the backup is live (a copy in place,
-//!    same inode, is not seen by the guard: not checked);
+//!    rows is live; after a backup restored over the file under running connections, no row
+//!    committed before the restore and missing from the backup is live (renamed over the file:
+//!    a new inode, which the pins see; copied over it in place: issue 34's `main-overwritten`);
 //! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
 //!    acknowledged row is live exactly once, and the database passes its integrity check.
 
@@ -121,10 +121,10 @@ pub fn check(
             restored_at.is_some_and(|r| step < r) && !kept.iter().any(|k| k == v)
         })
     };
-    // A backup copied over the file in place keeps its inode: nothing the guard pins changes,
-    // and a running writer's commits and its closing checkpoint land on the restored file (no
-    // content hash: docs/decisions.md). Rows from before such a restore may come back or not;
-    // only a restore renamed over the file (a new inode, which the guard sees) must stand.
+    // A backup copied over the file in place keeps its inode: nothing the guard pins changes;
+    // since issue 34 a guarded connection's next checkpoint and its close judge the file's
+    // first pages against the WAL generation's record (`main-overwritten`), so that the
+    // generation is not checkpointed onto the copy. Said apart from a renamed restore's undoing.
     let in_place = ledger
         .losses
         .iter()
@@ -133,7 +133,12 @@ pub fn check(
     for (v, step) in &ledger.acked {
         if !discarded(v, *step) {
             acked.push(v);
-        } else if !in_place && live_rows.contains_key(v) {
+        } else if in_place && live_rows.contains_key(v) {
+            bad.push(format!(
+                "row {v}, committed before the backup was copied over the file in place and not in \
+                 the backup, is live: the copy was overwritten by a checkpoint"
+            ));
+        } else if live_rows.contains_key(v) {
             bad.push(format!(
                 "row {v}, committed before the restore and not in the backup, is live: the restore was undone"
             ));

@@ -343,6 +343,11 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "bug 3 (the abandoned writer's late close heals; the peer's halt capture is merged again)",
     ),
     (
+        "restore-running",
+        "the copy was overwritten by a checkpoint",
+        "bug 5: a backup copied over the file in place (same inode) between a running writer's commits is not seen (no main-overwritten): its close checkpoints the generation, rows from before the restore included, onto the copy",
+    ),
+    (
         "peer-loss",
         "is live 2 times",
         "bug 3: a peer's halt capture and the writer's healed close capture of one generation: recover --apply of the first inserts rows the heal put back",
