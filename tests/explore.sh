@@ -130,7 +130,7 @@ found=""
 for ((first = 0; first < per; first += chunk)); do
     n=$((per - first < chunk ? per - first : chunk))
     out="$("$explore" --fault judged-before-exclusive --scenario restore-openers --first "$first" --schedules "$n")" || true
-    found+="$(grep -o 'failing seed [0-9]*' <<<"$out" | awk '{ printf " %s", $3 }')"
+    found+="$( (grep -o 'failing seed [0-9]*' <<<"$out" || true) | awk '{ printf " %s", $3 }')"
 done
 if [ -z "$found" ]; then
     echo "with the stale-WAL gate's old order, restore-openers seeds 0..$per found nothing" >&2
