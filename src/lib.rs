@@ -261,6 +261,11 @@ pub mod test_hooks {
     pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 }
 
+/// The connection explorer's fault switches (the `explore-faults` feature); not part of the API.
+#[cfg(feature = "explore-faults")]
+#[doc(hidden)]
+pub mod explore_faults;
+
 /// The README's code blocks, compiled by `cargo test` so its example keeps up with the API.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -3,11 +3,20 @@
 # scenario over a range of seeds, one VFS call at a time in the order each seed gives, with the
 # invariants checked after every schedule. Prints `<scenario>: explored N schedules ...` per
 # scenario and `explored N schedules in all; violations V`; fails when V > 0, printing each
-# failing schedule's seed, replay command and steps.
+# failing schedule's seed, replay command and steps. Then:
+#   - the enumeration: every schedule within a preemption bound of each scenario (`--dfs`);
+#   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
+#     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/
+#     stale_wal_order.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
+#     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
+#     the guard's rule and not with it (tests/explore/tests/wal_reset.rs).
 #
 #   bash tests/explore.sh                                   # the CI run (EXPLORE_SCHEDULES per scenario)
 #   bash tests/explore.sh --scenario peer-loss --seed 17    # replays one schedule, step by step
 #   bash tests/explore.sh --scenario peer-loss --schedules 20000 --first 1000000   # a longer search
+#   bash tests/explore.sh --scenario lone-loss --dfs 2      # every schedule within 2 preemptions
+#   EXPLORE_SQLITE=3.50.2 HERMES_GUARD_WAL_RESET_GUARD=off bash tests/explore.sh --scenario wal-reset --seed 0 --deviations '18:1,51:0'
+#                                                           # a replay on SQLite 3.50.2
 #
 # Built in the debug profile (it reuses the root `cargo test` build of the dependencies). The
 # schedules' directories go to /dev/shm when there is one (tmpfs: no fsync waits, about 6x faster;
@@ -24,8 +33,54 @@ if [ -n "${EXPLORE_TMPDIR:-}" ]; then
 elif [ -d /dev/shm ] && [ -w /dev/shm ]; then
     export TMPDIR=/dev/shm
 fi
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+
+# SQLite 3.50.2 as tests/unusual-sqlite-builds.sh compiles it (the same directory and stamp:
+# whichever script runs first compiles it), from the amalgamation libsqlite3-sys 0.35.0 bundles
+# (tests/sqlite-3-50/). Sets sqlite_3_50 to its directory.
+build_sqlite_3_50() {
+    local manifest amalgamation stamp
+    manifest="$(cargo metadata --format-version 1 --locked --manifest-path tests/sqlite-3-50/Cargo.toml \
+        2>/dev/null | python3 -c '
+import json, sys
+print(next(p["manifest_path"] for p in json.load(sys.stdin)["packages"] if p["name"] == "libsqlite3-sys"))')"
+    amalgamation="$(dirname "$manifest")/sqlite3/sqlite3.c"
+    grep -q '#define SQLITE_VERSION  *"3.50.2"' "$amalgamation" \
+        || { echo "$amalgamation is not SQLite 3.50.2" >&2; exit 1; }
+    sqlite_3_50="$target_dir/unusual-sqlite/sqlite-3.50.2"
+    stamp="$amalgamation -DSQLITE_THREADSAFE=1"
+    if [ "$(cat "$sqlite_3_50/stamp" 2>/dev/null)" != "$stamp" ]; then
+        echo "== compiling SQLite 3.50.2 ($sqlite_3_50)"
+        mkdir -p "$sqlite_3_50"
+        gcc -O1 -g0 -fPIC -shared -Wl,-soname,libsqlite3.so.0 -DSQLITE_THREADSAFE=1 \
+            -o "$sqlite_3_50/libsqlite3.so.0" "$amalgamation" -lpthread -ldl -lm
+        printf '%s' "$stamp" > "$sqlite_3_50/stamp"
+    fi
+}
+
+# The explorer (and its test of the WAL-reset race) without `bundled`, linked to the system
+# libsqlite3 and run on 3.50.2: `$explore_3_50` and `$wal_reset_3_50`. The same target directory
+# as the bundled build (only the explorer is relinked); the binary is copied aside.
+build_explorer_3_50() {
+    local log="$target_dir/explore-system-sqlite.log"
+    cargo build -q -p hermes-guard-explore --no-default-features 2>&1 | grep -v "^warning: libsqlite3-sys" >&2 || true
+    explore_3_50="$target_dir/debug/explore-system-sqlite"
+    cp "$target_dir/debug/explore" "$explore_3_50"
+    cargo test -p hermes-guard-explore --no-default-features --test wal_reset --no-run >"$log" 2>&1 \
+        || { cat "$log" >&2; exit 1; }
+    wal_reset_3_50="$(grep -o "(\(target\|$target_dir\)/debug/deps/wal_reset-[0-9a-f]*)" "$log" | tr -d '()' | tail -1)"
+    [ -n "$wal_reset_3_50" ] || { echo "no wal_reset test binary (see $log)" >&2; exit 1; }
+}
+
+if [ -n "${EXPLORE_SQLITE:-}" ]; then
+    [ "$EXPLORE_SQLITE" = 3.50.2 ] || { echo "EXPLORE_SQLITE: only 3.50.2 is built here" >&2; exit 2; }
+    build_sqlite_3_50
+    build_explorer_3_50
+    cargo build -q -p hermes-guard-explore   # the bundled build back at target/debug/explore
+    LD_LIBRARY_PATH="$sqlite_3_50" exec "$explore_3_50" "$@"
+fi
 cargo build -q -p hermes-guard-explore
-explore="${CARGO_TARGET_DIR:-$root/target}/debug/explore"
+explore="$target_dir/debug/explore"
 if [ "$#" -gt 0 ]; then
     exec "$explore" "$@"
 fi
@@ -53,4 +108,45 @@ for scenario in $scenarios; do
     violations=$((violations + failing))
 done
 echo "explored $total schedules in all; violations $violations"
+
+# Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
+# with 1), each variant; a process per scenario.
+dfs_total=0
+for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1; do
+    scenario="${spec%:*}" bound="${spec#*:}"
+    out="$("$explore" --scenario "$scenario" --dfs "$bound")" || true
+    grep -v '^enumerated ' <<<"$out" | grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' || true
+    n="$(awk '/^enumerated .* in all; violations / { print $2 }' <<<"$out")"
+    v="$(awk '/^enumerated .* in all; violations / { print $NF }' <<<"$out")"
+    [ -n "$n" ] || { echo "$out" >&2; echo "the enumeration of $scenario did not finish" >&2; exit 1; }
+    dfs_total=$((dfs_total + n))
+    violations=$((violations + v))
+done
+echo "enumerated $dfs_total schedules in all; violations $violations"
+
+# Rediscovery 1: the gate's order before issue 33 (`--fault judged-before-exclusive`): the CI's
+# seeds of restore-openers find a guarded opener's restore undone by a stock opener.
+found=""
+for ((first = 0; first < per; first += chunk)); do
+    n=$((per - first < chunk ? per - first : chunk))
+    out="$("$explore" --fault judged-before-exclusive --scenario restore-openers --first "$first" --schedules "$n")" || true
+    found+="$( (grep -o 'failing seed [0-9]*' <<<"$out" || true) | awk '{ printf " %s", $3 }')"
+done
+if [ -z "$found" ]; then
+    echo "with the stale-WAL gate's old order, restore-openers seeds 0..$per found nothing" >&2
+    exit 1
+fi
+echo "the old stale-WAL gate order (--fault judged-before-exclusive): restore-openers fails at seeds$found of 0..$per (today's order: 0)"
+
+# Rediscovery 2: the WAL-reset race on SQLite 3.50.2, with the rule off and on.
+build_sqlite_3_50
+build_explorer_3_50
+cargo build -q -p hermes-guard-explore   # the bundled build back at target/debug/explore
+log="$target_dir/explore-wal-reset-3.50.2.log"
+LD_LIBRARY_PATH="$sqlite_3_50" EXPLORE_EXPECT_SQLITE=3.50.2 TMPDIR="$TMPDIR" \
+    "$wal_reset_3_50" --nocapture --test-threads=1 >"$log" 2>&1 || true
+grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' "$log" | grep -v '^$' | sed 's/^/   | /'
+grep -q "test result: ok. 1 passed; 0 failed" "$log" \
+    || { echo "the WAL-reset race test failed on SQLite 3.50.2 (see $log)" >&2; exit 1; }
+echo "violations $violations"
 [ "$violations" -eq 0 ]

@@ -32,6 +32,10 @@ use crate::stale_wal::{
 use crate::status::StaleWalAction;
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
+/// The order before issue 33, for the connection explorer only (`explore-faults`).
+#[cfg(feature = "explore-faults")]
+mod old_order;
+
 /// The connection's main file through its own methods (the guard's table, as SQLite calls it):
 /// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
 pub(super) trait MainLocks {
@@ -54,6 +58,10 @@ pub(super) fn before_wal_open(
     locks: &dyn MainLocks,
     wal_path: &Path,
 ) -> c_int {
+    #[cfg(feature = "explore-faults")]
+    if let Some(window) = crate::explore_faults::stale_wal_judged_before_exclusive() {
+        return old_order::before_wal_open(state, main, locks, wal_path, window);
+    }
     let db = state.db_path();
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes

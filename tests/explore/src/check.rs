@@ -5,10 +5,11 @@
 //! 3. no capture without a loss (an actor's step that took a file away or restored one);
 //! 4. no refusal (`SQLITE_READONLY_DBMOVED`) before the first loss: a healthy connection is
 //!    never refused;
-//! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, none
-//!    of its rows is live; after a backup renamed over the file under running connections, no
-//!    row committed before the restore and missing from the backup is live (a copy in place,
-//!    same inode, is not seen by the guard: not checked);
+//! 5. a restore the guard was first to see is never undone: when a stale WAL was set aside, or a
+//!    guarded opener reached the WAL's open before any stock opener took SHARED, none of its
+//!    rows is live; after a backup restored over the file under running connections, no row
+//!    committed before the restore and missing from the backup is live (renamed over the file:
+//!    a new inode, which the pins see; copied over it in place: issue 34's `main-overwritten`);
 //! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
 //!    acknowledged row is live exactly once, and the database passes its integrity check.
 
@@ -45,8 +46,14 @@ fn live(db: &Path) -> Result<(HashMap<String, usize>, String), String> {
 }
 
 /// Checks the invariants; `stale_main` is the main file a stale WAL was written on (the
-/// pre-restore copy, `recover --main`). Returns the violations, empty when all hold.
-pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<String> {
+/// pre-restore copy, `recover --main`); `guard_first`: a guarded opener reached the WAL's open
+/// before any stock opener took SHARED. Returns the violations, empty when all hold.
+pub fn check(
+    db: &Path,
+    ledger: &Ledger,
+    stale_main: Option<&Path>,
+    guard_first: bool,
+) -> Vec<String> {
     let mut bad = Vec::new();
     let (live_rows, ok) = match live(db) {
         Ok(x) => x,
@@ -114,10 +121,10 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
             restored_at.is_some_and(|r| step < r) && !kept.iter().any(|k| k == v)
         })
     };
-    // A backup copied over the file in place keeps its inode: nothing the guard pins changes,
-    // and a running writer's commits and its closing checkpoint land on the restored file (no
-    // content hash: docs/decisions.md). Rows from before such a restore may come back or not;
-    // only a restore renamed over the file (a new inode, which the guard sees) must stand.
+    // A backup copied over the file in place keeps its inode: nothing the guard pins changes;
+    // since issue 34 a guarded connection's next checkpoint and its close judge the file's
+    // first pages against the WAL generation's record (`main-overwritten`), so that the
+    // generation is not checkpointed onto the copy. Said apart from a renamed restore's undoing.
     let in_place = ledger
         .losses
         .iter()
@@ -126,7 +133,12 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
     for (v, step) in &ledger.acked {
         if !discarded(v, *step) {
             acked.push(v);
-        } else if !in_place && live_rows.contains_key(v) {
+        } else if in_place && live_rows.contains_key(v) {
+            bad.push(format!(
+                "row {v}, committed before the backup was copied over the file in place and not in \
+                 the backup, is live: the copy was overwritten by a checkpoint"
+            ));
+        } else if live_rows.contains_key(v) {
             bad.push(format!(
                 "row {v}, committed before the restore and not in the backup, is live: the restore was undone"
             ));
@@ -160,8 +172,17 @@ pub fn check(db: &Path, ledger: &Ledger, stale_main: Option<&Path>) -> Vec<Strin
             bad.push(format!("{who} was refused at step {step}, before any loss"));
         }
     }
-    // 5. A set-aside stale WAL stays aside.
-    if captures.iter().any(|(_, stale, _, _)| *stale) {
+    // 5. A set-aside stale WAL stays aside; a guarded opener that came first sets it aside.
+    if !ledger.stale_rows.is_empty() && guard_first {
+        for v in &ledger.stale_rows {
+            if live_rows.contains_key(v) {
+                bad.push(format!(
+                    "a guarded opener reached the WAL before any stock opener took SHARED, yet \
+                     the stale WAL's row {v} is live: the restore it saw first was undone"
+                ));
+            }
+        }
+    } else if captures.iter().any(|(_, stale, _, _)| *stale) {
         for v in &ledger.stale_rows {
             if live_rows.contains_key(v) {
                 bad.push(format!(

@@ -5,6 +5,7 @@
 //! (`check.rs`).
 
 pub mod check;
+pub mod dfs;
 pub mod scenarios;
 pub mod sched;
 pub mod vfs;
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use scenarios::Scenario;
-use sched::{Rng, Run, Sched};
+use sched::{Rng, Run, Sched, Strategy};
 use world::Ledger;
 
 /// One schedule's outcome.
@@ -23,6 +24,10 @@ pub struct Outcome {
     pub scenario: &'static str,
     pub seed: u64,
     pub depth: usize,
+    /// The variant the seed chose.
+    pub variant: String,
+    /// The enumeration's deviations (`dfs.rs`), `None` for a PCT schedule.
+    pub deviations: Option<Vec<(usize, usize)>>,
     pub run: Run,
     pub violations: Vec<String>,
     /// Violations of a guard bug already reported (see `KNOWN`): printed, not counted.
@@ -39,11 +44,39 @@ pub struct Outcome {
 impl Outcome {
     /// The replay's report: the seed, the command, the violations, the errors, the steps.
     pub fn describe(&self) -> String {
+        let (how, replay) = match &self.deviations {
+            None => (format!("PCT depth {}", self.depth), String::new()),
+            Some(d) => {
+                let d = dfs::format_deviations(d);
+                (
+                    format!("enumerated, deviations [{d}]"),
+                    format!(" --deviations '{d}'"),
+                )
+            }
+        };
+        // What else the replay needs: another SQLite (EXPLORE_SQLITE), the WAL-reset rule set
+        // otherwise than by default, a fault switched on.
+        let mut env = String::new();
+        if !cfg!(feature = "bundled") {
+            env += &format!("EXPLORE_SQLITE={} ", rusqlite::version());
+        }
+        match hermes_guard::wal_reset_guard() {
+            hermes_guard::WalResetGuard::Auto => {}
+            rule => {
+                let on = rule == hermes_guard::WalResetGuard::On;
+                env += &format!(
+                    "{}={} ",
+                    hermes_guard::WAL_RESET_GUARD_ENV,
+                    if on { "on" } else { "off" }
+                );
+            }
+        }
+        let replay = format!("{}{replay}", faults::replay_args());
         let mut out = format!(
-            "scenario {} seed {} (PCT depth {}): {} steps, {} violation(s)\n  replay: bash tests/explore.sh --scenario {} --seed {}\n",
+            "scenario {} seed {} ({}; {how}): {} steps, {} violation(s)\n  replay: {env}bash tests/explore.sh --scenario {} --seed {}{replay}\n",
             self.scenario,
             self.seed,
-            self.depth,
+            self.variant,
             self.run.steps.len(),
             self.violations.len(),
             self.scenario,
@@ -70,6 +103,16 @@ impl Outcome {
 
 /// Runs scenario `sc` with `seed`: setup in a fresh directory, the schedule, the checks.
 pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
+    run_with(sc, seed, None)
+}
+
+/// As [`run_one`]; with `deviations`, the schedule is the enumeration's (the seed chooses the
+/// variant only), else PCT's.
+pub fn run_with(
+    sc: &'static Scenario,
+    seed: u64,
+    deviations: Option<Vec<(usize, usize)>>,
+) -> Outcome {
     vfs::register();
     let dir = tempfile::Builder::new()
         .prefix("explore-")
@@ -84,7 +127,14 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
     let depth = 1 + rng.below(3) as usize;
     let built = (sc.build)(&db, &mut rng, &ledger);
-    let run = Sched::run(seed, depth, sc.horizon, built.parts);
+    let strategy = match &deviations {
+        None => Strategy::Pct {
+            depth,
+            horizon: sc.horizon,
+        },
+        Some(d) => Strategy::Deviations(d.clone()),
+    };
+    let run = Sched::run(seed, strategy, sc.unfetch, built.parts);
     let mut violations: Vec<String> = run
         .panics
         .iter()
@@ -110,16 +160,24 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
     drop(l);
     drop(abandoned);
     let mut l = ledger.lock();
-    violations.extend(check::check(&db, &l, built.stale_main.as_deref()));
+    let guard_first = guard_first(&run);
+    violations.extend(check::check(
+        &db,
+        &l,
+        built.stale_main.as_deref(),
+        guard_first,
+    ));
     let captures = hermes_guard::recover::list_captures(&db).map_or(0, |c| c.len());
     let mut known = Vec::new();
-    violations.retain(|v| match known_bug(sc.name, v) {
-        Some(bug) => {
-            known.push(format!("{v} [{bug}]"));
-            false
-        }
-        None => true,
-    });
+    violations.retain(
+        |v| match known_bug(sc.name, v).filter(|_| !faults::any_on()) {
+            Some(bug) => {
+                known.push(format!("{v} [{bug}]"));
+                false
+            }
+            None => true,
+        },
+    );
     if keep {
         eprintln!(
             "explore: the files after the checks in {}",
@@ -130,6 +188,8 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
         scenario: sc.name,
         seed,
         depth,
+        variant: built.variant,
+        deviations,
         run,
         violations,
         known,
@@ -138,6 +198,103 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
         refusals: l.refusals.len(),
         acked: l.acked.clone(),
         losses: l.losses.clone(),
+    }
+}
+
+/// The guard's fault switches (`hermes_guard::explore_faults`), for proving that the explorer
+/// finds a bug the guard once had. While one is on, no violation is taken for a known bug.
+pub mod faults {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use crate::sched::{yield_now, Kind};
+
+    /// Whether `judged-before-exclusive` is on (the only fault there is).
+    static ON: AtomicBool = AtomicBool::new(false);
+
+    /// The names `--fault` takes.
+    pub const NAMES: &[&str] = &["judged-before-exclusive"];
+
+    /// The stale-WAL gate's window between its judgement and its EXCLUSIVE attempt, in the
+    /// order before issue 33: a yield point.
+    fn gate_window() {
+        yield_now(Kind::Go, || {
+            "gate: judged, EXCLUSIVE not yet asked (judged-before-exclusive)".into()
+        });
+    }
+
+    /// Switches fault `name` on (`NAMES`); `false` when there is no such fault.
+    pub fn switch_on(name: &str) -> bool {
+        match name {
+            "judged-before-exclusive" => {
+                hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(Some(
+                    gate_window,
+                ))
+            }
+            _ => return false,
+        }
+        ON.store(true, Ordering::Release);
+        true
+    }
+
+    /// Switches every fault off.
+    pub fn switch_off() {
+        hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(None);
+        ON.store(false, Ordering::Release);
+    }
+
+    pub fn any_on() -> bool {
+        ON.load(Ordering::Acquire)
+    }
+
+    /// The `--fault` arguments of a replay (empty when none is on).
+    pub fn replay_args() -> String {
+        if any_on() {
+            format!(" --fault {}", NAMES[0])
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// Whether a guarded participant's stale-WAL gate ran before any stock participant took its
+/// SHARED lock on the main file: then the guard saw a restore first. A step is what its
+/// participant is about to do, done when it next runs: the gate runs after the guarded one's
+/// `xOpen state.db-wal` step, before its next step; the lock after the stock one's `xLock main
+/// SHARED`, before its next. The run that ends first came first.
+fn guard_first(run: &Run) -> bool {
+    let opened = |how: &str| -> Vec<usize> {
+        let note = format!("# open {how}");
+        let mut who: Vec<usize> = run
+            .steps
+            .iter()
+            .filter(|s| s.what == note)
+            .map(|s| s.who)
+            .collect();
+        who.dedup();
+        who
+    };
+    let (guarded, stock) = (opened("guarded"), opened("stock"));
+    // The step after which `what` of one of `who` was done: its participant's next step.
+    let done = |who: &[usize], what: &str| {
+        let at = run
+            .steps
+            .iter()
+            .position(|s| who.contains(&s.who) && s.what == what)?;
+        let by = run.steps[at].who;
+        Some(
+            run.steps[at + 1..]
+                .iter()
+                .position(|s| s.who == by)
+                .map_or(usize::MAX, |n| at + 1 + n),
+        )
+    };
+    match (
+        done(&guarded, "xOpen state.db-wal"),
+        done(&stock, "xLock main SHARED"),
+    ) {
+        (Some(g), Some(s)) => g < s,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -184,6 +341,11 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "killed-peer",
         "is live 2 times",
         "bug 3 (the abandoned writer's late close heals; the peer's halt capture is merged again)",
+    ),
+    (
+        "restore-running",
+        "the copy was overwritten by a checkpoint",
+        "bug 5: a backup copied over the file in place (same inode) between a running writer's commits is not seen (no main-overwritten): its close checkpoints the generation, rows from before the restore included, onto the copy",
     ),
     (
         "peer-loss",
@@ -240,4 +402,69 @@ pub fn explore(sc: &'static Scenario, first: u64, n: u64) -> Summary {
         }
     }
     s
+}
+
+/// What an enumeration found for one scenario.
+pub struct DfsSummary {
+    pub schedules: usize,
+    /// The variants enumerated (seed, variant), each completely unless `complete` is false.
+    pub variants: Vec<(u64, String)>,
+    pub complete: bool,
+    /// Schedules that showed a known bug only: (seed, deviations).
+    pub known: Vec<(u64, Vec<(usize, usize)>)>,
+    pub failures: Vec<Outcome>,
+}
+
+/// Enumerates every schedule of `sc` within `bound` preemptions, for each variant the seeds
+/// `0..seeds` choose (a variant is enumerated once, for the first seed that chooses it); stops
+/// after `max` schedules (then `complete` is false) or, with `stop_at_first`, at the first
+/// failing one.
+pub fn explore_dfs(
+    sc: &'static Scenario,
+    bound: usize,
+    seeds: u64,
+    max: usize,
+    stop_at_first: bool,
+) -> DfsSummary {
+    let mut s = DfsSummary {
+        schedules: 0,
+        variants: Vec::new(),
+        complete: true,
+        known: Vec::new(),
+        failures: Vec::new(),
+    };
+    'seeds: for seed in 0..seeds {
+        let mut search = dfs::Dfs::new(bound);
+        while let Some(d) = search.next_schedule() {
+            if s.schedules >= max {
+                s.complete = false;
+                break 'seeds;
+            }
+            let first = d.is_empty() && search_is_fresh(&search);
+            let o = run_with(sc, seed, Some(d.clone()));
+            if first {
+                if s.variants.iter().any(|(_, v)| *v == o.variant) {
+                    continue 'seeds;
+                }
+                s.variants.push((seed, o.variant.clone()));
+            }
+            s.schedules += 1;
+            search.record(&o.run.choices);
+            if !o.violations.is_empty() {
+                s.failures.push(o);
+                if stop_at_first {
+                    s.complete = false;
+                    break 'seeds;
+                }
+            } else if !o.known.is_empty() {
+                s.known.push((seed, d));
+            }
+        }
+    }
+    s
+}
+
+/// Whether the search has run nothing yet but its first schedule (the default one).
+fn search_is_fresh(search: &dfs::Dfs) -> bool {
+    search.save().ends_with("stack=")
 }

@@ -15,6 +15,8 @@ pub struct Built {
     pub parts: Vec<Participant>,
     /// The main file a stale WAL was written on (`recover --main`), when the setup made one.
     pub stale_main: Option<PathBuf>,
+    /// The variant the seed chose (which file the actor takes, which checkpoint modes).
+    pub variant: String,
 }
 
 /// One scenario.
@@ -23,6 +25,11 @@ pub struct Scenario {
     pub about: &'static str,
     /// About how many steps a schedule of it takes (PCT's change points fall among them).
     pub horizon: usize,
+    /// Whether a checkpoint's `xUnfetch(0, NULL)` on the main file is a yield point: the one VFS
+    /// call between a checkpointer's read of the WAL header and its `nBackfill` check, the
+    /// window of the WAL-reset race (docs/architecture.md). Only where it is wanted: a new yield
+    /// point changes every schedule of a scenario, and the found bugs' seeds with them.
+    pub unfetch: bool,
     pub build: fn(&Path, &mut Rng, &Shared) -> Built,
 }
 
@@ -31,36 +38,49 @@ pub const ALL: &[Scenario] = &[
         name: "lone-loss",
         about: "one guarded writer (3 commits, then close: the heal) while an actor removes or renames its -wal or removes its -shm",
         horizon: 120,
+        unfetch: false,
         build: lone_loss,
     },
     Scenario {
         name: "peer-loss",
         about: "two guarded writers on the same database while an actor removes or renames the -wal: refusal and capture",
         horizon: 200,
+        unfetch: false,
         build: peer_loss,
     },
     Scenario {
         name: "restore-openers",
         about: "a killed writer's WAL, a backup restored over the file (cp or mv), then a guarded and a stock opener race",
         horizon: 150,
+        unfetch: false,
         build: restore_openers,
     },
     Scenario {
         name: "restore-running",
         about: "a backup (older than the file) restored over the file (cp or mv) under a running guarded writer and a second guarded opener",
         horizon: 200,
+        unfetch: false,
         build: restore_running,
     },
     Scenario {
         name: "killed-peer",
         about: "a guarded writer that abandons its connection after its commits (a kill: open until the schedule ends, closed before the checks), a guarded peer, an actor removing or renaming the -wal",
         horizon: 200,
+        unfetch: false,
         build: killed_peer,
+    },
+    Scenario {
+        name: "wal-reset",
+        about: "no loss: a guarded checkpointer (a complete checkpoint of any mode, then a PASSIVE one) beside a guarded writer whose commits reset the WAL it finds wholly checkpointed (the WAL-reset race of SQLite 3.7.0-3.51.2)",
+        horizon: 120,
+        unfetch: true,
+        build: wal_reset,
     },
     Scenario {
         name: "checkpoint-race",
         about: "no loss: a guarded and a stock writer, a guarded checkpointer (two random modes) racing the writers' WAL resets",
         horizon: 250,
+        unfetch: true,
         build: checkpoint_race,
     },
 ];
@@ -121,6 +141,7 @@ fn lone_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     Built {
         parts: vec![writer("W", db, true, names("w", 3), l), actor(db, what, l)],
         stale_main: None,
+        variant: what.name().into(),
     }
 }
 
@@ -134,6 +155,7 @@ fn peer_loss(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, what, l),
         ],
         stale_main: None,
+        variant: what.name().into(),
     }
 }
 
@@ -225,6 +247,7 @@ fn restore_openers(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     Built {
         parts: vec![g, s],
         stale_main: Some(t.join("crashed").join("state.db")),
+        variant: restore.name().into(),
     }
 }
 
@@ -251,6 +274,7 @@ fn restore_running(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, restore, l),
         ],
         stale_main: None,
+        variant: restore.name().into(),
     }
 }
 
@@ -275,6 +299,43 @@ fn checkpoint_race(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             checkpointer,
         ],
         stale_main: None,
+        variant: modes.join(", "),
+    }
+}
+
+/// The smallest setting of the WAL-reset race (docs/architecture.md, "The WAL-reset race"). The
+/// checkpointer's connection is opened in the setup, before two commits it has not seen: its
+/// first checkpoint finds the WAL header changed, checkpoints the WAL completely and forgets its
+/// copy of the header; so its PASSIVE one reads the header again and calls `xUnfetch(0, NULL)`
+/// before comparing `nBackfill`. The writer's first commit resets the WAL it finds wholly
+/// checkpointed: a preemption at that `xUnfetch` puts the reset and the commit in the window,
+/// and a second one after that commit lets the checkpointer finish by its stale header: it
+/// sets `nBackfill` to the old WAL's 5 frames, past the new one, so the writer's next commit
+/// (frame 2) is never checkpointed and its close deletes the WAL (`w2` lost). The checkpointer
+/// is listed first: the default order runs it first.
+fn wal_reset(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let conn = crate::world::open(db, true).expect("open the checkpointer's connection");
+    let setup = open_direct(db).expect("open the database");
+    let rows = names("r", 5);
+    for v in &rows {
+        setup.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+    }
+    drop(setup);
+    l.lock().acked.extend(rows.into_iter().map(|v| (v, 0)));
+    const MODES: [&str; 4] = ["PASSIVE", "FULL", "RESTART", "TRUNCATE"];
+    let first = MODES[rng.below(4) as usize];
+    let who = Who::new("C", l);
+    let checkpointer = part("C", move || {
+        for mode in [first, "PASSIVE"] {
+            who.checkpoint(&conn, mode);
+        }
+        who.close(conn, true);
+    });
+    Built {
+        parts: vec![checkpointer, writer("W", db, true, names("w", 2), l)],
+        stale_main: None,
+        variant: format!("{first}, PASSIVE"),
     }
 }
 
@@ -298,5 +359,6 @@ fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             actor(db, what, l),
         ],
         stale_main: None,
+        variant: what.name().into(),
     }
 }

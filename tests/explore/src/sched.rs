@@ -68,11 +68,53 @@ struct Pct {
     change_points: Vec<(usize, i64)>,
 }
 
+/// How the next participant is chosen.
+#[derive(Clone, Debug)]
+pub enum Strategy {
+    /// PCT of `depth`, its change points among the first `horizon` steps, from the seed.
+    Pct { depth: usize, horizon: usize },
+    /// The enumeration's (`dfs.rs`): at each choice point the default — the running participant
+    /// while it is enabled, else the lowest-numbered enabled one (no preemption) — except at the
+    /// listed choice points, `(choice point, participant)`, in increasing order.
+    Deviations(Vec<(usize, usize)>),
+}
+
+/// One choice point of a schedule: who was enabled (a bit per participant: the runnable ones,
+/// or the blocked ones when nobody else can run), who was running, who was picked.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Choice {
+    pub enabled: u32,
+    pub current: Option<usize>,
+    pub chosen: usize,
+}
+
+impl Choice {
+    /// The pick without a preemption: the running participant while it is enabled, else the
+    /// lowest-numbered enabled one.
+    pub fn default_pick(enabled: u32, current: Option<usize>) -> usize {
+        match current {
+            Some(c) if enabled & (1 << c) != 0 => c,
+            _ => enabled.trailing_zeros() as usize,
+        }
+    }
+
+    /// Whether picking `who` here preempts the running participant (it could have gone on).
+    pub fn preempts(&self, who: usize) -> bool {
+        self.current
+            .is_some_and(|c| self.enabled & (1 << c) != 0 && who != c)
+    }
+}
+
 struct State {
     running: Option<usize>,
     parts: Vec<Part>,
     pct: Pct,
     steps: Vec<Step>,
+    /// `None`: PCT (`pct`); else the enumeration's deviations, the next one first.
+    deviations: Option<std::collections::VecDeque<(usize, usize)>>,
+    choices: Vec<Choice>,
+    /// Whether `xUnfetch(0, NULL)` of a main file is a yield point (`Scenario::unfetch`).
+    unfetch: bool,
 }
 
 /// The scheduler of one schedule.
@@ -107,6 +149,12 @@ pub fn note(what: impl FnOnce() -> String) {
     }
 }
 
+/// Whether this schedule yields at a checkpoint's `xUnfetch(0, NULL)` (`Scenario::unfetch`).
+pub fn yields_at_unfetch() -> bool {
+    let me = ME.with(|m| m.borrow().clone());
+    me.is_some_and(|(sched, _)| sched.state.lock().unfetch)
+}
+
 /// Whether this thread is a participant of a running schedule.
 pub fn in_schedule() -> bool {
     ME.with(|m| m.borrow().is_some())
@@ -124,9 +172,11 @@ pub struct Participant {
     pub script: Box<dyn FnOnce() + Send>,
 }
 
-/// A finished schedule: its steps, and the participants whose scripts panicked.
+/// A finished schedule: its steps, its choice points, and the participants whose scripts
+/// panicked.
 pub struct Run {
     pub steps: Vec<Step>,
+    pub choices: Vec<Choice>,
     pub names: Vec<String>,
     pub panics: Vec<String>,
 }
@@ -143,11 +193,19 @@ impl Run {
 }
 
 impl Sched {
-    /// Runs `parts` one at a time in the order `seed` gives (PCT of `depth`, change points
-    /// among the first `horizon` steps).
-    pub fn run(seed: u64, depth: usize, horizon: usize, parts: Vec<Participant>) -> Run {
+    /// Runs `parts` one at a time in the order `strategy` gives (PCT from `seed`, or the
+    /// enumeration's deviations); `unfetch`: whether a checkpoint's `xUnfetch(0, NULL)` yields.
+    pub fn run(seed: u64, strategy: Strategy, unfetch: bool, parts: Vec<Participant>) -> Run {
+        let (depth, horizon, deviations) = match strategy {
+            Strategy::Pct { depth, horizon } => (depth, horizon, None),
+            Strategy::Deviations(d) => (1, 1, Some(d.into_iter().collect())),
+        };
         let mut rng = Rng::new(seed);
         let n = parts.len();
+        assert!(
+            n <= 32,
+            "at most 32 participants (the enabled sets are bit masks)"
+        );
         // Initial priorities: a random permutation of depth..depth+n (all above the change points').
         let mut prios: Vec<i64> = (0..n as i64).map(|i| i + depth as i64).collect();
         for i in (1..n).rev() {
@@ -174,12 +232,15 @@ impl Sched {
                     .collect(),
                 pct: Pct { change_points },
                 steps: Vec::new(),
+                deviations,
+                choices: Vec::new(),
+                unfetch,
             }),
             turn: Condvar::new(),
         });
         {
             let mut s = sched.state.lock();
-            s.running = pick(&s);
+            s.running = pick(&mut s);
         }
         let panics = Arc::new(Mutex::new(Vec::new()));
         let handles: Vec<_> = parts
@@ -213,9 +274,11 @@ impl Sched {
             let _ = h.join();
         }
         let steps = std::mem::take(&mut sched.state.lock().steps);
+        let choices = std::mem::take(&mut sched.state.lock().choices);
         let panics = std::mem::take(&mut *panics.lock());
         Run {
             steps,
+            choices,
             names,
             panics,
         }
@@ -245,7 +308,7 @@ impl Sched {
             Kind::Blocked => s.parts[id].blocked = true,
             Kind::Release => s.parts.iter_mut().for_each(|p| p.blocked = false),
         }
-        let next = pick(&s);
+        let next = pick(&mut s);
         if next != Some(id) {
             s.running = next;
             self.turn.notify_all();
@@ -260,13 +323,60 @@ impl Sched {
         s.parts[id].done = true;
         // Whatever it held is released now (a script ends after its close or its abandonment).
         s.parts.iter_mut().for_each(|p| p.blocked = false);
-        s.running = pick(&s);
+        s.running = pick(&mut s);
         self.turn.notify_all();
     }
 }
 
+/// The next participant (a choice point, recorded): PCT's, or the enumeration's.
+fn pick(s: &mut State) -> Option<usize> {
+    let enabled = |blocked: bool| {
+        s.parts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.done && p.blocked == blocked)
+            .fold(0u32, |m, (i, _)| m | 1 << i)
+    };
+    let enabled = match enabled(false) {
+        0 => enabled(true),
+        m => m,
+    };
+    if enabled == 0 {
+        return None;
+    }
+    let current = s.running;
+    let at = s.choices.len();
+    let pct = s.deviations.is_none().then(|| pick_pct(s));
+    let chosen = match (pct, s.deviations.as_mut()) {
+        (Some(p), _) => p.expect("an enabled participant"),
+        (None, None) => unreachable!(),
+        (None, Some(d)) => {
+            match d.front() {
+                // A deviation the schedule cannot take (a replay of another scenario, or a
+                // schedule that is not deterministic) is not taken: no panic here, inside a VFS
+                // call; the enumeration finds the difference in the recorded choice points.
+                Some(&(c, who)) if c == at => {
+                    d.pop_front();
+                    if enabled & (1 << who) != 0 {
+                        who
+                    } else {
+                        Choice::default_pick(enabled, current)
+                    }
+                }
+                _ => Choice::default_pick(enabled, current),
+            }
+        }
+    };
+    s.choices.push(Choice {
+        enabled,
+        current,
+        chosen,
+    });
+    Some(chosen)
+}
+
 /// The runnable participant of highest priority; the blocked ones only when nobody else can run.
-fn pick(s: &State) -> Option<usize> {
+fn pick_pct(s: &State) -> Option<usize> {
     let best = |blocked: bool| {
         s.parts
             .iter()

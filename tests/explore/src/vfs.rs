@@ -2,7 +2,8 @@
 //! `unix` (`explore-unix`, for stock participants), it makes every call of interest a yield
 //! point (`sched::yield_now`) before passing it down: `xOpen`, `xClose`, `xRead`/`xWrite`/`xSync`
 //! of the main file and the WAL, `xLock`/`xUnlock`, `xShmMap`/`xShmLock`/`xShmBarrier`/
-//! `xShmUnmap`, `xDelete` and `xSleep` (which yields as blocked instead of sleeping). Every other
+//! `xShmUnmap`, `xDelete` and `xSleep` (which yields as blocked instead of sleeping), and in the
+//! scenarios that ask for it a checkpoint's `xUnfetch(0, NULL)` (`Scenario::unfetch`). Every other
 //! method is passed through. The yield comes before the call, so no lock of the VFS below (the
 //! guard's, the unix VFS's) is ever held while a participant waits for its turn.
 //!
@@ -320,7 +321,20 @@ io_forward! {
     x_shm_unmap => xShmUnmap(delete: c_int) -> c_int,
         [k] Some((Kind::Release, format!("xShmUnmap delete={delete}")));
     x_fetch => xFetch(off: ffi::sqlite3_int64, n: c_int, pp: *mut *mut c_void) -> c_int, [k] None;
-    x_unfetch => xUnfetch(off: ffi::sqlite3_int64, p: *mut c_void) -> c_int, [k] None;
+    x_unfetch => xUnfetch(off: ffi::sqlite3_int64, p: *mut c_void) -> c_int,
+        [k] unfetch(k, off, p);
+}
+
+/// `xUnfetch(0, NULL)` of a main file: with mmap off, only `sqlite3WalCheckpoint` calls it,
+/// after its read of the WAL header when the header changed (the WAL-reset race's window). A
+/// yield point only in the scenarios that ask (`Scenario::unfetch`).
+fn unfetch(k: &str, off: i64, p: *mut c_void) -> Option<(Kind, String)> {
+    (k == "main" && off == 0 && p.is_null() && crate::sched::yields_at_unfetch()).then(|| {
+        (
+            Kind::Go,
+            "xUnfetch main (checkpoint: header read)".to_string(),
+        )
+    })
 }
 
 fn shm_lock(ofst: c_int, n: c_int, flags: c_int) -> (Kind, String) {

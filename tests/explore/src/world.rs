@@ -37,18 +37,30 @@ pub struct Ledger {
 
 pub type Shared = Arc<Mutex<Ledger>>;
 
-/// The busy handler of every participant: a blocked yield instead of a sleep.
-fn busy(n: i32) -> bool {
+/// The busy handler of every participant: a blocked yield instead of a sleep. Installed with
+/// `sqlite3_busy_handler` itself: rusqlite's `busy_handler` keeps its closure with
+/// `sqlite3_set_clientdata` (SQLite 3.44+), which the 3.40 system library the
+/// `--no-default-features` build links against lacks.
+unsafe extern "C" fn busy(_: *mut std::ffi::c_void, n: std::ffi::c_int) -> std::ffi::c_int {
     yield_now(Kind::Blocked, || format!("busy {n}"));
-    n < BUSY_TRIES
+    std::ffi::c_int::from(n < BUSY_TRIES)
 }
 
 /// Opens `db` through the scheduling VFS (guarded or stock), in WAL mode, with the yielding
 /// busy handler.
 pub fn open(db: &Path, guarded: bool) -> rusqlite::Result<Connection> {
     let name = if guarded { vfs::GUARDED } else { vfs::STOCK };
-    let mut conn = Connection::open_with_flags_and_vfs(db, OpenFlags::default(), name)?;
-    conn.busy_handler(Some(busy))?;
+    let conn = Connection::open_with_flags_and_vfs(db, OpenFlags::default(), name)?;
+    // SAFETY: the handle is open; the handler is a plain function with no data.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_busy_handler(conn.handle(), Some(busy), std::ptr::null_mut())
+    };
+    if rc != rusqlite::ffi::SQLITE_OK {
+        return Err(rusqlite::Error::SqliteFailure(
+            rusqlite::ffi::Error::new(rc),
+            None,
+        ));
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     Ok(conn)
 }

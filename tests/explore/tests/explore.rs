@@ -120,3 +120,11 @@ fn finds_bug_4_a_wal_taken_away_while_a_peer_is_inside_its_open_loses_rows_silen
     finds("peer-loss", 3581, "bug 4");
     finds("peer-loss", 3555, "bug 4");
 }
+
+/// Bug 5: `cp backup.db state.db` between a running guarded writer's commits; the writer's
+/// close checkpoints its generation onto the copy (`r3`, which the restore removed, is back)
+/// with no `main-overwritten` refusal and no capture.
+#[test]
+fn finds_bug_5_an_in_place_restore_under_a_running_writer_is_checkpointed_over() {
+    finds("restore-running", 18, "bug 5");
+}

@@ -1,0 +1,56 @@
+//! The stale-WAL gate in its order before issue 33, for the connection explorer only (the
+//! `explore-faults` feature, `crate::explore_faults`): judged first, EXCLUSIVE after. Today's
+//! order is in the parent module; this one is kept only to show that the explorer finds what it
+//! broke (tests/explore/tests/stale_wal_order.rs).
+
+use std::ffi::c_int;
+use std::path::Path;
+
+use rusqlite::ffi;
+
+use super::{
+    exclusive, in_use, jitter, judge, no_exclusive, open_wal, say, under_exclusive, MainLocks, Turn,
+};
+use crate::capture::{sidecar, ImageSource};
+use crate::stale_wal::Verdict;
+use crate::vfs::state::DbState;
+
+/// As `before_wal_open` was before issue 33; `window` is called between the judgement and the
+/// EXCLUSIVE attempt (the time the look and the `-shm` probe took).
+pub(super) fn before_wal_open(
+    state: &DbState,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+    window: fn(),
+) -> c_int {
+    let db = state.db_path();
+    let Some(wal) = open_wal(db, wal_path) else {
+        return ffi::SQLITE_OK;
+    };
+    if Turn::taken(state.main_id()) {
+        return ffi::SQLITE_BUSY;
+    }
+    match judge(db, main, &wal, true) {
+        None | Some(Verdict::Stale(_)) => {}
+        Some(verdict) => {
+            say(db, &verdict);
+            return ffi::SQLITE_OK;
+        }
+    }
+    drop(wal);
+    let shm_path = sidecar(db, "-shm");
+    if in_use::shm_use(&shm_path).in_use() {
+        return ffi::SQLITE_OK;
+    }
+    window();
+    let Some(_turn) = Turn::take(state.main_id()) else {
+        return ffi::SQLITE_BUSY;
+    };
+    match exclusive(locks, 10 + jitter() % 40) {
+        ffi::SQLITE_OK => under_exclusive(state, main, locks, wal_path),
+        ffi::SQLITE_BUSY if in_use::shm_use(&shm_path).in_use() => ffi::SQLITE_OK,
+        ffi::SQLITE_BUSY => ffi::SQLITE_BUSY,
+        rc => no_exclusive(db, wal_path, rc),
+    }
+}
