@@ -180,16 +180,6 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "is live 0 times",
         "bug 4, after recover --apply",
     ),
-    (
-        "killed-peer",
-        "is live 2 times",
-        "bug 3 (the abandoned writer's late close heals; the peer's halt capture is merged again)",
-    ),
-    (
-        "peer-loss",
-        "is live 2 times",
-        "bug 3: a peer's halt capture and the writer's healed close capture of one generation: recover --apply of the first inserts rows the heal put back",
-    ),
 ];
 
 fn known_bug(scenario: &str, violation: &str) -> Option<&'static str> {
