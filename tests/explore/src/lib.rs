@@ -147,18 +147,13 @@ pub fn run_one(sc: &'static Scenario, seed: u64) -> Outcome {
 pub const KNOWN: &[(&str, &str, &str)] = &[
     (
         "restore-running",
-        "the restore was undone",
-        "bug 2: a generation whose first frames land after the restore is never recorded (the writer is refused from then on) and is replayed onto the restored file",
-    ),
-    (
-        "restore-running",
         "neither live nor in a capture",
-        "bug 2 (same window): an opener of the restored file commits into the old inode's WAL; the WAL is then set aside and cannot be read with any main file",
+        "bug 5 (bug 2's window, in one process): an opener of the restored file, in the writer's process, gets its own unix -shm node (keyed by the main file's inode) and so SQLite's WAL write lock does not exclude the old inode's writer: both write one WAL, which cannot be read with any main file",
     ),
     (
         "restore-running",
         "is live 0 times",
-        "bug 2 (same window), after recover --apply",
+        "bug 5, after recover --apply",
     ),
     (
         "peer-loss",

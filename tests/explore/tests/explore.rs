@@ -105,9 +105,21 @@ fn a_generation_captured_twice_is_merged_once() {
     );
 }
 
+/// Bug 2, fixed (issue 34): a generation begun on an empty WAL across a restore is recorded at
+/// its WAL header (the record made at the write lock, on the file it starts on), so the next
+/// opener sets it aside instead of replaying it onto the restored file.
 #[test]
-fn finds_bug_2_a_generation_begun_across_a_restore_is_replayed_onto_it() {
-    finds("restore-running", 44, "bug 2");
+fn a_generation_begun_across_a_restore_is_recorded_and_never_replayed_onto_it() {
+    let o = run_one(scenario("restore-running"), 44);
+    assert!(o.violations.is_empty(), "{}", o.describe());
+    assert!(o.known.is_empty(), "{}", o.describe());
+    assert!(o.captures >= 2, "the refusal's capture and the stale WAL's");
+}
+
+#[test]
+fn finds_bug_5_an_opener_of_the_restored_file_in_the_writers_process_shares_its_wal() {
+    finds("restore-running", 291, "bug 5");
+    finds("restore-running", 680, "bug 5");
 }
 
 /// Bug 3, fixed (issue 34): a peer's halt capture of a generation that the writer's close then
