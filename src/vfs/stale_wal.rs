@@ -27,7 +27,7 @@ use crate::capture::ImageSource;
 use crate::identity::identity_of_fd;
 use crate::paths::path_display;
 use crate::stale_wal::{
-    encode_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
+    encode_record, read_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
 
@@ -145,7 +145,7 @@ impl StaleWalSlot {
             if word != self.recorded.load(Ordering::Relaxed) {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
-                self.record(state, p, word, main);
+                self.record(state, p, word, main, true);
             } else if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
@@ -172,7 +172,7 @@ impl StaleWalSlot {
         if word != self.recorded.load(Ordering::Relaxed) {
             self.not_due.store(true, Ordering::Relaxed);
             self.tries.store(0, Ordering::Relaxed);
-            self.record(state, p, word, main);
+            self.record(state, p, word, main, false);
         }
     }
 
@@ -258,8 +258,21 @@ impl StaleWalSlot {
         self.write(state, h.salts, &encoded[..len]);
     }
 
+    /// Records generation `word` (the wal-index's salts) on the main file as it is now; with
+    /// `joined` (this connection's first write lock in a generation it did not see start), not
+    /// over a record of the same generation already on the WAL: that one was made when the
+    /// generation started, on the file it started on, and a connection that joined it later
+    /// (an opener of a restored file, above all) must not replace it with its own file's pages
+    /// (issue 34, tests/explore). One `fgetxattr` more per such record.
     #[cold]
-    fn record(&self, state: &DbState, p: *const u8, word: u64, main: &dyn ImageSource) {
+    fn record(
+        &self,
+        state: &DbState,
+        p: *const u8,
+        word: u64,
+        main: &dyn ImageSource,
+        joined: bool,
+    ) {
         self.recorded.store(word, Ordering::Relaxed);
         if state.is_retired() {
             return;
@@ -271,6 +284,14 @@ impl StaleWalSlot {
             u32::from_be_bytes((word as u32).to_ne_bytes()),
             u32::from_be_bytes(((word >> 32) as u32).to_ne_bytes()),
         ];
+        if joined
+            && state
+                .with_pinned_wal(|wal| read_record(wal.file().as_fd()))
+                .flatten()
+                .is_some_and(|r| r.salts == salts)
+        {
+            return;
+        }
         if let Some((encoded, len)) = self.encode(state, salts, page_size, main) {
             self.write(state, salts, &encoded[..len]);
         }

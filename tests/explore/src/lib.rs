@@ -156,6 +156,11 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "bug 5, after recover --apply",
     ),
     (
+        "restore-running",
+        "the restore was undone",
+        "bug 5: the opener's checkpoint copies the old inode's writer's frames of the shared WAL onto the restored file",
+    ),
+    (
         "peer-loss",
         "neither live nor in a capture",
         "bug 4: a -wal renamed or removed after its writer closed, while the peer is paused inside its open (before its WAL open, or before its first -shm map): the writer's acknowledged rows are lost silently, no refusal, no capture",
