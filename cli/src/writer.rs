@@ -11,6 +11,7 @@
 //!   `checkpoint` (TRUNCATE), `passive` (a PASSIVE checkpoint), `status` (the rows it sees and,
 //!   guarded, the guard's status), `bulk N` (N rows of 400 bytes in one transaction), `rows N` (N
 //!   short rows in one transaction), `ack K` (one row `ack K`: acknowledged unless refused),
+//!   `begin` (BEGIN IMMEDIATE and one row, the transaction left open), `commit`,
 //!   `reconnect` (closes the connection and opens the path again, as an application does after
 //!   a refusal) and
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
@@ -169,6 +170,20 @@ fn gateway(args: &WriterArgs) -> Result<()> {
                 );
                 emit(json!({"event": "ack", "refused": result.is_err(),
                     "error": result.err().map(|e| e.to_string())}))?;
+            }
+            "begin" => {
+                // `begin`: a write transaction left open (the WAL write lock held), one row in it.
+                let c = conn.as_ref().ok_or("begin after close")?;
+                let r = c.execute_batch(
+                    "BEGIN IMMEDIATE; \
+                     INSERT INTO messages (session, content) VALUES ('gw-0', 'in the open transaction')",
+                );
+                emit(json!({"event": "begin", "error": r.err().map(|e| e.to_string())}))?;
+            }
+            "commit" => {
+                let c = conn.as_ref().ok_or("commit after close")?;
+                let r = c.execute_batch("COMMIT");
+                emit(json!({"event": "commit", "error": r.err().map(|e| e.to_string())}))?;
             }
             "reconnect" => {
                 if let Some(c) = conn.take() {

@@ -33,6 +33,7 @@ mod rebuild;
 mod report;
 mod rows;
 mod schema;
+mod siblings;
 mod table;
 mod value;
 mod verify;
@@ -237,7 +238,21 @@ fn run_merge(
         return Ok(report);
     }
     let (rule, rule_reason) = rule_for(capture, database);
-    let (generation, start) = ledger_start(capture, conn, database, rule)?;
+    let (generation, start, healed) = ledger_start(capture, conn, database, rule)?;
+    if let Some(healed) = healed.as_ref().filter(|h| h.frames >= generation.frames) {
+        // Another capture of this generation was healed into the live file as far as this one
+        // reaches (bug 3 of tests/explore): its rows are live, as for a capture healed itself.
+        let mut report = MergeReport::new(capture.dir(), database, rule, rule_reason);
+        report.applied = apply;
+        report.healed_by = Some(healed.capture.clone());
+        report.healed_at_close = Some(format!(
+            "this WAL generation was healed into the live file at close from another capture \
+             of it, {} ({}, {} frame(s), as far as this capture's {})",
+            healed.capture, healed.at, healed.frames, generation.frames
+        ));
+        report.capture_integrity = capture.integrity().to_vec();
+        return Ok(report);
+    }
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
     let merge = Merge {
@@ -260,24 +275,49 @@ fn run_merge(
     let _ = source.execute_batch("ROLLBACK");
     let mut report = result?;
     report.capture_integrity = capture.integrity().to_vec();
+    report.healed_by = healed.map(|h| h.capture);
     Ok(report)
 }
 
 /// What the ledger of `conn` (inside the merge's transaction) holds of the capture's
 /// generation, and `pre` made what the delta is taken against: the bare image, or the image
-/// plus the WAL prefix an earlier merge of this generation took (docs/merge-rules.md).
+/// plus the WAL prefix an earlier merge of this generation took (docs/merge-rules.md). A heal
+/// of the generation into the live file by another capture of it counts as a merge up to the
+/// frames it healed (`siblings.rs`), returned when it reaches further than the ledger's row.
 pub(crate) fn ledger_start(
     capture: &Capture,
     conn: &Connection,
     database: &Path,
     rule: MergeRule,
-) -> Result<(ledger::Generation, ledger::Start), RecoverError> {
+) -> Result<
+    (
+        ledger::Generation,
+        ledger::Start,
+        Option<siblings::SiblingHeal>,
+    ),
+    RecoverError,
+> {
     let generation = ledger::Generation::of(capture);
-    let merged = ledger::merged(conn, &generation)
+    let mut merged = ledger::merged(conn, &generation)
         .map_err(|e| RecoverError::sqlite(database, "read hermes_guard_merges", e))?;
+    let healed = generation_id(capture.wal_check())
+        .and_then(|id| siblings::healed_elsewhere(capture, &id, database))
+        .filter(|h| match &merged {
+            None => true,
+            // A row of the oldest format was merged in full; else the further reach counts.
+            Some(m) => m.frames.is_some_and(|f| f < h.frames),
+        });
+    if let Some(h) = &healed {
+        merged = Some(ledger::Merged {
+            at: h.at.clone(),
+            capture: h.capture.clone(),
+            frames: Some(h.frames),
+            whole: false,
+        });
+    }
     let start = ledger::Start::from(&generation, merged, rule == MergeRule::Whole);
     capture.set_base(start.base_frames)?;
-    Ok((generation, start))
+    Ok((generation, start, healed))
 }
 
 /// Which rows of `capture` are merged into `database`, and why (docs/merge-rules.md).

@@ -204,6 +204,10 @@ pub struct MergeReport {
     /// The captured generation was healed into the live file at close (the capture's
     /// `healed.json`): what its record says. Nothing is merged from such a capture.
     pub healed_at_close: Option<String>,
+    /// Another capture of this WAL generation whose heal at close put its rows back into the
+    /// live file (as far as `delta_from_frame`, or as far as this capture reaches when
+    /// `healed_at_close` says so): those rows are not merged again.
+    pub healed_by: Option<String>,
 }
 
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -227,6 +231,7 @@ impl MergeReport {
             not_merged: Vec::new(),
             fts_rebuilt: Vec::new(),
             healed_at_close: None,
+            healed_by: None,
         }
     }
 

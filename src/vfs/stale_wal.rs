@@ -3,10 +3,12 @@
 //! and the wal-index reads; `stale_wal_gate.rs` the judgement of an existing WAL before SQLite
 //! opens it).
 //!
-//! Costs: a record is due at this connection's first write and after each checkpoint (the main
-//! file's sync that ends it; the WAL restarts then or at the next write): one atomic load per
-//! write transaction, as the WAL write lock is taken, says whether one is due. When it is, the salts in the mapped wal-index header
-//! tell whether the generation changed; if so the first 16 pages of the main file are read (one
+//! When: a generation's record is written before its first frame — at the release of the read
+//! locks a reset takes (the new salts are in the wal-index then), or, for a generation begun on
+//! an empty WAL, made at the write lock and written as SQLite writes the WAL header (the WAL's
+//! write gate closed for that one write). Costs: whether a record is due (this connection's
+//! first write, and after each checkpoint) is one atomic load per write transaction, as the WAL
+//! write lock is taken; per new generation, the first 16 pages of the main file read (one
 //! `pread`) and the record written (one `fsetxattr`). The judgement runs at the WAL's open, and
 //! reads files only when a WAL with frames is there.
 
@@ -24,7 +26,9 @@ use super::state::DbState;
 use crate::capture::ImageSource;
 use crate::identity::identity_of_fd;
 use crate::paths::path_display;
-use crate::stale_wal::{encode_record, recorded_span, write_record, Mismatch, RECORDED_PAGES};
+use crate::stale_wal::{
+    encode_record, read_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
+};
 use crate::status::{StaleWalAction, StaleWalStatus};
 
 /// The least size of a record's buffer: above glibc's default mmap threshold (128 KiB).
@@ -53,7 +57,25 @@ pub(crate) struct StaleWalSlot {
     tries: AtomicU8,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
+    /// A record made at the write lock of a transaction that starts a generation on an empty
+    /// WAL (its salts are drawn when SQLite writes the WAL header): written, salts filled in,
+    /// at that header write, which the WAL's closed write gate shows (issue 34).
+    /// With the wal-index's salts and change counter when it was made: a header written after
+    /// either changed (a reset, a commit of another connection) is not the one it was made for.
+    pending: Mutex<Option<Pending>>,
 }
+
+/// A record waiting for its WAL header.
+struct Pending {
+    encoded: [u8; ENCODED_MAX],
+    len: usize,
+    /// The wal-index's salts word and `iChange` when it was made.
+    word: u64,
+    change: u32,
+}
+
+/// Where the salts are in an encoded record (after `hgwb\x01`), as [`encode_record`] puts them.
+const ENCODED_SALTS: std::ops::Range<usize> = 5..13;
 
 impl StaleWalSlot {
     /// Region 0 was just mapped at `addr`.
@@ -97,15 +119,61 @@ impl StaleWalSlot {
             // the connection's xShmUnmap, which SQLite never runs concurrently with this
             // connection's xShmLock; the header is 4-byte aligned at the start of a page.
             let word = unsafe { salts_word(p) };
+            // SAFETY: as above: `mxFrame`, offset 16 of the mapped header, aligned.
+            if unsafe { load_u32(p, 16) } == 0 {
+                if page_size_of(p).is_none() {
+                    // Recovery's write lock, before the wal-index is built: still due.
+                    return;
+                }
+                // An empty WAL: this transaction's first frame starts a generation whose salts
+                // SQLite draws as it writes the WAL header (issue 34: a restore before that
+                // write, and a refusal at the next lock, left it unrecorded). The record is made
+                // now, on the file as it is (nothing changes it before that generation's
+                // checkpoint), and written at the header write, which makes it no longer due.
+                // A transaction that writes no frame leaves it due, a few times.
+                if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
+                    self.not_due.store(true, Ordering::Relaxed);
+                    self.tries.store(0, Ordering::Relaxed);
+                    self.drop_pending(state);
+                    return;
+                }
+                self.prepare_for_header(state, p, main);
+                return;
+            }
+            // A record made for a header that was never written (the WAL has frames now).
+            self.drop_pending(state);
             if word != self.recorded.load(Ordering::Relaxed) {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
-                self.record(state, p, word, main);
+                self.record(state, p, word, main, true);
             } else if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
             }
         });
+    }
+
+    /// The read locks 1–4 a WAL reset takes (`walRestartLog`, or a TRUNCATE checkpoint's
+    /// `walRestartHdr`) were released: when the salts in the wal-index changed under them, a
+    /// new generation starts on the fully checkpointed main file, and its record is written
+    /// now, before the generation's first frame (issue 34: at the next write lock was too
+    /// late when a restore came in between and that lock was refused). The work of one record
+    /// per reset, as before, done earlier; a released lock of a RESTART checkpoint's wait (no
+    /// new salts) costs one load and a compare.
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn at_wal_reset(&self, state: &DbState, main: &dyn ImageSource) {
+        let p = self.region0.load(Ordering::Acquire);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: as in `at_write_lock`: region 0 is mapped while `region0` is not NULL.
+        let word = unsafe { salts_word(p) };
+        if word != self.recorded.load(Ordering::Relaxed) {
+            self.not_due.store(true, Ordering::Relaxed);
+            self.tries.store(0, Ordering::Relaxed);
+            self.record(state, p, word, main, false);
+        }
     }
 
     /// The main file was synced: the end of a checkpoint, after which the WAL restarts (a
@@ -116,23 +184,127 @@ impl StaleWalSlot {
         self.not_due.store(false, Ordering::Relaxed);
     }
 
+    /// The record of the generation about to start on an empty WAL, salts to come: kept, and
+    /// the WAL's write gate closed until its header is written ([`Self::at_wal_header`]).
     #[cold]
-    fn record(&self, state: &DbState, p: *const u8, word: u64, main: &dyn ImageSource) {
+    fn prepare_for_header(&self, state: &DbState, p: *const u8, main: &dyn ImageSource) {
+        if state.is_retired() {
+            return;
+        }
+        // A wal-index built from an empty WAL has no page size yet: the main file's header has.
+        let Some(page_size) = page_size_of(p)
+            .filter(|&n| n > 0)
+            .or_else(|| main_page_size(main))
+        else {
+            return;
+        };
+        if let Some((encoded, len)) = self.encode(state, [0, 0], page_size, main) {
+            *self.pending.lock() = Some(Pending {
+                encoded,
+                len,
+                // SAFETY: as in `at_write_lock`: the salts and `iChange` (offset 8) of the
+                // mapped header, aligned.
+                word: unsafe { salts_word(p) },
+                // SAFETY: as above.
+                change: unsafe { load_u32(p, 8) },
+            });
+            state.hold_wal_gate_for_header(true);
+        }
+    }
+
+    /// Forgets a record made for a header that never came, and opens the gate it closed.
+    fn drop_pending(&self, state: &DbState) {
+        if self.pending.lock().take().is_some() {
+            state.hold_wal_gate_for_header(false);
+        }
+    }
+
+    /// A WAL write at offset 0 through the closed gate: when a record waits for this header
+    /// (`buf`, `amt` bytes), its salts are filled in and it is written on the WAL, and the gate
+    /// opens again. Called only while the gate is closed (a retired generation, exclusive
+    /// locking mode, or this wait): nothing on the open gate's path.
+    #[inline(never)]
+    #[cold]
+    pub(crate) fn at_wal_header(&self, state: &DbState, header: &[u8]) {
+        let Some(Pending {
+            mut encoded,
+            len,
+            word: made_at,
+            change,
+        }) = self.pending.lock().take()
+        else {
+            return;
+        };
+        state.hold_wal_gate_for_header(false);
+        let p = self.region0.load(Ordering::Acquire);
+        // SAFETY: as in `at_write_lock`: region 0 is mapped while `region0` is not NULL.
+        if p.is_null() || unsafe { (salts_word(p), load_u32(p, 8)) } != (made_at, change) {
+            return; // made in another state of the WAL: a reset's own record stands
+        }
+        let h = crate::walfile::parse_wal_header(header);
+        if !h.valid {
+            return;
+        }
+        let raw = &header[16..24];
+        let word = u64::from(u32::from_ne_bytes([raw[0], raw[1], raw[2], raw[3]]))
+            | (u64::from(u32::from_ne_bytes([raw[4], raw[5], raw[6], raw[7]])) << 32);
+        self.recorded.store(word, Ordering::Relaxed);
+        self.not_due.store(true, Ordering::Relaxed);
+        self.tries.store(0, Ordering::Relaxed);
+        let mut salts = [0u8; 8];
+        salts[..4].copy_from_slice(&h.salts[0].to_le_bytes());
+        salts[4..].copy_from_slice(&h.salts[1].to_le_bytes());
+        encoded[ENCODED_SALTS].copy_from_slice(&salts);
+        self.write(state, h.salts, &encoded[..len]);
+    }
+
+    /// Records generation `word` (the wal-index's salts) on the main file as it is now; with
+    /// `joined` (this connection's first write lock in a generation it did not see start), not
+    /// over a record of the same generation already on the WAL: that one was made when the
+    /// generation started, on the file it started on, and a connection that joined it later
+    /// (an opener of a restored file, above all) must not replace it with its own file's pages
+    /// (issue 34, tests/explore). One `fgetxattr` more per such record.
+    #[cold]
+    fn record(
+        &self,
+        state: &DbState,
+        p: *const u8,
+        word: u64,
+        main: &dyn ImageSource,
+        joined: bool,
+    ) {
         self.recorded.store(word, Ordering::Relaxed);
         if state.is_retired() {
             return;
         }
-        // SAFETY: as in `at_write_lock`: offset 12 of the mapped header, aligned.
-        let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
-        let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
-        if is_init == 0 {
+        let Some(page_size) = page_size_of(p) else {
             return;
-        }
-        let page_size = if sz == 1 { 65536 } else { u32::from(sz) };
+        };
         let salts = [
             u32::from_be_bytes((word as u32).to_ne_bytes()),
             u32::from_be_bytes(((word >> 32) as u32).to_ne_bytes()),
         ];
+        if joined
+            && state
+                .with_pinned_wal(|wal| read_record(wal.file().as_fd()))
+                .flatten()
+                .is_some_and(|r| r.salts == salts)
+        {
+            return;
+        }
+        if let Some((encoded, len)) = self.encode(state, salts, page_size, main) {
+            self.write(state, salts, &encoded[..len]);
+        }
+    }
+
+    /// The record of generation `salts` on the main file as it is now (`None`: unreadable).
+    fn encode(
+        &self,
+        state: &DbState,
+        salts: [u32; 2],
+        page_size: u32,
+        main: &dyn ImageSource,
+    ) -> Option<([u8; ENCODED_MAX], usize)> {
         // The recorded fragments of the first pages in one read, into the connection's buffer
         // (zeroed once); a shorter file (a short read) is measured and read again.
         let mut buf = RECORD_BUF.lock();
@@ -144,17 +316,23 @@ impl StaleWalSlot {
         }
         let mut pages = RECORDED_PAGES;
         if main.read_at(&mut buf[..span], 0).is_err() {
-            let Ok(size) = main.size() else {
-                return;
-            };
+            let size = main.size().ok()?;
             pages = (size / u64::from(page_size)).min(u64::from(RECORDED_PAGES)) as u32;
             let span = recorded_span(pages, page_size);
-            if main.read_at(&mut buf[..span], 0).is_err() {
-                return;
-            }
+            main.read_at(&mut buf[..span], 0).ok()?;
         }
-        let (encoded, len) = encode_record(salts, page_size, state.main_id(), &buf, pages);
-        match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), &encoded[..len])) {
+        Some(encode_record(
+            salts,
+            page_size,
+            state.main_id(),
+            &buf,
+            pages,
+        ))
+    }
+
+    /// Writes an encoded record of generation `salts` on the pinned WAL.
+    fn write(&self, state: &DbState, salts: [u32; 2], encoded: &[u8]) {
+        match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), encoded)) {
             Some(Err(e)) => log::debug!(
                 "hermes-guard: cannot record the main file {}-wal was started on ({e}): a WAL \
                  left beside another database file after a crash will not be recognised",
@@ -187,6 +365,28 @@ impl StaleWalSlot {
             detail: m.detail.clone(),
         });
     }
+}
+
+/// The page size in the mapped wal-index header at `p` (region 0 of a live mapping, as
+/// `region0` holds it), `None` while it is not initialised.
+fn page_size_of(p: *const u8) -> Option<u32> {
+    // SAFETY: `p` is region 0 of a live mapping (every caller loaded it from `region0`, which is
+    // cleared before the unmap); offset 12 of the header, aligned.
+    let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
+    let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
+    (is_init != 0).then_some(if sz == 1 { 65536 } else { u32::from(sz) })
+}
+
+/// The page size the main file's header gives (offset 16, big-endian; 1 means 65536), when it
+/// is a power of two from 512 to 65536.
+fn main_page_size(main: &dyn ImageSource) -> Option<u32> {
+    let mut b = [0u8; 2];
+    main.read_at(&mut b, 16).ok()?;
+    let n = match u16::from_be_bytes(b) {
+        1 => 65536,
+        n => u32::from(n),
+    };
+    (n.is_power_of_two() && (512..=65536).contains(&n)).then_some(n)
 }
 
 /// # Safety

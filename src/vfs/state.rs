@@ -184,6 +184,9 @@ struct Inner {
     /// `EROFS`, `ENOSPC`, ...): if the fallback directory fails too, the heal at close does not
     /// wait for a capture (`state/healing.rs`).
     unwritable_beside: bool,
+    /// A WAL-base record waits for the WAL header this transaction writes (`vfs/stale_wal.rs`):
+    /// the WAL's gate stays closed until then.
+    header_record: bool,
 }
 
 /// The write gate of the WAL file object, which the shim installs and the state opens and
@@ -206,7 +209,7 @@ impl Inner {
     /// Opens or closes the WAL's gate as the generation and the main file's lock now require.
     fn sync_wal_gate(&self, main_above_shared: bool) {
         if let Some(gate) = &self.wal_gate {
-            gate.set_open(self.reason.is_none() && !main_above_shared);
+            gate.set_open(self.reason.is_none() && !main_above_shared && !self.header_record);
         }
     }
 }
@@ -404,6 +407,14 @@ impl DbState {
 
     pub(crate) fn wal_pinned(&self) -> bool {
         self.wal_pinned.load(Ordering::Acquire)
+    }
+
+    /// Closes (`true`) the WAL's write gate until a WAL-base record's header is written, or
+    /// opens it again as the rest of the state allows (issue 34, `vfs/stale_wal.rs`).
+    pub(crate) fn hold_wal_gate_for_header(&self, hold: bool) {
+        let mut inner = self.inner.lock();
+        inner.header_record = hold;
+        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
     }
 
     pub(crate) fn set_main_image(&self, image: Option<Box<dyn ImageSource + Send>>) {

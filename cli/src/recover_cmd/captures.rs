@@ -137,6 +137,17 @@ pub fn row_of(
                 Ok(plan) => {
                     row["missing"] = plan.missing().into();
                     row["conflicts"] = plan.conflicts().into();
+                    if let Some(by) = &plan.healed_by {
+                        // Another capture of its generation healed it (as far as it says).
+                        row["healed_by"] = by.clone().into();
+                        if capture.is_clean() && plan.healed_at_close.is_some() {
+                            row["status"] = format!(
+                                "verified; its WAL generation was healed into the live file at \
+                                 close from {by} (nothing to merge)"
+                            )
+                            .into();
+                        }
+                    }
                 }
                 Err(e) => row["missing_error"] = e.to_string().into(),
             }

@@ -96,7 +96,13 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
             None => println!("merged   before, at {at}: its added rows are not inserted again"),
         }
     }
-    if report.delta_from_frame > 0 && report.merged_before.is_none() {
+    if let (Some(by), None) = (&report.healed_by, &report.merged_before) {
+        println!(
+            "healed   another capture of this WAL generation, {by}, was healed into the live \
+             file at close up to WAL frame {}: only what the later commits did is merged",
+            report.delta_from_frame
+        );
+    } else if report.delta_from_frame > 0 && report.merged_before.is_none() {
         println!(
             "merged   before up to WAL frame {}, from a copy that reads fewer commits: only \
              what the later commits did is merged",

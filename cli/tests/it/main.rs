@@ -69,6 +69,7 @@ mod fs_matrix;
 mod fs_matrix_env;
 mod halt_capture;
 mod heal_once;
+mod heal_peer_once;
 mod held_cli;
 mod lock_shield;
 mod long_names;

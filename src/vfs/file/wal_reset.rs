@@ -101,8 +101,15 @@ pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
     let state = unsafe { &*t.main_state };
     let sub = sub_object_for::<HEAP>(t, f);
     let rc = sub_call!(t, sub, xShmLock, RESET_OFST, RESET_N, flags);
-    if flags & ffi::SQLITE_SHM_UNLOCK != 0 && state.wal_reset().take_own_ckpt() {
-        sub_call!(t, sub, xShmLock, CKPT, 1, UNLOCK_EXCLUSIVE);
+    if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
+        // Issue 34 (tests/explore's bug 2): the reset wrote the new generation's salts into
+        // the wal-index; its WAL-base record is written now, before its first frame, rather
+        // than at the next write lock (which a restore in between would refuse).
+        let main = open::MainImage(sub);
+        ffi_guard((), || state.stale_wal().at_wal_reset(state, &main));
+        if state.wal_reset().take_own_ckpt() {
+            sub_call!(t, sub, xShmLock, CKPT, 1, UNLOCK_EXCLUSIVE);
+        }
     }
     rc
 }

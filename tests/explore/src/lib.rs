@@ -304,18 +304,18 @@ fn guard_first(run: &Run) -> bool {
 pub const KNOWN: &[(&str, &str, &str)] = &[
     (
         "restore-running",
-        "the restore was undone",
-        "bug 2: a generation whose first frames land after the restore is never recorded (the writer is refused from then on) and is replayed onto the restored file",
-    ),
-    (
-        "restore-running",
         "neither live nor in a capture",
-        "bug 2 (same window): an opener of the restored file commits into the old inode's WAL; the WAL is then set aside and cannot be read with any main file",
+        "bug 6 (bug 2's window, in one process): an opener of the restored file, in the writer's process, gets its own unix -shm node (keyed by the main file's inode) and so SQLite's WAL write lock does not exclude the old inode's writer: both write one WAL, which cannot be read with any main file",
     ),
     (
         "restore-running",
         "is live 0 times",
-        "bug 2 (same window), after recover --apply",
+        "bug 6, after recover --apply",
+    ),
+    (
+        "restore-running",
+        "the restore was undone",
+        "bug 6: the opener's checkpoint copies the old inode's writer's frames of the shared WAL onto the restored file",
     ),
     (
         "peer-loss",
@@ -336,21 +336,6 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "killed-peer",
         "is live 0 times",
         "bug 4, after recover --apply",
-    ),
-    (
-        "killed-peer",
-        "is live 2 times",
-        "bug 3 (the abandoned writer's late close heals; the peer's halt capture is merged again)",
-    ),
-    (
-        "restore-running",
-        "the copy was overwritten by a checkpoint",
-        "bug 5: a backup copied over the file in place (same inode) between a running writer's commits is not seen (no main-overwritten): its close checkpoints the generation, rows from before the restore included, onto the copy",
-    ),
-    (
-        "peer-loss",
-        "is live 2 times",
-        "bug 3: a peer's halt capture and the writer's healed close capture of one generation: recover --apply of the first inserts rows the heal put back",
     ),
 ];
 
