@@ -117,6 +117,17 @@ pub(crate) fn wal_open_here(main: FileId, wal: FileId) -> bool {
     contains(&WAL_HERE, &(main, wal))
 }
 
+/// The main file, other than `main`, for which a guarded connection of this process has the WAL
+/// `wal` open: that connection's file was replaced at the path while it ran (a WAL's path follows
+/// from its database's), so the WAL is the old file's.
+pub(crate) fn wal_open_here_for_another(main: FileId, wal: FileId) -> Option<FileId> {
+    let map = WAL_HERE.lock();
+    map.as_ref()?
+        .keys()
+        .find(|(m, w)| *w == wal && *m != main)
+        .map(|(m, _)| *m)
+}
+
 /// Who uses a `-shm`, as far as the kernel's lock table and this process's own maps say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ShmUse {

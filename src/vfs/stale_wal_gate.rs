@@ -35,6 +35,7 @@ use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 /// The order before issue 33, for the connection explorer only (`explore-faults`).
 #[cfg(feature = "explore-faults")]
 mod old_order;
+mod replaced_here;
 
 /// The connection's main file through its own methods (the guard's table, as SQLite calls it):
 /// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
@@ -72,6 +73,10 @@ pub(super) fn before_wal_open(
     if let (Some(main_id), Some(wal_id)) = (state.main_id(), wal_now) {
         if in_use::wal_open_here(main_id, wal_id) {
             return ffi::SQLITE_OK;
+        }
+        // ... or for another main file: this one replaced it while that connection ran.
+        if let Some(other) = in_use::wal_open_here_for_another(main_id, wal_id) {
+            return replaced_here::wal_of_a_replaced_file(state, main, locks, wal_path, other);
         }
     }
     let Some(wal) = open_wal(db, wal_path) else {
@@ -180,6 +185,19 @@ fn under_exclusive(
         },
         None => return ffi::SQLITE_OK,
     };
+    set_aside_or_refuse(state, main, wal, wal_path, &m)
+}
+
+/// Under EXCLUSIVE, a WAL judged not written on the file at the path: set aside (a capture of
+/// reason `stale-wal`, the `-shm` with it) or, in the strict mode, the open refused.
+fn set_aside_or_refuse(
+    state: &DbState,
+    main: &dyn ImageSource,
+    wal: File,
+    wal_path: &Path,
+    m: &Mismatch,
+) -> c_int {
+    let db = state.db_path();
     let slot = state.stale_wal();
     match stale_wal_policy() {
         StaleWalPolicy::Refuse => {
@@ -201,10 +219,10 @@ fn under_exclusive(
         StaleWalPolicy::SetAside => {
             let mut header = [0u8; 100];
             let _ = main.read_at(&mut header, 0);
-            match set_aside(db, &wal, identity_of_path(db).ok().flatten(), &header, &m) {
+            match set_aside(db, &wal, identity_of_path(db).ok().flatten(), &header, m) {
                 Ok(aside) => {
                     log::error!("{}", aside.log_line(wal_path, db, &m.detail));
-                    slot.set_report(StaleWalAction::SetAside, Some(&aside.dir), &m, wal);
+                    slot.set_report(StaleWalAction::SetAside, Some(&aside.dir), m, wal);
                     ffi::SQLITE_OK
                 }
                 Err(e) => {
@@ -215,7 +233,7 @@ fn under_exclusive(
                         db.display(),
                         m.detail
                     );
-                    slot.set_report(StaleWalAction::Refused, None, &m, wal);
+                    slot.set_report(StaleWalAction::Refused, None, m, wal);
                     ffi::SQLITE_CANTOPEN_DIRTYWAL
                 }
             }

@@ -93,6 +93,7 @@ mod recover_store_heal;
 mod register_default;
 mod registry_lifecycle;
 mod registry_stress;
+mod restore_in_process;
 mod restore_once;
 mod shm_directory;
 mod single_threaded_sqlite;

@@ -136,7 +136,11 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        return lock_shielded(t, sub, state, level);
+        let rc = lock_shielded(t, sub, state, level);
+        if rc == ffi::SQLITE_OK && level == ffi::SQLITE_LOCK_EXCLUSIVE && state.wal_pinned() {
+            state.main_writes_may_follow();
+        }
+        return rc;
     }
     sub_call!(t, sub, xLock, level)
 }
@@ -172,6 +176,7 @@ fn exclusive_beside_sibling(
             let shield = state.shield();
             shield.set_level(ffi::SQLITE_LOCK_EXCLUSIVE);
             state.main_lock_level(true);
+            state.main_writes_may_follow();
             if shield.engaged() {
                 shield_slow(|| shield.reconcile());
             }

@@ -50,6 +50,15 @@ impl DbState {
             && self.main_judge_due.swap(false, Ordering::Relaxed)
     }
 
+    /// EXCLUSIVE on the main file in WAL mode: the close-time checkpoint (or
+    /// `locking_mode=EXCLUSIVE`) may write the main file without taking the checkpoint lock
+    /// (SQLite skips the `-shm` locks in its exclusive mode), and its `SQLITE_FCNTL_HAS_MOVED`
+    /// came before this lock, so an overwrite in between would go unseen: the next main-file
+    /// write judges first (explorer bug 5's second window).
+    pub(crate) fn main_writes_may_follow(&self) {
+        self.main_judge_due.store(true, Ordering::Relaxed);
+    }
+
     /// Judges the main file (`main`: this connection's own file object of it) against the WAL
     /// generation it is about to be checkpointed with; retires the generation (reason
     /// [`RetireReason::MainOverwritten`]) when something else wrote it.

@@ -304,18 +304,8 @@ fn guard_first(run: &Run) -> bool {
 pub const KNOWN: &[(&str, &str, &str)] = &[
     (
         "restore-running",
-        "neither live nor in a capture",
-        "bug 6 (bug 2's window, in one process): an opener of the restored file, in the writer's process, gets its own unix -shm node (keyed by the main file's inode) and so SQLite's WAL write lock does not exclude the old inode's writer: both write one WAL, which cannot be read with any main file",
-    ),
-    (
-        "restore-running",
-        "is live 0 times",
-        "bug 6, after recover --apply",
-    ),
-    (
-        "restore-running",
-        "the restore was undone",
-        "bug 6: the opener's checkpoint copies the old inode's writer's frames of the shared WAL onto the restored file",
+        "the copy was overwritten by a checkpoint",
+        "bug 5 (its last window): a backup copied over the file in place while the WAL holds no frame of a generation, under connections whose page cache holds the old file's pages: the next generation begins on the copy (its WAL-base record taken from the copy) but is written from the cache, so a checkpoint puts rows the restore removed back",
     ),
     (
         "peer-loss",
