@@ -213,7 +213,7 @@ fn set_aside_or_refuse(
                 wal_path.display(),
                 db.display()
             );
-            slot.set_report(StaleWalAction::Refused, None, &m, wal);
+            slot.set_report(StaleWalAction::Refused, None, m, wal);
             ffi::SQLITE_CANTOPEN_DIRTYWAL
         }
         StaleWalPolicy::SetAside => {

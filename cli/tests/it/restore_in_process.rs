@@ -29,9 +29,17 @@ fn an_opener_of_a_file_renamed_in_under_a_connection_of_its_own_process_gets_a_w
     fs::rename(&backup, &db).unwrap();
     let new = open_guarded(&db);
     assert_eq!(count(&new), RESTORED, "exactly the restored rows");
-    let stale = new.guard_status().unwrap().stale_wal.expect("a stale-WAL report");
+    let stale = new
+        .guard_status()
+        .unwrap()
+        .stale_wal
+        .expect("a stale-WAL report");
     assert_eq!(stale.action, StaleWalAction::SetAside);
-    assert!(stale.detail.contains("a connection of this process"), "{}", stale.detail);
+    assert!(
+        stale.detail.contains("a connection of this process"),
+        "{}",
+        stale.detail
+    );
     let wal_now = identity_of_path(&sidecar(&db, "-wal")).unwrap().unwrap();
     let shm_now = identity_of_path(&sidecar(&db, "-shm")).unwrap().unwrap();
     assert_ne!(wal_now, old_wal, "the opener shares the old file's WAL");

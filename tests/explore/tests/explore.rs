@@ -165,7 +165,10 @@ fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
         let o = run_one(scenario("restore-running"), seed);
         assert!(o.violations.is_empty(), "{}", o.describe());
         assert!(o.known.is_empty(), "{}", o.describe());
-        assert!(o.captures >= 1, "seed {seed}: no capture of the overwritten generation");
+        assert!(
+            o.captures >= 1,
+            "seed {seed}: no capture of the overwritten generation"
+        );
     }
 }
 
