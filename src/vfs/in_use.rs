@@ -117,6 +117,16 @@ pub(crate) fn wal_open_here(main: FileId, wal: FileId) -> bool {
     contains(&WAL_HERE, &(main, wal))
 }
 
+/// How many guarded connections of this process have the WAL `wal` open for the main file
+/// `main`.
+pub(crate) fn wal_open_count(main: FileId, wal: FileId) -> u32 {
+    WAL_HERE
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&(main, wal)).copied())
+        .unwrap_or(0)
+}
+
 /// The main file, other than `main`, for which a guarded connection of this process has the WAL
 /// `wal` open: that connection's file was replaced at the path while it ran (a WAL's path follows
 /// from its database's), so the WAL is the old file's.

@@ -64,6 +64,11 @@ pub(super) fn before_wal_open(
         return old_order::before_wal_open(state, main, locks, wal_path, window);
     }
     let db = state.db_path();
+    // Explorer bug 4: a WAL another connection of this process left for this open, settled
+    // first (`state/left.rs`).
+    if let Some(main_id) = state.main_id() {
+        crate::vfs::file::settle_for_opener(main_id);
+    }
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes
     // connections beside a long-lived one: issue 36).

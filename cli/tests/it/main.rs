@@ -109,6 +109,7 @@ mod store_threads;
 mod torn_main;
 mod unwritable_dir;
 mod verify_from_bytes;
+mod wal_left_for_opener;
 mod wal_reset;
 mod wal_reset_soak;
 mod wal_write_gate;

@@ -69,6 +69,27 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                     }
                 }
             }
+            // Explorer bug 4: its WAL, with frames no checkpoint copied, left for an opener of
+            // this process inside its open (`state/left.rs`): the main file is kept with it.
+            (Kind::Main, Some(state)) if state.left_behind() => {
+                sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
+                // SAFETY: `f` is the open file SQLite is closing, this table's.
+                match unsafe { t.hold(f, heap) } {
+                    Ok(held) => {
+                        state.set_main_image(Some(Box::new(MainImage(held.ptr))));
+                        left::leave(state.clone(), held);
+                        ffi::SQLITE_OK
+                    }
+                    Err(why) => {
+                        log::warn!(
+                            "hermes-guard: {} closes leaving committed frames in its WAL for                              another connection's open, and its main file cannot be kept past                              the close ({why}): if the WAL is taken away before that open, its                              frames are in no file",
+                            state.db_path().display()
+                        );
+                        state.main_closed();
+                        sub_call!(&t, sub, xClose)
+                    }
+                }
+            }
             (Kind::Main, Some(state)) => {
                 // Its capture is written (or nothing was at stake): when nothing newer exists,
                 // the retired generation goes back into the main file (`state/healing.rs`).

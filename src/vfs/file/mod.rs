@@ -108,6 +108,7 @@ mod close;
 mod controls;
 mod hot;
 mod layout;
+mod left;
 mod open;
 mod pending;
 mod shm;
@@ -115,6 +116,7 @@ mod sqlite_private;
 mod wal_reset;
 
 pub(super) use self::layout::os_file_size;
+pub(crate) use self::left::settle_for_opener;
 pub(super) use self::open::open;
 pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
 use self::{

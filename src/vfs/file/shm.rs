@@ -225,7 +225,7 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
             // The WAL is about to be let go of (a close, or a switch out of WAL mode): a full
             // check first, while the wal-index still shows how far the WAL was checkpointed.
             state.check_at_close();
-            state.shm_unmapping();
+            state.shm_unmapping(delete != 0);
             // Issue 19: the record stops reading this mapping.
             state.stale_wal().unmapping();
             // Before the unmap that may unlink the -shm (and, last, close the node's

@@ -144,10 +144,16 @@ impl DbState {
     }
 
     /// The other connections open in this process on this connection's main file.
-    fn siblings(&self) -> Vec<Arc<DbState>> {
-        let Some(main) = self.main_id() else {
-            return Vec::new();
-        };
+    pub(super) fn siblings(&self) -> Vec<Arc<DbState>> {
+        match self.main_id() {
+            Some(main) => self.siblings_on(main),
+            None => Vec::new(),
+        }
+    }
+
+    /// The connections open in this process on the main file `main`, this one excepted (for a
+    /// caller that holds this connection's `inner`).
+    pub(super) fn siblings_on(&self, main: FileId) -> Vec<Arc<DbState>> {
         OPEN.lock()
             .as_ref()
             .and_then(|map| map.get(&main))

@@ -101,6 +101,9 @@ impl DbState {
         let keep = (inner.reason.is_some() && inner.capture.is_none() && inner.worth_capturing())
             // Until the main file's close, which may check the frames back in (`healing.rs`).
             || healing::may_heal(&inner);
+        if !keep && inner.frames_left && self.leaves_wal_to_opener(&mut inner, id) {
+            return;
+        }
         if keep {
             // The descriptor is the only way left to the retired frames: keep it for the retry
             // or the heal. Normally owned since the retirement (`check_pins`).
@@ -173,9 +176,19 @@ impl DbState {
         inner.shm_check_path.as_deref().unwrap_or(&self.shm_path)
     }
 
-    /// The shared memory is about to be unmapped: its address must not be read from now on.
-    pub(crate) fn shm_unmapping(&self) {
-        self.inner.lock().wal_index = None;
+    /// The shared memory is about to be unmapped (`delete`: SQLite's close checkpointed the WAL
+    /// and deletes it): its address must not be read from now on. A WAL kept with committed
+    /// frames no checkpoint copied is noted for the WAL's close (`state/left.rs`).
+    pub(crate) fn shm_unmapping(&self, delete: bool) {
+        let mut inner = self.inner.lock();
+        inner.frames_left = !delete
+            && inner.reason.is_none()
+            && inner
+                .wal_index
+                .as_ref()
+                .and_then(|i| i.backfill())
+                .is_some_and(|b| b.frames > b.backfilled);
+        inner.wal_index = None;
     }
 
     /// The shared memory was unmapped (its WAL closed: a close, or a switch out of WAL mode).

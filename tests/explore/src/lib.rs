@@ -307,26 +307,6 @@ pub const KNOWN: &[(&str, &str, &str)] = &[
         "the copy was overwritten by a checkpoint",
         "bug 5 (its last window): a backup copied over the file in place while the WAL holds no frame of a generation, under connections whose page cache holds the old file's pages: the next generation begins on the copy (its WAL-base record taken from the copy) but is written from the cache, so a checkpoint puts rows the restore removed back",
     ),
-    (
-        "peer-loss",
-        "neither live nor in a capture",
-        "bug 4: a -wal renamed or removed after its writer closed, while the peer is paused inside its open (before its WAL open, or before its first -shm map): the writer's acknowledged rows are lost silently, no refusal, no capture",
-    ),
-    (
-        "peer-loss",
-        "is live 0 times",
-        "bug 4, after recover --apply",
-    ),
-    (
-        "killed-peer",
-        "neither live nor in a capture",
-        "bug 4 (the writer closed, the -wal taken away while the abandoning peer is inside its open)",
-    ),
-    (
-        "killed-peer",
-        "is live 0 times",
-        "bug 4, after recover --apply",
-    ),
 ];
 
 fn known_bug(scenario: &str, violation: &str) -> Option<&'static str> {

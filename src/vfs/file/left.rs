@@ -1,0 +1,106 @@
+//! Explorer bug 4 (`state/left.rs`): main files whose close left their WAL, pinned, for an opener
+//! of this process inside its open. Held as the retired ones are (`pending.rs`), settled by the
+//! opener's stale-WAL gate, or at any open or close once no opener may come.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::pending::{Held, PENDING, PENDING_COUNT};
+use super::HeapFile;
+use crate::capture::Trigger;
+use crate::identity::FileId;
+use crate::vfs::fork::Origin;
+use crate::vfs::state::{DbState, LeftWal};
+
+static LEFT: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+static LEFT_COUNT: AtomicUsize = AtomicUsize::new(0);
+
+/// The main file `file` of `state`, whose close left its WAL for an opener.
+pub(super) fn leave(state: Arc<DbState>, file: HeapFile) {
+    let mut left = LEFT.lock();
+    left.push(Held {
+        state,
+        file,
+        owner: Origin::here(),
+    });
+    LEFT_COUNT.store(left.len(), Ordering::Release);
+}
+
+/// Before an opener of the main file `main` looks at the WAL (its stale-WAL gate): every WAL left
+/// for it is settled — let go when it is still at the path (the opener replays it), captured
+/// from the kept descriptor when it was taken away.
+pub(crate) fn settle_for_opener(main: FileId) {
+    settle(|held| held.state.main_id() == Some(main));
+}
+
+/// At any open or close: the WALs left for an opener that can no longer come (it opened its WAL,
+/// or closed) are settled as above.
+pub(super) fn settle_unawaited() {
+    settle(|held| !held.state.opener_inside_its_open());
+}
+
+fn settle(due: impl Fn(&Held) -> bool) {
+    if LEFT_COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let mut left = LEFT.lock();
+    let mut i = 0;
+    while i < left.len() {
+        if !left[i].owner.current() || !due(&left[i]) {
+            i += 1;
+            continue;
+        }
+        let held = left.swap_remove(i);
+        let state = held.state.clone();
+        let fate = catch_unwind(AssertUnwindSafe(|| state.left_wal())).unwrap_or(LeftWal::AtPath);
+        if fate != LeftWal::TakenAway
+            || catch_unwind(AssertUnwindSafe(|| state.check_pins())).map_or(true, |r| r.is_none())
+        {
+            state.main_released();
+            held.file.close();
+            continue;
+        }
+        // Taken away: the frames are captured from the kept descriptors, or the generation is
+        // held and retried as any retired one (`pending.rs`).
+        match catch_unwind(AssertUnwindSafe(|| state.ensure_captured(Trigger::Close))) {
+            Ok(Ok(_)) => {
+                state.main_released();
+                held.file.close();
+            }
+            _ => {
+                let mut pending = PENDING.lock();
+                pending.push(held);
+                PENDING_COUNT.store(pending.len(), Ordering::Release);
+            }
+        }
+    }
+    LEFT_COUNT.store(left.len(), Ordering::Release);
+}
+
+/// At the process's exit: a WAL left for an opener and taken away since is captured (the
+/// process's last chance); nothing is closed.
+pub(super) fn at_exit() {
+    if LEFT_COUNT.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let Some(left) = LEFT.try_lock() else {
+        return;
+    };
+    for held in left.iter().filter(|h| h.owner.current()) {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            if held.state.left_wal() == LeftWal::TakenAway && held.state.check_pins().is_some() {
+                if let Err(e) = held.state.ensure_captured(Trigger::Close) {
+                    log::error!(
+                        "hermes-guard: this process is exiting, and the WAL {} left with \
+                         committed frames for another connection was taken away and cannot be \
+                         captured ({e}): its rows are LOST with the process",
+                        held.state.db_path().display()
+                    );
+                }
+            }
+        }));
+    }
+}
