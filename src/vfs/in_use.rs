@@ -46,6 +46,9 @@ static SHM_HERE: Mutex<Option<HashMap<FileId, u32>>> = Mutex::new(None);
 
 /// WALs guarded connections of this process have open: (main file, WAL) identities, counted.
 static WAL_HERE: Mutex<Option<HashMap<(FileId, FileId), u32>>> = Mutex::new(None);
+/// The same WALs by their own identity alone, counted: whether one is open for another main
+/// file is then asked without a walk of every open WAL.
+static WAL_IDS: Mutex<Option<HashMap<FileId, u32>>> = Mutex::new(None);
 
 /// Probe descriptors of `-shm`s some connection holds, kept until nobody does (see the module's
 /// docs).
@@ -101,6 +104,7 @@ pub(crate) struct WalHere((FileId, FileId));
 impl WalHere {
     pub(crate) fn new(main: FileId, wal: FileId) -> WalHere {
         add(&WAL_HERE, (main, wal));
+        add(&WAL_IDS, wal);
         WalHere((main, wal))
     }
 }
@@ -108,6 +112,7 @@ impl WalHere {
 impl Drop for WalHere {
     fn drop(&mut self) {
         remove(&WAL_HERE, &self.0);
+        remove(&WAL_IDS, &self.0 .1);
     }
 }
 
@@ -131,6 +136,15 @@ pub(crate) fn wal_open_count(main: FileId, wal: FileId) -> u32 {
 /// `wal` open: that connection's file was replaced at the path while it ran (a WAL's path follows
 /// from its database's), so the WAL is the old file's.
 pub(crate) fn wal_open_here_for_another(main: FileId, wal: FileId) -> Option<FileId> {
+    let all = WAL_IDS
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&wal).copied())
+        .unwrap_or(0);
+    if all <= wal_open_count(main, wal) {
+        return None;
+    }
+    // Rare: a file replaced under a connection of this process.
     let map = WAL_HERE.lock();
     map.as_ref()?
         .keys()

@@ -43,20 +43,28 @@ fn release(mut child: Child) {
     child.wait().unwrap();
 }
 
-#[test]
-fn a_wal_taken_away_before_an_opener_of_the_writers_process_reads_is_captured() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("state.db");
-    drop(open_guarded(&db)); // the table, checkpointed: no WAL left
-    let writer = open_guarded(&db);
+/// A guarded writer commits 3 rows and closes while another process holds a reader's lock (its
+/// close cannot checkpoint) and a second guarded connection of this process has `db` open but
+/// has not read it yet. Returns that opener and the reader.
+fn writer_closed_beside_an_opener(db: &Path) -> (Connection, Child) {
+    drop(open_guarded(db)); // the table, checkpointed: no WAL left
+    let writer = open_guarded(db);
     let opener =
-        Connection::open_with_flags_and_vfs(&db, OpenFlags::default(), hermes_guard::VFS_NAME)
+        Connection::open_with_flags_and_vfs(db, OpenFlags::default(), hermes_guard::VFS_NAME)
             .unwrap();
     for i in 0..3 {
         insert(&writer, &format!("left behind {i}")).unwrap();
     }
-    let reader = reader_lock(&db);
+    let reader = reader_lock(db);
     drop(writer);
+    (opener, reader)
+}
+
+#[test]
+fn a_wal_taken_away_before_an_opener_of_the_writers_process_reads_is_captured() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let (opener, reader) = writer_closed_beside_an_opener(&db);
     assert!(sidecar(&db, "-wal").exists(), "the close kept the WAL");
     fs::rename(sidecar(&db, "-wal"), dir.path().join("moved-away")).unwrap();
 
@@ -78,16 +86,7 @@ fn a_wal_taken_away_before_an_opener_of_the_writers_process_reads_is_captured() 
 fn a_wal_left_for_an_opener_is_replayed_by_it_and_never_captured() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
-    drop(open_guarded(&db));
-    let writer = open_guarded(&db);
-    let opener =
-        Connection::open_with_flags_and_vfs(&db, OpenFlags::default(), hermes_guard::VFS_NAME)
-            .unwrap();
-    for i in 0..3 {
-        insert(&writer, &format!("left behind {i}")).unwrap();
-    }
-    let reader = reader_lock(&db);
-    drop(writer);
+    let (opener, reader) = writer_closed_beside_an_opener(&db);
     let rows: i64 = opener
         .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))
         .unwrap();

@@ -33,12 +33,9 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
             (Kind::Main, Some(state))
                 if state.must_hold_main() && !state.heal_at_close(&Unlocked { t: &t, sub }) =>
             {
-                // Locks go (nobody may wait on a retired handle) but the descriptor stays.
-                sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
                 // SAFETY: `f` is the open file SQLite is closing, this table's.
-                match unsafe { t.hold(f, heap) } {
+                match unsafe { keep_main(&t, f, sub, heap, state) } {
                     Ok(held) => {
-                        state.set_main_image(Some(Box::new(MainImage(held.ptr))));
                         log::error!(
                             "hermes-guard: {} closed with its retired generation uncaptured; its \
                              descriptors are held and the capture is retried at the next open or \
@@ -72,17 +69,18 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
             // Explorer bug 4: its WAL, with frames no checkpoint copied, left for an opener of
             // this process inside its open (`state/left.rs`): the main file is kept with it.
             (Kind::Main, Some(state)) if state.left_behind() => {
-                sub_call!(&t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
                 // SAFETY: `f` is the open file SQLite is closing, this table's.
-                match unsafe { t.hold(f, heap) } {
+                match unsafe { keep_main(&t, f, sub, heap, state) } {
                     Ok(held) => {
-                        state.set_main_image(Some(Box::new(MainImage(held.ptr))));
                         left::leave(state.clone(), held);
                         ffi::SQLITE_OK
                     }
                     Err(why) => {
                         log::warn!(
-                            "hermes-guard: {} closes leaving committed frames in its WAL for                              another connection's open, and its main file cannot be kept past                              the close ({why}): if the WAL is taken away before that open, its                              frames are in no file",
+                            "hermes-guard: {} closes leaving committed frames in its WAL for \
+                             another connection's open, and its main file cannot be kept past \
+                             the close ({why}): if the WAL is taken away before that open, its \
+                             frames are in no file",
                             state.db_path().display()
                         );
                         state.main_closed();
@@ -116,6 +114,28 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         }
         rc
     })
+}
+
+/// Keeps the main file SQLite is closing past its close, for a generation still to capture or a
+/// WAL left for an opener: its locks go (nobody may wait on a kept handle) but the descriptor
+/// stays, the file object moved out of SQLite's memory and read as the state's main image.
+/// `Err`: it cannot be kept, and the caller closes it.
+///
+/// # Safety
+///
+/// `f` is the open file SQLite is closing, `t`'s, and `heap` its heap object if it has one.
+unsafe fn keep_main(
+    t: &FileTable,
+    f: *mut ffi::sqlite3_file,
+    sub: *mut ffi::sqlite3_file,
+    heap: Option<HeapFile>,
+    state: &DbState,
+) -> Result<HeapFile, &'static str> {
+    sub_call!(t, sub, xUnlock, ffi::SQLITE_LOCK_NONE);
+    // SAFETY: the caller's contract.
+    let held = unsafe { t.hold(f, heap) }?;
+    state.set_main_image(Some(Box::new(MainImage(held.ptr))));
+    Ok(held)
 }
 
 /// The wrapped main file at its close, for a heal: its own methods, through the guard's table

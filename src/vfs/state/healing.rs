@@ -230,14 +230,14 @@ impl DbState {
 
 /// The committed prefix of the pinned WAL: its page size, frames, commits and the database
 /// size in pages after its last commit.
-struct Prefix {
-    page: usize,
-    frames: u64,
+pub(super) struct Prefix {
+    pub(super) page: usize,
+    pub(super) frames: u64,
     commits: u64,
 }
 
 impl Prefix {
-    fn frame_len(&self) -> u64 {
+    pub(super) fn frame_len(&self) -> u64 {
         (WAL_FRAME_HEADER_SIZE + self.page) as u64
     }
 
@@ -247,7 +247,7 @@ impl Prefix {
     }
 }
 
-fn committed_prefix(wal: &File) -> Result<Prefix, String> {
+pub(super) fn committed_prefix(wal: &File) -> Result<Prefix, String> {
     let mut scanner = WalScanner::new();
     let mut chunk = vec![0u8; 1 << 20];
     let mut at = 0u64;

@@ -22,7 +22,7 @@ use super::{DbState, Inner};
 use crate::capture::ImageSource;
 use crate::identity::{identity_of_path, FileId};
 use crate::vfs::in_use;
-use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
+use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
 /// What became of a WAL a close left for an opener (`vfs/file/left.rs` settles by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,29 +114,14 @@ impl DbState {
 /// Whether the main file holds, for every page of the WAL's committed frames, the version its
 /// last committed frame has: the WAL was checkpointed in full. Any read that fails says no.
 fn in_main_already(wal: &File, main: &dyn ImageSource) -> bool {
-    let mut scanner = WalScanner::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    loop {
-        match wal.read_at(&mut chunk, at) {
-            Ok(0) => break,
-            Ok(n) => {
-                scanner.feed(&chunk[..n]);
-                at += n as u64;
-            }
-            Err(_) => return false,
-        }
-    }
-    let summary = scanner.finish();
-    let page = u64::from(summary.header.page_size);
-    if !summary.header.valid || page == 0 {
+    let Ok(prefix) = super::healing::committed_prefix(wal) else {
         return false;
-    }
-    let frame_len = WAL_FRAME_HEADER_SIZE as u64 + page;
+    };
+    let page = prefix.page as u64;
     let mut last: HashMap<u32, u64> = HashMap::new();
     let mut fh = [0u8; WAL_FRAME_HEADER_SIZE];
-    for i in 0..summary.committed_frames {
-        let at = WAL_HEADER_SIZE as u64 + i * frame_len;
+    for i in 0..prefix.frames {
+        let at = WAL_HEADER_SIZE as u64 + i * prefix.frame_len();
         if wal.read_exact_at(&mut fh, at).is_err() {
             return false;
         }

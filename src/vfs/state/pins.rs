@@ -13,33 +13,33 @@ use super::{healing, DbState, Inner, WalGate, WalIndex, JUST_CLOSED_WAL};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 
 impl DbState {
-    /// Called when SQLite has opened `<db>-wal` for this database, with SQLite's own descriptor
-    /// of it when the shim can see into the wrapped file (the unix VFS): the pin then borrows it,
-    /// and the guard holds no descriptor of its own while the generation is live. Otherwise (a
-    /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
-    /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
-    /// could neither see nor capture: the caller fails the open.
     /// What `<db>-wal` named just before SQLite opened it (the stale-WAL gate's look), for
     /// [`DbState::pin_wal`].
     pub(crate) fn wal_seen_before_open(&self, id: Option<FileId>) {
         self.inner.lock().wal_before_open = id;
     }
 
+    /// Called when SQLite has opened `<db>-wal` for this database, with SQLite's own descriptor
+    /// of it when the shim can see into the wrapped file (the unix VFS): the pin then borrows it,
+    /// and the guard holds no descriptor of its own while the generation is live. Otherwise (a
+    /// VFS the shim cannot see into, or a descriptor that is not the file at the path) a
+    /// read-only descriptor of the guard's own. A WAL the guard cannot pin is one whose loss it
+    /// could neither see nor capture: the caller fails the open.
     pub(crate) fn pin_wal(
         &self,
         wal_path: &Path,
         sqlite: Option<ManuallyDrop<File>>,
     ) -> std::io::Result<()> {
+        let seen = self.inner.lock().wal_before_open.take();
         let borrowed = match sqlite {
-            Some(fd) => PinnedWal::borrowed(fd, wal_path, self.inner.lock().wal_before_open.take())
-                .unwrap_or_else(|e| {
-                    log::debug!(
+            Some(fd) => PinnedWal::borrowed(fd, wal_path, seen).unwrap_or_else(|e| {
+                log::debug!(
                     "hermes-guard: SQLite's descriptor of {} cannot be pinned ({e}); pinning by \
                      path",
                     wal_path.display()
                 );
-                    None
-                }),
+                None
+            }),
             None => None,
         };
         let wal = match borrowed {
