@@ -8,6 +8,7 @@ mod file;
 mod fork;
 mod in_use;
 mod locked_fds;
+mod main_reads;
 mod methods;
 mod retry;
 mod shield;

@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use rusqlite::ffi;
 
 use super::ffi_guard;
+use super::main_reads::{Header, MainReads};
 use super::state::DbState;
 use crate::capture::ImageSource;
 use crate::identity::identity_of_fd;
@@ -63,6 +64,12 @@ pub(crate) struct StaleWalSlot {
     /// With the wal-index's salts and change counter when it was made: a header written after
     /// either changed (a reset, a commit of another connection) is not the one it was made for.
     pending: Mutex<Option<Pending>>,
+    /// The first pages this connection read from the main file under a settled wal-index
+    /// header (explorer bug 5's last window, `main_reads.rs`): judged at its write locks.
+    main_reads: MainReads,
+    /// The settled header a WAL reset replaces, taken as it asks for its locks, while pages
+    /// are kept: they are judged once more at the reset.
+    reset_from: Mutex<Option<Header>>,
 }
 
 /// A record waiting for its WAL header.
@@ -86,6 +93,57 @@ impl StaleWalSlot {
     /// Region 0 is about to be unmapped.
     pub(crate) fn unmapping(&self) {
         self.region0.store(std::ptr::null_mut(), Ordering::Release);
+        self.main_reads.clear();
+    }
+
+    /// The mapped wal-index header when it is settled (`main_reads.rs`); `None` while nothing
+    /// is mapped.
+    #[inline]
+    pub(crate) fn settled_header(&self) -> Option<Header> {
+        let p = self.region0.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before the
+        // connection's xShmUnmap, which SQLite never runs concurrently with this connection's
+        // other calls (this one an `xRead` or an `xShmLock`).
+        unsafe { MainReads::settled_header(p) }
+    }
+
+    /// The main file's `amt` bytes at `ofst` were read into `buf` under the settled header
+    /// `before`: kept (and judged at the next write lock) when the header is still that one.
+    #[cold]
+    pub(crate) fn main_read(&self, before: &Header, buf: &[u8], amt: c_int, ofst: i64) {
+        if self.settled_header().as_ref() == Some(before)
+            && self.main_reads.read(before, buf, amt, ofst)
+        {
+            self.not_due.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A WAL reset asks for its locks: the header it replaces, while pages are kept.
+    #[cold]
+    pub(crate) fn before_reset(&self) {
+        if self.main_reads.any() {
+            *self.reset_from.lock() = self.settled_header();
+        }
+    }
+
+    /// The kept pages judged against `main` under `header`: the connection is retired
+    /// (`main-overwritten`) when the file is no longer what they were read from. Whether it was.
+    fn judge_main_reads(
+        &self,
+        state: &DbState,
+        header: Option<&Header>,
+        main: &dyn ImageSource,
+    ) -> bool {
+        match self.main_reads.judge(header, main) {
+            Some(detail) => {
+                state.overwritten_under_cache(&detail);
+                true
+            }
+            None => false,
+        }
     }
 
     pub(crate) fn report(&self) -> Option<StaleWalStatus> {
@@ -111,6 +169,26 @@ impl StaleWalSlot {
             return;
         }
         ffi_guard((), || {
+            if self.main_reads.any() {
+                // Bug 5's last window: pages this connection read from the main file under
+                // the header it now writes on, still what the file holds? Judged at each write
+                // lock until that header changes (its first commit).
+                if self.judge_main_reads(state, self.settled_header().as_ref(), main) {
+                    return;
+                }
+                self.at_write_lock_record(state, main);
+                if self.main_reads.any() {
+                    self.not_due.store(false, Ordering::Relaxed);
+                }
+            } else {
+                self.at_write_lock_record(state, main);
+            }
+        });
+    }
+
+    /// [`Self::at_write_lock`]'s record.
+    fn at_write_lock_record(&self, state: &DbState, main: &dyn ImageSource) {
+        {
             let p = self.region0.load(Ordering::Acquire);
             if p.is_null() {
                 return;
@@ -150,7 +228,7 @@ impl StaleWalSlot {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
             }
-        });
+        }
     }
 
     /// The read locks 1–4 a WAL reset takes (`walRestartLog`, or a TRUNCATE checkpoint's
@@ -165,6 +243,12 @@ impl StaleWalSlot {
     pub(crate) fn at_wal_reset(&self, state: &DbState, main: &dyn ImageSource) {
         let p = self.region0.load(Ordering::Acquire);
         if p.is_null() {
+            return;
+        }
+        // Pages kept under the header this reset replaced: the file may have been copied over
+        // since this transaction's write lock judged them.
+        let replaced = self.reset_from.lock().take();
+        if replaced.is_some() && self.judge_main_reads(state, replaced.as_ref(), main) {
             return;
         }
         // SAFETY: as in `at_write_lock`: region 0 is mapped while `region0` is not NULL.

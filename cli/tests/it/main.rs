@@ -79,6 +79,7 @@ mod mounts;
 mod no_false_alarm;
 mod non_utf8_paths;
 mod overwrite_in_place;
+mod overwrite_under_cache;
 mod pause_vfs;
 mod plain_rusqlite;
 mod process_exit_recovery;

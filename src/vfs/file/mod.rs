@@ -232,7 +232,12 @@ impl FileTable {
             iVersion: version,
             // Always the guard's: the table is freed there.
             xClose: Some(x_close),
-            xRead: slot!(false, x_read, xRead),
+            // A main file's reads of its first pages are kept (`vfs/main_reads.rs`).
+            xRead: match (main, heap) {
+                (true, true) => slot!(true, x_read_main::<true>, xRead),
+                (true, false) => slot!(true, x_read_main::<false>, xRead),
+                _ => slot!(false, x_read, xRead),
+            },
             // A guarded file's writes take the gate: always for a main file, while its write
             // gate is closed for a WAL (it starts closed; see `open`).
             xWrite: if guarded {

@@ -53,6 +53,8 @@ pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
     // SAFETY: as the caller promises: not NULL, into the state the table holds.
     let state = unsafe { &*t.main_state };
     let sub = sub_object_for::<HEAP>(t, f);
+    // Bug 5's last window: the header this reset replaces, for the judgement at its release.
+    ffi_guard((), || state.stale_wal().before_reset());
     let slot = state.wal_reset();
     if !slot.applies() {
         return sub_call!(t, sub, xShmLock, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);

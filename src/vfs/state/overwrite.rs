@@ -77,6 +77,22 @@ impl DbState {
         );
         self.retire_locked(&mut inner, RetireReason::MainOverwritten);
     }
+
+    /// The main file is no longer what this connection's page cache read from it
+    /// (`vfs/main_reads.rs`, `detail` says how): retired (reason
+    /// [`RetireReason::MainOverwritten`]) before a frame made from that cache is written.
+    pub(crate) fn overwritten_under_cache(&self, detail: &str) {
+        let mut inner = self.inner.lock();
+        if inner.reason.is_some() {
+            return;
+        }
+        log::error!(
+            "hermes-guard: {} was overwritten in place under this connection ({detail}): none \
+             of this connection's writes will land on it",
+            self.db_path.display()
+        );
+        self.retire_locked(&mut inner, RetireReason::MainOverwritten);
+    }
 }
 
 /// The WAL-base record as its attribute holds it (`stale_wal::encode_record`'s layout), read

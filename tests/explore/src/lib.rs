@@ -298,16 +298,11 @@ fn guard_first(run: &Run) -> bool {
     }
 }
 
-/// Guard bugs the explorer found and reported, not fixed here (tests/explore/README.md, "Found"):
+/// Guard bugs the explorer found and reported, not fixed yet (tests/explore/README.md, "Found"):
 /// (scenario, what the violation says, the bug). A schedule that shows only these passes; each
-/// has its rediscovery test (tests/explore/tests/explore.rs).
-pub const KNOWN: &[(&str, &str, &str)] = &[
-    (
-        "restore-running",
-        "the copy was overwritten by a checkpoint",
-        "bug 5 (its last window): a backup copied over the file in place while the WAL holds no frame of a generation, under connections whose page cache holds the old file's pages: the next generation begins on the copy (its WAL-base record taken from the copy) but is written from the cache, so a checkpoint puts rows the restore removed back",
-    ),
-];
+/// gets a rediscovery test (tests/explore/tests/explore.rs) that fails once it is fixed. None
+/// today: the six found so far are fixed, each seed a regression test.
+pub const KNOWN: &[(&str, &str, &str)] = &[];
 
 fn known_bug(scenario: &str, violation: &str) -> Option<&'static str> {
     KNOWN

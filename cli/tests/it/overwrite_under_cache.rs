@@ -1,0 +1,74 @@
+//! Explorer bug 5's last window (issue 34), with real processes: a backup copied over the
+//! database in place while its WAL holds no frame, under an application whose page cache was
+//! read from the old file. SQLite keeps that cache (the wal-index says nothing changed), so the
+//! application's next transaction would begin a WAL generation on the copy from pages of the old
+//! file, and its checkpoint would put back rows the restore removed. The guard refuses that
+//! transaction before its first frame (`main-overwritten`), and the restore stands.
+
+use crate::common;
+
+use std::fs;
+use std::path::Path;
+
+use crate::restore_once::{ack, listed, writes_around_a_backup};
+use common::*;
+use rusqlite::Connection;
+
+/// The rows of the live database with `content` = `ack K`, for each K in `ks`, counted.
+fn acks_live(db: &Path, ks: std::ops::Range<usize>) -> usize {
+    let live = Connection::open(db).unwrap();
+    ks.map(|k| count_like(&live, &format!("ack {k}")))
+        .sum::<i64>() as usize
+}
+
+#[test]
+fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_a_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let (mut gw, _) = Gateway::start(&db, "guard");
+    // `ack 0..8`, the backup, `ack 8..16`.
+    let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, &db);
+    // The application's last connection closes (everything checkpointed, the WAL deleted) and
+    // it opens again; its first read fills the page cache from the main file.
+    gw.send("reconnect");
+    gw.next_event("reconnected");
+    gw.send("status");
+    assert_eq!(gw.next_event("status")["rows"], acknowledged.len());
+    let wal = fs::metadata(db.with_file_name("state.db-wal")).map_or(0, |m| m.len());
+    assert_eq!(wal, 0, "the WAL holds no frame");
+    let before = identity(&db);
+    fs::copy(&backup, &db).unwrap();
+    assert_eq!(identity(&db), before, "copied in place: the same inode");
+    let refused = ack(&mut gw, 16, &mut acknowledged);
+    assert_eq!(
+        refused["refused"], true,
+        "a write from the old file's cache: {refused}"
+    );
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("readonly")),
+        "{refused}"
+    );
+    // The application reconnects, as the refusal tells it to, and goes on on the restored file.
+    gw.send("reconnect");
+    gw.next_event("reconnected");
+    for k in 17..20 {
+        assert_eq!(ack(&mut gw, k, &mut acknowledged)["refused"], false);
+    }
+    assert!(gw.quit().success());
+    // The restore stands: what the backup did not have is not back, what came after is there.
+    assert_eq!(
+        acks_live(&db, 8..17),
+        0,
+        "rows the restore removed came back"
+    );
+    assert_eq!(acks_live(&db, 0..8), 8);
+    assert_eq!(acks_live(&db, 17..20), 3);
+    assert!(integrity_ok(&Connection::open(&db).unwrap()));
+    let captures = listed(&db);
+    assert!(
+        captures.iter().all(|c| c.1 == "main-overwritten"),
+        "{captures:?}"
+    );
+}
