@@ -21,19 +21,41 @@ io_pass_through! {
     x_unfetch => xUnfetch(ofst: ffi::sqlite3_int64, p: *mut c_void) -> c_int;
 }
 
-/// The `xRead` of a guarded main file: a read of one of the first 16 pages under a settled
-/// wal-index header is kept for the next write lock's judgement (`vfs/main_reads.rs`: explorer
-/// bug 5's last window); every other read passes down after one compare.
+/// The `xRead` of a guarded main file: a read of one of the first 16 pages goes on to
+/// `read_first_pages` (kept for the next write lock's judgement, `vfs/main_reads.rs`: explorer
+/// bug 5's last window); every other read is a compare and a tail call (R1's reads, above all).
 pub(super) unsafe extern "C" fn x_read_main<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     buf: *mut c_void,
     amt: c_int,
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
+    if ofst < i64::from(amt) * i64::from(RECORDED_PAGES) {
+        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
+        return unsafe { read_first_pages::<HEAP>(f, buf, amt, ofst) };
+    }
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
+    sub_call!(t, sub_object_for::<HEAP>(t, f), xRead, buf, amt, ofst)
+}
+
+/// `x_read_main` of one of the first 16 pages: the read, and, under a settled wal-index header
+/// (the same before and after it), the page kept. Out of line, so that the other reads push
+/// nothing.
+///
+/// # Safety
+/// `f` is one of our live files and `buf` holds `amt` writable bytes.
+#[inline(never)]
+unsafe extern "C" fn read_first_pages<const HEAP: bool>(
+    f: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
     let sub = sub_object_for::<HEAP>(t, f);
-    if ofst >= i64::from(amt) * i64::from(RECORDED_PAGES) || t.main_state.is_null() {
+    if t.main_state.is_null() {
         return sub_call!(t, sub, xRead, buf, amt, ofst);
     }
     // SAFETY: not NULL (above), into the state the table holds.
