@@ -83,3 +83,43 @@ fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_
     );
     assert_eq!(acks_live(&db, 17..20), 3);
 }
+
+/// The same window opened by another process: a stock peer commits and empties the WAL
+/// (`wal_checkpoint(TRUNCATE)`: a new generation, which no guarded connection recorded), the
+/// application's next read refills its cache from the main file, the backup is copied over it in
+/// place, and the application writes: refused before its first frame; neither the peer's rows
+/// nor the application's since the backup come back.
+#[test]
+fn a_copy_in_place_after_a_stock_peer_emptied_the_wal_is_refused_at_the_next_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("state.db");
+    let (mut gw, _) = Gateway::start(&db, "guard");
+    let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, &db);
+    let seen = write_second_generation(&db, "stock", 5);
+    assert_eq!(seen as usize, acknowledged.len() + 5);
+    gw.send("status");
+    assert_eq!(gw.next_event("status")["rows"], seen);
+    let before = identity(&db);
+    fs::copy(&backup, &db).unwrap();
+    assert_eq!(identity(&db), before, "copied in place: the same inode");
+    let refused = ack(&mut gw, 16, &mut acknowledged);
+    assert_eq!(
+        refused["refused"], true,
+        "a write from the old file's cache: {refused}"
+    );
+    gw.send("reconnect");
+    gw.next_event("reconnected");
+    for k in 17..20 {
+        assert_eq!(ack(&mut gw, k, &mut acknowledged)["refused"], false);
+    }
+    assert!(gw.quit().success());
+    let live = Connection::open(&db).unwrap();
+    assert_eq!(count_like(&live, "second generation %"), 0);
+    assert_eq!(
+        acks_live(&db, 8..17),
+        0,
+        "rows the restore removed came back"
+    );
+    assert_eq!(acks_live(&db, 0..8) + acks_live(&db, 17..20), 11);
+    assert!(integrity_ok(&live));
+}
