@@ -112,7 +112,7 @@ echo "explored $total schedules in all; violations $violations"
 # Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
 # with 1), each variant; a process per scenario.
 dfs_total=0
-for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1; do
+for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1; do
     scenario="${spec%:*}" bound="${spec#*:}"
     out="$("$explore" --scenario "$scenario" --dfs "$bound")" || true
     grep -v '^enumerated ' <<<"$out" | grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' || true

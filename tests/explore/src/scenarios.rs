@@ -63,6 +63,13 @@ pub const ALL: &[Scenario] = &[
         build: restore_running,
     },
     Scenario {
+        name: "restore-checkpointed",
+        about: "a backup (older than the file) copied over the file in place while its WAL holds frames every one of which is checkpointed, under a guarded opener whose commit resets that WAL; the connection that wrote them closes",
+        horizon: 120,
+        unfetch: false,
+        build: restore_checkpointed,
+    },
+    Scenario {
         name: "killed-peer",
         about: "a guarded writer that abandons its connection after its commits (a kill: open until the schedule ends, closed before the checks), a guarded peer, an actor removing or renaming the -wal",
         horizon: 200,
@@ -275,6 +282,49 @@ fn restore_running(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
         ],
         stale_main: None,
         variant: restore.name().into(),
+    }
+}
+
+/// Explorer bug 5's last window at a WAL reset: after the backup and `r3` (checkpointed away), K
+/// (opened in the setup) commits `r4` and checkpoints it completely, the WAL staying (K is open); O opens, reads (from the
+/// main file: nothing is left to checkpoint) and commits `o1`, which resets the WAL; the backup is
+/// copied over the file in place at any step; K closes at any step.
+fn restore_checkpointed(db: &Path, _rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &["r1", "r2"]);
+    std::fs::copy(db, db.with_file_name("backup.db")).unwrap();
+    // As in `restore_running`: a commit after the backup, checkpointed away, so that the backup
+    // is older than the file K's WAL generation starts on.
+    let conn = open_direct(db).unwrap();
+    conn.execute("INSERT INTO t(v) VALUES ('r3')", []).unwrap();
+    drop(conn);
+    let keeper = crate::world::open(db, true).expect("open the keeper's connection");
+    keeper
+        .execute("INSERT INTO t(v) VALUES ('r4')", [])
+        .unwrap();
+    let (busy, log, done): (i64, i64, i64) = keeper
+        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert!(
+        busy == 0 && log > 0 && done == log,
+        "the WAL wholly checkpointed"
+    );
+    {
+        let mut l = l.lock();
+        l.acked
+            .extend(["r1", "r2", "r3", "r4"].map(|v| (v.to_string(), 0)));
+        l.backup_rows = Some(vec!["r1".into(), "r2".into()]);
+    }
+    let who = Who::new("K", l);
+    Built {
+        parts: vec![
+            opener("O", db, true, "o1", l),
+            part("K", move || who.close(keeper, true)),
+            actor(db, Act::CopyBackupOver, l),
+        ],
+        stale_main: None,
+        variant: Act::CopyBackupOver.name().into(),
     }
 }
 

@@ -186,6 +186,23 @@ fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
     }
 }
 
+/// Bug 5's last window at a WAL reset (`restore-checkpointed`): O's write lock judged its pages
+/// (the copy had not landed yet), the copy lands while O's commit resets the WAL (between its
+/// `xShmLock(4, 4)` and their release), and the new generation is recorded on the copy; judged
+/// again at the reset, against the header it replaced, O is refused before its first frame.
+/// Without that second judgement these seeds put `r3` and `r4` back.
+#[test]
+fn an_in_place_restore_during_a_wal_reset_is_refused_before_a_frame_from_the_cache() {
+    for seed in [44, 84, 97] {
+        let o = run_one(scenario("restore-checkpointed"), seed);
+        assert!(o.violations.is_empty(), "{}", o.describe());
+        assert!(
+            o.refusals >= 1,
+            "seed {seed}: the write from the old file's cache was not refused"
+        );
+    }
+}
+
 /// Bug 5's last window, fixed: the copy lands while the WAL holds no frame left to checkpoint,
 /// under a connection whose page cache was read from the old file; its next transaction would
 /// begin a generation on the copy (recorded on the copy) from that cache. The pages it read from
