@@ -73,7 +73,37 @@ unsafe extern "C" fn read_first_pages<const HEAP: bool>(
 /// The `xWrite` of a guarded main file, and of a WAL while its write gate is closed: the gate
 /// (no `catch_unwind`: it is decided by panic-free code and only its slow verdicts enter
 /// `ffi_guard`, see `verdict`), then the write.
+///
+/// A main-file write that goes ahead as it is (a checkpoint's after its first, checked at its
+/// lock; any in rollback mode of a generation not retired) with no judgement due passes
+/// straight down, as a tail call; every other write, and every WAL write, goes to
+/// `write_gated_slow`, with the same arguments (a tail call too).
 pub(super) unsafe extern "C" fn write_gated(
+    f: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: as the caller promises.
+    let t = unsafe { table(f) };
+    // SAFETY: a guarded main file's `main_state` points into the state its table holds (NULL
+    // for a WAL).
+    if let Some(state) = unsafe { t.main_state.as_ref() } {
+        if state.main_write_goes() {
+            return sub_call!(t, t.sub_object(f), xWrite, buf, amt, ofst);
+        }
+    }
+    // SAFETY: as the caller promises (same arguments: a tail call).
+    unsafe { write_gated_slow(f, buf, amt, ofst) }
+}
+
+/// [`write_gated`] for the writes its first test does not let through: the gate, the issue 34
+/// hooks, the write.
+///
+/// # Safety
+/// `f` is one of our live files; `buf` holds `amt` bytes.
+#[inline(never)]
+unsafe extern "C" fn write_gated_slow(
     f: *mut ffi::sqlite3_file,
     buf: *const c_void,
     amt: c_int,

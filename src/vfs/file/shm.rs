@@ -8,7 +8,7 @@ use rusqlite::ffi;
 use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::vfs::ffi_guard;
-use crate::vfs::state::{Gate, Site};
+use crate::vfs::state::{DbState, Gate, Site};
 
 pub(super) unsafe extern "C" fn x_shm_map(
     f: *mut ffi::sqlite3_file,
@@ -113,23 +113,26 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
     n: c_int,
     flags: c_int,
 ) -> c_int {
+    // In SQLite's buffer, `x_shm_lock` is only installed on guarded main files (whose
+    // `main_state` is set); on the heap, on every file. The exclusive lock of one slot (every
+    // write transaction's) is told first, before the table is loaded: it needs none here.
+    // SAFETY: as the caller promises.
+    let guarded = || !HEAP || !unsafe { table(f) }.main_state.is_null();
+    if flags == LOCK_EXCLUSIVE && n == 1 && guarded() {
+        // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not NULL (tail
+        // calls). `ofst <= n`: 0 or 1.
+        return unsafe {
+            if ofst == 0 {
+                shm_lock_exclusive_checked::<HEAP, 0>(f)
+            } else {
+                shm_lock_exclusive_checked::<HEAP, 1>(f)
+            }
+        };
+    }
     // SAFETY: as the caller promises.
     let t = unsafe { table(f) };
-    // In SQLite's buffer, `x_shm_lock` is only installed on guarded main files (whose
-    // `main_state` is set); on the heap, on every file.
     if !HEAP || !t.main_state.is_null() {
         if flags == LOCK_EXCLUSIVE {
-            if n == 1 {
-                // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not
-                // NULL (tail calls). `ofst <= n`: 0 or 1.
-                return unsafe {
-                    if ofst == 0 {
-                        shm_lock_exclusive_checked::<HEAP, 0>(f)
-                    } else {
-                        shm_lock_exclusive_checked::<HEAP, 1>(f)
-                    }
-                };
-            }
             if ofst == RESET_OFST && n == RESET_N {
                 // SAFETY: as above.
                 return unsafe { wal_reset_lock::<HEAP>(f, ofst, n, flags) };
@@ -194,14 +197,23 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
         state.write_lock(rc == ffi::SQLITE_OK);
         // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
         if state.stale_wal().record_due() {
-            let main = MainImage(sub_object_for::<HEAP>(t, f));
-            state.stale_wal().at_write_lock(rc, state, &main);
+            record_at_write_lock(rc, state, sub_object_for::<HEAP>(t, f));
         }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
         state.wal_reset().checkpoint_lock(rc == ffi::SQLITE_OK);
     }
     rc
+}
+
+/// [`StaleWalSlot::at_write_lock`](crate::vfs::stale_wal::StaleWalSlot::at_write_lock) on the
+/// main file `sub` (the wrapped object): out of line, so that the image it reads through lives
+/// in this frame and not in `shm_lock_exclusive_checked`'s (which then needs no stack frame of
+/// its own beyond the registers it saves).
+#[cold]
+#[inline(never)]
+fn record_at_write_lock(rc: c_int, state: &DbState, sub: *mut ffi::sqlite3_file) {
+    state.stale_wal().at_write_lock(rc, state, &MainImage(sub));
 }
 
 pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {

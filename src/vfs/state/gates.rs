@@ -25,6 +25,18 @@ impl DbState {
         }
     }
 
+    /// Whether a main-file write goes ahead with nothing to do first, as `file::write_gated`
+    /// would decide it from [`DbState::main_write_gate`] (in WAL mode) and
+    /// [`DbState::main_judge_due`]: not retired, checked (or the file is not in WAL mode), no
+    /// judgement due. `false`: decide it in full. Panic-free (atomic loads only), so the shim
+    /// calls it outside `catch_unwind`.
+    #[inline(always)]
+    pub(crate) fn main_write_goes(&self) -> bool {
+        !self.is_retired()
+            && (self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 || !self.wal_pinned())
+            && !self.main_judge_due.load(Ordering::Relaxed)
+    }
+
     /// Whether a WAL write (or truncate) at `offset` may go ahead: the shim carries the gate out
     /// with `file::verdict`. Panic-free (atomics only), so the
     /// shim calls it outside `catch_unwind`.

@@ -102,6 +102,9 @@ struct Record {
     page_size: u32,
     pages: [(u32, u64); RECORDED_PAGES as usize],
     count: usize,
+    /// The greatest of the recorded page numbers (0 when there are none), found as they are
+    /// decoded.
+    last: u32,
 }
 
 impl Record {
@@ -116,14 +119,17 @@ impl Record {
             return None;
         }
         let mut pages = [(0u32, 0u64); RECORDED_PAGES as usize];
+        let mut last = 0;
         for (i, slot) in pages.iter_mut().enumerate().take(count) {
             *slot = (u32_at(29 + 12 * i)?, u64_at(33 + 12 * i)?);
+            last = last.max(slot.0);
         }
         Some(Record {
             salts: [u32_at(0)?, u32_at(4)?],
             page_size: u32_at(8)?,
             pages,
             count,
+            last,
         })
     }
 
@@ -145,35 +151,45 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         return None;
     }
     let page_size = record.page_size;
-    let last = record.pages().iter().map(|p| p.0).max()?;
-    // (page, its hash now — `None` beyond the end of the file —, its recorded hash)
-    let mut differs = [(0u32, None, 0u64); RECORDED_PAGES as usize];
-    let mut n = 0;
+    if record.count == 0 {
+        return None;
+    }
+    let last = record.last;
+    // (page, its hash now — `None` beyond the end of the file —, its recorded hash); allocated
+    // only when a page differs (not at a checkpoint that finds the file as recorded).
+    let mut differs: Vec<(u32, Option<u64>, u64)> = Vec::new();
     {
         let mut buf = BUF.lock();
         let span = recorded_span(last, page_size);
         if buf.len() < span {
             *buf = vec![0u8; span.max(BUF_LEN)];
         }
-        let whole = main.read_at(&mut buf[..span], 0).is_ok();
-        for &(page, recorded) in record.pages() {
-            let at = u64::from(page - 1) * u64::from(page_size);
-            let len = fragment_len(page, page_size);
-            let now = if whole {
-                buf.get(at as usize..at as usize + len).map(page_hash)
-            } else {
-                // A shorter file: page by page, `None` beyond its end.
+        // Two loops rather than a test in one: the common one keeps the buffer in registers.
+        if main.read_at(&mut buf[..span], 0).is_ok() {
+            let whole: &[u8] = &buf;
+            for &(page, recorded) in record.pages() {
+                let at = u64::from(page - 1) * u64::from(page_size);
+                let len = fragment_len(page, page_size);
+                let now = whole.get(at as usize..at as usize + len).map(page_hash);
+                if now != Some(recorded) {
+                    differs.push((page, now, recorded));
+                }
+            }
+        } else {
+            // A shorter file: page by page, `None` beyond its end.
+            for &(page, recorded) in record.pages() {
+                let at = u64::from(page - 1) * u64::from(page_size);
+                let len = fragment_len(page, page_size);
                 let mut frag = [0u8; 128];
                 let frag = frag.get_mut(..len)?;
-                main.read_at(frag, at).ok().map(|()| page_hash(frag))
-            };
-            if now != Some(recorded) {
-                differs[n] = (page, now, recorded);
-                n += 1;
+                let now = main.read_at(frag, at).ok().map(|()| page_hash(frag));
+                if now != Some(recorded) {
+                    differs.push((page, now, recorded));
+                }
             }
         }
     }
-    if n == 0 {
+    if differs.is_empty() {
         return None;
     }
     // Not as recorded: fine if one of the frames a checkpoint copied (or began to) put it there.
@@ -182,9 +198,9 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         .as_ref()?
         .backfill()
         .map_or(0, |b| b.backfilled.max(b.attempted));
-    let pages: Vec<u32> = differs[..n].iter().map(|d| d.0).collect();
+    let pages: Vec<u32> = differs.iter().map(|d| d.0).collect();
     let frames = copied_frames(wal, &header, copied, &pages)?;
-    for &(page, now, recorded) in &differs[..n] {
+    for &(page, now, recorded) in &differs {
         let consistent = match now {
             Some(h) => frames.of.get(&page).is_some_and(|v| v.contains(&h)),
             // Beyond the end: a checkpoint truncated the file to a committed size.

@@ -2,7 +2,7 @@
 //! the drain's (rustix's call).
 
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{BorrowedFd, RawFd};
 
 use rustix::event::epoll;
 use rustix::event::Timespec;
@@ -19,12 +19,11 @@ use super::*;
 /// general-purpose `epoll::wait` spends a dozen instructions more per transaction decoding the
 /// result and bounds-checking the slice, and carries a panic path the fast path does not want
 /// (see docs/decisions.md). Elsewhere, rustix's call. Panic-free either way.
+///
+/// `epoll` is the raw descriptor of a live watcher's epoll set (its page's drain lock is held).
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[inline(always)]
-pub(super) fn epoll_first_ready(
-    epoll: BorrowedFd<'static>,
-    slot: &mut [MaybeUninit<epoll::Event>; 1],
-) -> u64 {
+pub(super) fn epoll_first_ready(epoll: RawFd, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
     let ret: isize;
     // SAFETY: epoll_pwait(epfd, events, maxevents = 1, timeout = 0, sigmask = NULL): `epoll` is
     // an open epoll descriptor, and `slot` has room for the one event the kernel may write. The
@@ -34,7 +33,7 @@ pub(super) fn epoll_first_ready(
         std::arch::asm!(
             "syscall",
             inlateout("rax") libc::SYS_epoll_pwait as isize => ret,
-            in("rdi") epoll.as_raw_fd() as usize,
+            in("rdi") epoll as usize,
             in("rsi") slot.as_mut_ptr(),
             in("rdx") 1usize,
             in("r10") 0usize,
@@ -55,10 +54,9 @@ pub(super) fn epoll_first_ready(
 /// See the x86_64 Linux version above.
 #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
 #[inline(always)]
-pub(super) fn epoll_first_ready(
-    epoll: BorrowedFd<'static>,
-    slot: &mut [MaybeUninit<epoll::Event>; 1],
-) -> u64 {
+pub(super) fn epoll_first_ready(epoll: RawFd, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
+    // SAFETY: as the caller promises, an open epoll descriptor (so not -1).
+    let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
     match epoll::wait(epoll, slot, Some(&ZERO_TIMEOUT)) {
         Ok((ready, _)) => ready.first().map_or(0, ready_bits),
         Err(_) => INOTIFY_READY | MOUNTS_CHANGED,

@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -208,12 +208,13 @@ impl DirWatch {
         if !self.wipe_honoured {
             return FastWatch::NONE;
         }
-        FastWatch {
-            // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
-            inner: unsafe { self.shared.as_ref() }.map(|shared| FastInner {
+        // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
+        match unsafe { self.shared.as_ref() } {
+            Some(shared) => FastWatch {
                 shared,
-                epoll: self.epoll,
-            }),
+                epoll: self.epoll.as_raw_fd(),
+            },
+            None => FastWatch::NONE,
         }
     }
 
@@ -259,31 +260,32 @@ impl DirWatch {
 }
 
 /// The lock-free half of a [`DirWatch`]: its watcher's wipe-on-fork page and epoll descriptor,
-/// copied out so that the fast path tests one word (`None`: no watch) and borrows nothing.
-/// Both live for the rest of the process that made them (see `DirWatch::epoll`).
+/// copied out so that the fast path borrows nothing. Both live for the rest of the process that
+/// made them (see `DirWatch::epoll`). No watch ([`FastWatch::NONE`]) is a page whose gate word
+/// is 0, as a forked child's reads: its drain lock is never taken, so it never vouches, and the
+/// fast path needs no test of its own for it.
 #[derive(Clone, Copy)]
 pub(crate) struct FastWatch {
-    inner: Option<FastInner>,
-}
-
-#[derive(Clone, Copy)]
-struct FastInner {
     shared: &'static Shared,
-    epoll: BorrowedFd<'static>,
+    /// The epoll descriptor; used only once `shared`'s drain lock is taken (never for NONE's).
+    epoll: RawFd,
 }
 
 impl FastWatch {
     /// No watch: never vouches.
-    pub(crate) const NONE: FastWatch = FastWatch { inner: None };
+    pub(crate) const NONE: FastWatch = FastWatch {
+        shared: &NO_WATCH,
+        epoll: -1,
+    };
 
     /// The transaction start's fast path: whether nothing changed since the change count was
     /// `verified` (a connection's, changed only by its own calls), without the watcher's mutex and without anything that can panic (it runs
     /// outside `catch_unwind`), for the common case — this process made the watch, no other
     /// thread is draining, and the epoll set has nothing ready. `false` means "ask
-    /// [`DirWatch::current`]": a forked child, a drain in progress, readiness this call took
-    /// from the set (left pending in the gate word for the next drain to handle), or a change
-    /// count other than `verified` (some watch moved; [`DirWatch::current`] tells whether it is
-    /// on this path).
+    /// [`DirWatch::current`]": no watch, a forked child, a drain in progress, readiness this
+    /// call took from the set (left pending in the gate word for the next drain to handle), or a
+    /// change count other than `verified` (some watch moved; [`DirWatch::current`] tells whether
+    /// it is on this path).
     ///
     /// Sound because every readiness is handled under the drain lock, which this holds too: an
     /// event that left the set before this `epoll_wait` has either moved `changes` already or
@@ -293,16 +295,15 @@ impl FastWatch {
     /// test of its result on x86_64, rustix's call elsewhere).
     #[inline(always)]
     pub(crate) fn current_fast(&self, verified: &AtomicU64) -> bool {
-        // No page (no watch): never vouches. In a forked child the page reads as zero, which
-        // makes `try_lock_fast` fail.
-        let Some(FastInner { shared, epoll }) = self.inner else {
-            return false;
-        };
-        // One compare-exchange stands for three tests: this is the process that made the page
-        // (the gate word of a forked child reads 0), nobody is draining, nothing is pending.
+        let FastWatch { shared, epoll } = *self;
+        // One compare-exchange stands for four tests: there is a watch (NONE's gate word is 0),
+        // this is the process that made the page (the gate word of a forked child reads 0),
+        // nobody is draining, nothing is pending.
         if !shared.try_lock_fast() {
             return false;
         }
+        // A page whose drain lock was taken is a live watcher's (NONE's never is): `epoll` is its
+        // epoll descriptor, open for the rest of this process (see `DirWatch::epoll`).
         // SAFETY: the drain lock is held (just taken): the slot is this thread's until it goes.
         let ready = epoll_first_ready(epoll, unsafe { &mut *shared.slot.get() });
         if ready == 0 {

@@ -42,6 +42,15 @@ pub(super) const GATE_HELD: u64 = 2;
 /// Where the pending readiness sits in the gate word.
 pub(super) const PENDING_SHIFT: u32 = 2;
 
+/// The page of `FastWatch::NONE` (no watch): all zero for ever, as a forked child reads a page
+/// (neither free nor held), so its drain lock is never taken.
+pub(super) static NO_WATCH: Shared = Shared {
+    alive: AtomicU64::new(0),
+    gate: AtomicU64::new(0),
+    changes: AtomicU64::new(0),
+    slot: UnsafeCell::new([MaybeUninit::uninit()]),
+};
+
 impl Shared {
     #[inline]
     pub(super) fn same_process(&self) -> bool {
