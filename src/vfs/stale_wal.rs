@@ -169,65 +169,60 @@ impl StaleWalSlot {
             return;
         }
         ffi_guard((), || {
-            if self.main_reads.any() {
-                // Bug 5's last window: pages this connection read from the main file under
-                // the header it now writes on, still what the file holds? Judged at each write
-                // lock until that header changes (its first commit).
-                if self.judge_main_reads(state, self.settled_header().as_ref(), main) {
-                    return;
-                }
-                self.at_write_lock_record(state, main);
-                if self.main_reads.any() {
-                    self.not_due.store(false, Ordering::Relaxed);
-                }
-            } else {
-                self.at_write_lock_record(state, main);
+            // Bug 5's last window: pages this connection read from the main file under the
+            // header it now writes on, still what the file holds? Judged at each write lock
+            // until that header changes (its first commit): due again while they are kept.
+            let kept = self.main_reads.any();
+            if kept && self.judge_main_reads(state, self.settled_header().as_ref(), main) {
+                return;
+            }
+            self.at_write_lock_record(state, main);
+            if kept && self.main_reads.any() {
+                self.not_due.store(false, Ordering::Relaxed);
             }
         });
     }
 
     /// [`Self::at_write_lock`]'s record.
     fn at_write_lock_record(&self, state: &DbState, main: &dyn ImageSource) {
-        {
-            let p = self.region0.load(Ordering::Acquire);
-            if p.is_null() {
+        let p = self.region0.load(Ordering::Acquire);
+        if p.is_null() {
+            return;
+        }
+        // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before
+        // the connection's xShmUnmap, which SQLite never runs concurrently with this
+        // connection's xShmLock; the header is 4-byte aligned at the start of a page.
+        let word = unsafe { salts_word(p) };
+        // SAFETY: as above: `mxFrame`, offset 16 of the mapped header, aligned.
+        if unsafe { load_u32(p, 16) } == 0 {
+            if page_size_of(p).is_none() {
+                // Recovery's write lock, before the wal-index is built: still due.
                 return;
             }
-            // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before
-            // the connection's xShmUnmap, which SQLite never runs concurrently with this
-            // connection's xShmLock; the header is 4-byte aligned at the start of a page.
-            let word = unsafe { salts_word(p) };
-            // SAFETY: as above: `mxFrame`, offset 16 of the mapped header, aligned.
-            if unsafe { load_u32(p, 16) } == 0 {
-                if page_size_of(p).is_none() {
-                    // Recovery's write lock, before the wal-index is built: still due.
-                    return;
-                }
-                // An empty WAL: this transaction's first frame starts a generation whose salts
-                // SQLite draws as it writes the WAL header (issue 34: a restore before that
-                // write, and a refusal at the next lock, left it unrecorded). The record is made
-                // now, on the file as it is (nothing changes it before that generation's
-                // checkpoint), and written at the header write, which makes it no longer due.
-                // A transaction that writes no frame leaves it due, a few times.
-                if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
-                    self.not_due.store(true, Ordering::Relaxed);
-                    self.tries.store(0, Ordering::Relaxed);
-                    self.drop_pending(state);
-                    return;
-                }
-                self.prepare_for_header(state, p, main);
+            // An empty WAL: this transaction's first frame starts a generation whose salts
+            // SQLite draws as it writes the WAL header (issue 34: a restore before that
+            // write, and a refusal at the next lock, left it unrecorded). The record is made
+            // now, on the file as it is (nothing changes it before that generation's
+            // checkpoint), and written at the header write, which makes it no longer due.
+            // A transaction that writes no frame leaves it due, a few times.
+            if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
+                self.not_due.store(true, Ordering::Relaxed);
+                self.tries.store(0, Ordering::Relaxed);
+                self.drop_pending(state);
                 return;
             }
-            // A record made for a header that was never written (the WAL has frames now).
-            self.drop_pending(state);
-            if word != self.recorded.load(Ordering::Relaxed) {
-                self.not_due.store(true, Ordering::Relaxed);
-                self.tries.store(0, Ordering::Relaxed);
-                self.record(state, p, word, main, true);
-            } else if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
-                self.not_due.store(true, Ordering::Relaxed);
-                self.tries.store(0, Ordering::Relaxed);
-            }
+            self.prepare_for_header(state, p, main);
+            return;
+        }
+        // A record made for a header that was never written (the WAL has frames now).
+        self.drop_pending(state);
+        if word != self.recorded.load(Ordering::Relaxed) {
+            self.not_due.store(true, Ordering::Relaxed);
+            self.tries.store(0, Ordering::Relaxed);
+            self.record(state, p, word, main, true);
+        } else if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
+            self.not_due.store(true, Ordering::Relaxed);
+            self.tries.store(0, Ordering::Relaxed);
         }
     }
 
