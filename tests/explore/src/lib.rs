@@ -113,6 +113,12 @@ pub fn run_with(
     seed: u64,
     deviations: Option<Vec<(usize, usize)>>,
 ) -> Outcome {
+    // One schedule at a time in a process: the guard's directory watch is the process's, so
+    // another schedule's file events (a test running beside this one) would turn this one's
+    // fast checks into full ones, and a decision that follows them (a close left to a sibling
+    // or not) would change the steps a seed replays.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock();
     vfs::register();
     let dir = tempfile::Builder::new()
         .prefix("explore-")
