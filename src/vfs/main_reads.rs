@@ -83,10 +83,12 @@ impl MainReads {
         if !(512..=65536).contains(&size) || ofst < 0 || ofst % i64::from(size) != 0 {
             return false;
         }
-        let page = (ofst / i64::from(size)) as u32 + 1;
-        if page > RECORDED_PAGES {
+        let Some(page) = u32::try_from(ofst / i64::from(size) + 1)
+            .ok()
+            .filter(|&p| p <= RECORDED_PAGES)
+        else {
             return false;
-        }
+        };
         let mut kept = self.kept.lock();
         if kept.header.as_ref() != Some(header) {
             *kept = Kept {

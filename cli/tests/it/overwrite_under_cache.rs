@@ -22,6 +22,31 @@ fn acks_live(db: &Path, ks: std::ops::Range<usize>) -> usize {
         .sum::<i64>() as usize
 }
 
+/// The backup is copied over the database in place (the same inode), and the application
+/// writes `ack 16`, which is refused; it reconnects, as the refusal tells it to, and writes
+/// `ack 17..20` on the restored file, then quits. Returns the refused write's event.
+fn copy_in_place_then_write(
+    gw: &mut Gateway,
+    db: &Path,
+    backup: &Path,
+    acknowledged: &mut Vec<String>,
+) -> serde_json::Value {
+    let before = identity(db);
+    fs::copy(backup, db).unwrap();
+    assert_eq!(identity(db), before, "copied in place: the same inode");
+    let refused = ack(gw, 16, acknowledged);
+    assert_eq!(
+        refused["refused"], true,
+        "a write from the old file's cache: {refused}"
+    );
+    gw.send("reconnect");
+    gw.next_event("reconnected");
+    for k in 17..20 {
+        assert_eq!(ack(gw, k, acknowledged)["refused"], false);
+    }
+    refused
+}
+
 #[test]
 fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_a_frame() {
     let dir = tempfile::tempdir().unwrap();
@@ -37,26 +62,13 @@ fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_
     assert_eq!(gw.next_event("status")["rows"], acknowledged.len());
     let wal = fs::metadata(db.with_file_name("state.db-wal")).map_or(0, |m| m.len());
     assert_eq!(wal, 0, "the WAL holds no frame");
-    let before = identity(&db);
-    fs::copy(&backup, &db).unwrap();
-    assert_eq!(identity(&db), before, "copied in place: the same inode");
-    let refused = ack(&mut gw, 16, &mut acknowledged);
-    assert_eq!(
-        refused["refused"], true,
-        "a write from the old file's cache: {refused}"
-    );
+    let refused = copy_in_place_then_write(&mut gw, &db, &backup, &mut acknowledged);
     assert!(
         refused["error"]
             .as_str()
             .is_some_and(|e| e.contains("readonly")),
         "{refused}"
     );
-    // The application reconnects, as the refusal tells it to, and goes on on the restored file.
-    gw.send("reconnect");
-    gw.next_event("reconnected");
-    for k in 17..20 {
-        assert_eq!(ack(&mut gw, k, &mut acknowledged)["refused"], false);
-    }
     assert!(gw.quit().success());
     // The restore stands: what the backup did not have is not back, what came after is there.
     assert_eq!(
@@ -99,19 +111,7 @@ fn a_copy_in_place_after_a_stock_peer_emptied_the_wal_is_refused_at_the_next_wri
     assert_eq!(seen as usize, acknowledged.len() + 5);
     gw.send("status");
     assert_eq!(gw.next_event("status")["rows"], seen);
-    let before = identity(&db);
-    fs::copy(&backup, &db).unwrap();
-    assert_eq!(identity(&db), before, "copied in place: the same inode");
-    let refused = ack(&mut gw, 16, &mut acknowledged);
-    assert_eq!(
-        refused["refused"], true,
-        "a write from the old file's cache: {refused}"
-    );
-    gw.send("reconnect");
-    gw.next_event("reconnected");
-    for k in 17..20 {
-        assert_eq!(ack(&mut gw, k, &mut acknowledged)["refused"], false);
-    }
+    copy_in_place_then_write(&mut gw, &db, &backup, &mut acknowledged);
     assert!(gw.quit().success());
     let live = Connection::open(&db).unwrap();
     assert_eq!(count_like(&live, "second generation %"), 0);

@@ -193,12 +193,19 @@ fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
 /// Without that second judgement these seeds put `r3` and `r4` back.
 #[test]
 fn an_in_place_restore_during_a_wal_reset_is_refused_before_a_frame_from_the_cache() {
-    for seed in [44, 84, 97] {
-        let o = run_one(scenario("restore-checkpointed"), seed);
+    refused_from_the_cache("restore-checkpointed", &[44, 84, 97]);
+}
+
+/// Asserts that each of `seeds` of `scenario_name` keeps the invariants, shows no known bug,
+/// and refuses a write (the one from the old file's cache).
+fn refused_from_the_cache(scenario_name: &str, seeds: &[u64]) {
+    for &seed in seeds {
+        let o = run_one(scenario(scenario_name), seed);
         assert!(o.violations.is_empty(), "{}", o.describe());
+        assert!(o.known.is_empty(), "{}", o.describe());
         assert!(
             o.refusals >= 1,
-            "seed {seed}: the write from the old file's cache was not refused"
+            "{scenario_name} seed {seed}: the write from the old file's cache was not refused"
         );
     }
 }
@@ -210,13 +217,5 @@ fn an_in_place_restore_during_a_wal_reset_is_refused_before_a_frame_from_the_cac
 /// refused before its first frame.
 #[test]
 fn an_in_place_restore_between_generations_is_refused_before_a_frame_from_the_cache() {
-    for seed in [531, 571, 584, 759] {
-        let o = run_one(scenario("restore-running"), seed);
-        assert!(o.violations.is_empty(), "{}", o.describe());
-        assert!(o.known.is_empty(), "{}", o.describe());
-        assert!(
-            o.refusals >= 1,
-            "seed {seed}: the write from the old file's cache was not refused"
-        );
-    }
+    refused_from_the_cache("restore-running", &[531, 571, 584, 759]);
 }
