@@ -188,6 +188,12 @@ class Capture:
             backfill = m.get("backfill_at_loss")
             self.backfill_at_loss: Optional[Backfill] = Backfill(**backfill) if backfill else None
             self.main_torn: bool = bool(m.get("main_torn", False))
+            base = m.get("base") or {}
+            self.base: str = str(base.get("verdict", "unknown"))
+            """Whether the main image is the one the WAL generation was written on: `own`,
+            `not-own` or `unknown` (absent in a capture older than issue 43: `unknown`). Only
+            from an `own` capture does `recover` replay changes and deletions."""
+            self.base_evidence: str = str(base.get("evidence", ""))
         except (OSError, ValueError, KeyError, TypeError) as e:
             hint = _how_to_open(self.path)
             raise CaptureFormatError(

@@ -63,6 +63,53 @@ pub struct Manifest {
     /// was instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_wal: Option<crate::stale_wal::Mismatch>,
+    /// Issue 43: whether the main image is the one the WAL generation was written on, and what
+    /// shows it. Absent in captures written before it was recorded (read as unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseEntry>,
+}
+
+/// Whether a capture's main image is the file its WAL generation was written on (issue 43).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BaseVerdict {
+    /// Shown: nothing but that generation (and the file it started on) is in the image.
+    Own,
+    /// Shown not to be: the main file was replaced or overwritten, so the image is another file.
+    NotOwn,
+    /// Nothing shows it either way: a newer generation may have checkpointed into the image.
+    Unknown,
+}
+
+impl BaseVerdict {
+    /// The word `captures` and `verify` print.
+    pub fn word(self) -> &'static str {
+        match self {
+            BaseVerdict::Own => "own",
+            BaseVerdict::NotOwn => "not own",
+            BaseVerdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// The manifest's `base`: the verdict and, for a person, the evidence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct BaseEntry {
+    /// The verdict.
+    pub verdict: BaseVerdict,
+    /// What shows it, in words.
+    pub evidence: String,
+}
+
+impl BaseEntry {
+    /// A verdict and its evidence.
+    pub fn new(verdict: BaseVerdict, evidence: impl Into<String>) -> BaseEntry {
+        BaseEntry {
+            verdict,
+            evidence: evidence.into(),
+        }
+    }
 }
 
 impl Manifest {
@@ -81,6 +128,23 @@ impl Manifest {
         matches!(
             self.reason,
             Some(RetireReason::MainReplaced | RetireReason::MainOverwritten)
+        )
+    }
+
+    /// Whether the main image is the one the WAL generation was written on: what the capture
+    /// recorded, unknown for a capture that recorded nothing.
+    pub fn base_verdict(&self) -> BaseVerdict {
+        self.base
+            .as_ref()
+            .map_or(BaseVerdict::Unknown, |b| b.verdict)
+    }
+
+    /// The base's evidence in words (what a capture without a record means, for one).
+    pub fn base_evidence(&self) -> &str {
+        self.base.as_ref().map_or(
+            "the capture records no base (written before issue 43): nothing shows whether a \
+             newer generation had checkpointed into its image",
+            |b| b.evidence.as_str(),
         )
     }
 

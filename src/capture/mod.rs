@@ -37,7 +37,8 @@ use faults::injected_fault;
 pub use faults::{clear_capture_fault, inject_capture_fault};
 pub use healed::{heal_state, HealPhase, HealRecord, HealState, PutBack, HEALED_NAME};
 pub use manifest::{
-    ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, ShmEntry, Trigger, WalEntry,
+    BaseEntry, BaseVerdict, ImageMode, MainEntry, Manifest, ManifestError, PathGeneration,
+    ShmEntry, Trigger, WalEntry,
 };
 pub(crate) use names::reserve_staging;
 pub use names::{capture_dir_stem, capture_file_name, fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
@@ -97,6 +98,9 @@ pub struct CaptureInput<'a> {
     pub reason: Option<RetireReason>,
     /// How far the retired WAL had been checkpointed when the loss was seen.
     pub backfill_at_loss: Option<Backfill>,
+    /// Issue 43: judges, once the image has been read, whether it is the file the WAL
+    /// generation was written on (`None`: nothing to judge by, recorded as unknown).
+    pub base: Option<&'a dyn Fn() -> BaseEntry>,
 }
 
 /// The database's directory (`.` for a bare file name) and its file name; an error naming the
@@ -369,6 +373,16 @@ fn fill_staging(
         Ok(())
     })?;
     let (main_sha256, _) = main_digest;
+    // After the image's last byte was read: what the judge saw then covers all of it.
+    let base = Some(input.base.map_or_else(
+        || {
+            BaseEntry::new(
+                BaseVerdict::Unknown,
+                "the capturing connection had no directory watch to tell by",
+            )
+        },
+        |judge| judge(),
+    ));
 
     Ok(Manifest {
         version: 1,
@@ -406,6 +420,7 @@ fn fill_staging(
         backfill_at_loss: input.backfill_at_loss,
         main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
         stale_wal: None,
+        base,
         path_generation_at_capture: PathGeneration {
             main: identity_of_path(input.database).ok().flatten(),
             wal: identity_of_path(&sidecar(input.database, "-wal"))

@@ -167,6 +167,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                 backfill_at_loss,
                 main_torn,
                 stale_wal: None,
+                base: None,
             }
         },
     )

@@ -310,6 +310,12 @@ fn manifest(
         backfill_at_loss: None,
         main_torn: false,
         stale_wal: Some(mismatch.clone()),
+        base: Some(crate::capture::BaseEntry::new(
+            crate::capture::BaseVerdict::NotOwn,
+            "no main image: the WAL was set aside at the open, beside a main file it was not \
+             written on; `recover --main` takes the file it was written on, checked against the \
+             WAL's record",
+        )),
     })
 }
 

@@ -22,6 +22,7 @@ use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
 use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
+mod base;
 mod capturing;
 mod dir;
 mod gates;
@@ -194,6 +195,9 @@ struct Inner {
     frames_left: bool,
     /// This close left its WAL, pinned, for the opener of this process inside its open.
     left: bool,
+    /// Issue 43: the directory watch's creation counts of this database's names when its
+    /// `-shm` was pinned (`state/base.rs`).
+    creations_at_pin: Option<crate::vfs::watch::Creations>,
 }
 
 /// The write gate of the WAL file object, which the shim installs and the state opens and
@@ -331,6 +335,9 @@ impl DbState {
                     (dir_id, filesystem, watch)
                 }
             };
+        if let (Some(watch), Some(name)) = (&watch, db_path.file_name()) {
+            watch.track(name);
+        }
         let dir = Mutex::new(DirSlot::at_open(&db_path, main_fd, dir_id));
         let main_id = match main_id.map_or_else(|| identity_of_path(&db_path), |id| Ok(Some(id))) {
             Ok(id) => id,

@@ -237,6 +237,7 @@ impl DbState {
                 source: std::io::Error::other("the database's directory was deleted"),
             });
         }
+        let (at_pin, reason) = (inner.creations_at_pin, inner.reason);
         let input = CaptureInput {
             database: &self.db_path,
             dir: orphan_dir.as_deref().or(dir.as_deref()),
@@ -247,6 +248,7 @@ impl DbState {
             trigger,
             reason: inner.reason,
             backfill_at_loss: inner.backfill_at_loss,
+            base: Some(&|| self.judge_base(at_pin, reason)),
         };
         let captured = match capture::write_capture(&input) {
             Err(CaptureError::Io { source, .. })

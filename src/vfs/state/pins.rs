@@ -137,8 +137,11 @@ impl DbState {
         mapped: impl FnOnce() -> Option<(FileId, Option<PathBuf>)>,
         index: Box<dyn WalIndex>,
     ) {
+        // Before the lock: the watch's drain takes the watcher's.
+        let creations = self.creations_now();
         let mut inner = self.inner.lock();
         if inner.shm_id.is_none() {
+            inner.creations_at_pin = creations;
             let at_sidecar = || identity_of_path(&self.shm_path).ok().flatten();
             let (id, check_path) = match mapped() {
                 // The node's own name is `<db>-shm` in the common case: no `stat` to compare.

@@ -36,7 +36,10 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use super::fork::Origin;
 
 mod epoll_wait;
+mod names;
 mod page;
+
+pub(crate) use self::names::Creations;
 
 pub(super) use self::page::wipe_in_child;
 use self::{epoll_wait::*, page::*};
@@ -71,6 +74,8 @@ struct Entry {
     /// Still the watch of the directory `dir` names (not moved, deleted or dropped by the
     /// kernel). Once false, for good: its users fall back to full checks.
     current: AtomicBool,
+    /// Issue 43: the creations of the tracked databases' names here (`names.rs`).
+    names: names::Names,
 }
 
 enum State {
@@ -256,6 +261,34 @@ impl DirWatch {
         }
         watcher.drain();
         self.sum()
+    }
+
+    /// Issue 43: counts the creations of the database `name`'s names in the watched directory
+    /// from now on (`names.rs`).
+    pub(crate) fn track(&self, name: &std::ffi::OsStr) {
+        if let Some(dir) = self.entries.first() {
+            dir.names.track(name);
+        }
+    }
+
+    /// The creation counts of the tracked database `name`, the queue drained first; `None` when
+    /// this watch can no longer vouch (its directory moved, deleted or unwatched, a forked
+    /// child, no watcher) or `name` is not tracked.
+    pub(crate) fn creations(&self, name: &std::ffi::OsStr) -> Option<Creations> {
+        let mut state = STATE.lock();
+        forget_inherited(&mut state);
+        let State::Ready(watcher) = &mut *state else {
+            return None;
+        };
+        if watcher.epoch != self.epoch {
+            return None;
+        }
+        watcher.drain();
+        let dir = self.entries.first()?;
+        if !dir.current.load(Ordering::Acquire) {
+            return None;
+        }
+        dir.names.of(name)
     }
 }
 
@@ -456,6 +489,7 @@ impl Watcher {
                         wd,
                         generation: AtomicU64::new(0),
                         current: AtomicBool::new(true),
+                        names: names::Names::default(),
                     });
                     self.by_wd.insert(wd, (entry.clone(), events, 0));
                     entry
@@ -549,8 +583,16 @@ impl Watcher {
             } = self;
             let mut reader = inotify::Reader::new(&*inotify, buf);
             loop {
-                let (wd, flags) = match reader.next() {
-                    Ok(event) => (event.wd(), event.events()),
+                let (wd, flags, entry) = match reader.next() {
+                    Ok(event) => {
+                        let (wd, flags) = (event.wd(), event.events());
+                        let made = flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
+                        let entry = by_wd.get(&wd).map(|(e, _, _)| e);
+                        if let (true, Some(entry), Some(name)) = (made, entry, event.file_name()) {
+                            entry.names.created(name);
+                        }
+                        (wd, flags, entry.cloned())
+                    }
                     // EAGAIN: nothing queued (the common case).
                     Err(rustix::io::Errno::AGAIN) => break,
                     // Anything else: assume every directory changed, and stop reading for now.
@@ -563,7 +605,7 @@ impl Watcher {
                     bump_all(by_wd);
                     continue;
                 }
-                let Some((entry, _, _)) = by_wd.get(&wd) else {
+                let Some(entry) = entry else {
                     continue;
                 };
                 entry.generation.fetch_add(1, Ordering::AcqRel);
@@ -585,6 +627,7 @@ impl Watcher {
 
 fn bump_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
     for (entry, _, _) in by_wd.values() {
+        entry.names.blinded();
         entry.generation.fetch_add(1, Ordering::AcqRel);
     }
 }

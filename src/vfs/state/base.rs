@@ -1,0 +1,89 @@
+//! Issue 43: whether a capture's main image is the file its WAL generation was written on.
+//!
+//! Within one WAL generation the main file changes only by that generation's checkpoints (or by
+//! a restore, which the guard reports as `main-replaced`/`main-overwritten`). A newer generation
+//! — a connection that opened after the loss, in any process, guarded or stock — must first
+//! create `<db>-wal` or `<db>-shm` (or `-journal`, or move a file in under the database's name)
+//! before it can write the main file. So the image is the generation's own when the directory
+//! watch, drained after the image's last byte was read, counts no creation of those names since
+//! this connection pinned its `-shm` and missed no event meanwhile. Anything else — a creation,
+//! a blinded or moved watch, no watch at all (a network filesystem, no inotify) — leaves the
+//! base unknown, and recovery then only adds (docs/merge-rules.md). The verdict never rests on
+//! timing: a creation a microsecond before the drain is counted, one after it came after the
+//! image was read.
+
+use super::DbState;
+use crate::capture::{BaseEntry, BaseVerdict};
+use crate::status::RetireReason;
+use crate::vfs::watch::Creations;
+
+impl DbState {
+    /// The creation counts of this database's names now (the watch's queue drained first).
+    pub(super) fn creations_now(&self) -> Option<Creations> {
+        let name = self.db_path.file_name()?;
+        self.watch.as_ref()?.creations(name)
+    }
+
+    /// The verdict on an image just read, from the counts taken at the `-shm`'s pin.
+    pub(super) fn judge_base(
+        &self,
+        at_pin: Option<Creations>,
+        reason: Option<RetireReason>,
+    ) -> BaseEntry {
+        if matches!(
+            reason,
+            Some(RetireReason::MainReplaced | RetireReason::MainOverwritten)
+        ) {
+            return BaseEntry::new(
+                BaseVerdict::NotOwn,
+                "the main file was replaced or overwritten under the generation: the image is \
+                 the file found then, not the one its WAL was written on",
+            );
+        }
+        if self.watch.is_none() {
+            return BaseEntry::new(
+                BaseVerdict::Unknown,
+                "no directory watch on this database's directory (a filesystem whose changes \
+                 may come from elsewhere, or no inotify): nothing shows whether a newer \
+                 generation checkpointed into the image before it was read",
+            );
+        }
+        let Some(at_pin) = at_pin else {
+            return BaseEntry::new(
+                BaseVerdict::Unknown,
+                "the connection's -shm was pinned while the directory watch could not vouch: \
+                 nothing shows whether a newer generation checkpointed into the image",
+            );
+        };
+        match self.creations_now() {
+            None => BaseEntry::new(
+                BaseVerdict::Unknown,
+                "the directory watch can no longer vouch for the database's directory (moved, \
+                 deleted or unwatched since): a newer generation may have checkpointed into \
+                 the image",
+            ),
+            Some(now) if now.blind != at_pin.blind => BaseEntry::new(
+                BaseVerdict::Unknown,
+                "the directory watch may have missed events since the -shm was pinned (a queue \
+                 overflow or a change of the mount table): a newer generation may have \
+                 checkpointed into the image",
+            ),
+            Some(now) if now.created != at_pin.created => BaseEntry::new(
+                BaseVerdict::Unknown,
+                format!(
+                    "the database's name, -wal, -shm or -journal was created in its directory \
+                     {} time(s) after this connection pinned its files: a newer generation may \
+                     have checkpointed into the image before it was read",
+                    now.created - at_pin.created
+                ),
+            ),
+            Some(_) => BaseEntry::new(
+                BaseVerdict::Own,
+                "the directory watch, drained after the image was read, saw nothing create the \
+                 database's name, -wal, -shm or -journal since this connection pinned its files: \
+                 no newer generation wrote the main file, and the image is the one the WAL was \
+                 written on (with that generation's own checkpoints)",
+            ),
+        }
+    }
+}
