@@ -10,8 +10,11 @@
 //!   guarded opener saw first undone). The window is a real time span, which one step of the
 //!   explorer does not have: the switch takes a function the gate calls there (the explorer's
 //!   yield point).
+//! - [`set_capture_base_ignored`]: recovery before issue 43 — a capture's delta is replayed
+//!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
+//!   rows checkpointed into the captured image read as deleted by the captured generation.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// The window function, as a `usize` (0: the switch is off).
 static STALE_WAL_JUDGED_BEFORE_EXCLUSIVE: AtomicUsize = AtomicUsize::new(0);
@@ -28,4 +31,18 @@ pub(crate) fn stale_wal_judged_before_exclusive() -> Option<fn()> {
     let f = STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.load(Ordering::Acquire);
     // SAFETY: a non-zero value was stored from a `fn()` by the setter above.
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, fn()>(f) })
+}
+
+/// Issue 43's switch: recovery ignores the capture's `base` (`true`) or honours it (`false`).
+static CAPTURE_BASE_IGNORED: AtomicBool = AtomicBool::new(false);
+
+/// Switches recovery to its rules before issue 43 (`true`: a capture's delta is replayed whatever
+/// its base) or back to today's, for the whole process.
+pub fn set_capture_base_ignored(ignored: bool) {
+    CAPTURE_BASE_IGNORED.store(ignored, Ordering::Release);
+}
+
+/// Whether the switch is on.
+pub(crate) fn capture_base_ignored() -> bool {
+    CAPTURE_BASE_IGNORED.load(Ordering::Acquire)
 }

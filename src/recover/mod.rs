@@ -355,6 +355,20 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         );
     }
+    #[cfg(feature = "explore-faults")]
+    let base_ignored = crate::explore_faults::capture_base_ignored();
+    #[cfg(not(feature = "explore-faults"))]
+    let base_ignored = false;
+    if m.base_verdict() != crate::capture::BaseVerdict::Own && !base_ignored {
+        return (
+            MergeRule::AddOnly,
+            "the capture cannot show that its main image is the file its WAL generation was \
+             written on (see its base): a newer generation may have checkpointed into that file \
+             before the capture read it, so a row of the image that the WAL changed or removed \
+             may be the newer generation's; only rows the live database lacks are added"
+                .into(),
+        );
+    }
     if matches!(
         capture.heal(),
         crate::capture::HealState::Undetermined { .. }

@@ -24,6 +24,9 @@ pub struct MergeOptions {
     pub conflicts: ConflictPolicy,
     /// How long to wait for the live database's write lock.
     pub busy_timeout: Duration,
+    /// Issue 43: list every undecided row with its values ([`TableReport::undecided_rows`]),
+    /// not only the first few keys.
+    pub list_undecided: bool,
 }
 
 impl Default for MergeOptions {
@@ -31,6 +34,7 @@ impl Default for MergeOptions {
         MergeOptions {
             conflicts: ConflictPolicy::KeepLive,
             busy_timeout: Duration::from_secs(5),
+            list_undecided: false,
         }
     }
 }
@@ -53,6 +57,13 @@ pub enum MergeRule {
     /// or the live file is another file): every row of the captured generation is compared
     /// with the live row of the same rowid or key; nothing is deleted.
     Whole,
+    /// Issue 43: the capture cannot show that its main image is the file its WAL generation was
+    /// written on (a newer generation may have checkpointed into it), so its delta cannot tell
+    /// what that generation changed or deleted. Only the rows it added or changed that the live
+    /// database lacks are added (under a fresh rowid when theirs is taken); nothing is deleted
+    /// or overwritten, and what a proven base would have changed or deleted is listed as
+    /// undecided.
+    AddOnly,
 }
 
 impl MergeRule {
@@ -71,6 +82,11 @@ impl MergeRule {
             MergeRule::Whole => {
                 "every row of the captured generation, compared with the live row of the same \
                  rowid or key (the live file does not descend from the captured image)"
+            }
+            MergeRule::AddOnly => {
+                "only rows the captured generation wrote that the live database lacks are added; \
+                 nothing is deleted or overwritten (the capture cannot show that its image is \
+                 the file its WAL was written on)"
             }
         }
     }
@@ -140,6 +156,14 @@ pub struct TableReport {
     pub rejected: u64,
     /// The first few conflicting keys, for the operator.
     pub conflict_keys: Vec<String>,
+    /// Issue 43, [`MergeRule::AddOnly`]: rows the capture's delta says the captured generation
+    /// changed or deleted, whose live row is kept as it is because the capture cannot show
+    /// that its image was that generation's base.
+    pub undecided: u64,
+    /// The first few undecided keys.
+    pub undecided_keys: Vec<String>,
+    /// Every undecided row side by side, when [`MergeOptions::list_undecided`].
+    pub undecided_rows: Vec<UndecidedRow>,
     /// Parts of the table the capture could not read.
     pub unreadable: Vec<Unreadable>,
 }
@@ -152,6 +176,22 @@ impl TableReport {
             ..TableReport::default()
         }
     }
+}
+
+/// A row the add-only rule left as it is (issue 43), side by side: the image's row, the
+/// captured generation's, and the live one. Values as SQL literals.
+#[derive(Debug, Clone, Serialize)]
+pub struct UndecidedRow {
+    /// `rowid 21`, or the declared key's values.
+    pub key: String,
+    /// The row in the capture's image (its `pre`), the column names in [`UndecidedRow::columns`].
+    pub image: Vec<String>,
+    /// The row after the captured generation's commits; `None`: it deleted the row.
+    pub captured: Option<Vec<String>>,
+    /// The live row now; `None`: the live database has no row of that identity.
+    pub live: Option<Vec<String>>,
+    /// The columns.
+    pub columns: Vec<String>,
 }
 
 /// A table that is not merged, and why.
@@ -255,6 +295,11 @@ impl MergeReport {
             .iter()
             .map(|t| t.inserted + t.updated + t.removed + t.replaced)
             .sum()
+    }
+
+    /// Rows the add-only rule kept as they are live (issue 43; see [`TableReport::undecided`]).
+    pub fn undecided(&self) -> u64 {
+        self.tables.iter().map(|t| t.undecided).sum()
     }
 
     /// Conflicting rows (whether or not they were resolved with the captured row).

@@ -59,6 +59,8 @@ pub fn row_of(
     row["trigger"] = serde_json::to_value(m.trigger).unwrap_or_default();
     row["commits"] = m.wal.commits.into();
     row["main_torn"] = m.main_torn.into();
+    row["base"] = m.base_verdict().word().into();
+    row["base_evidence"] = m.base_evidence().into();
     let database = given_db.cloned().unwrap_or_else(|| m.database_path());
     put_path(&mut row, "database", &database);
     let healed = entry.heal.as_ref().is_some_and(|h| h.is_healed());
@@ -288,6 +290,7 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
                 ""
             }
         );
+        println!("    base {}: {}", s("base"), s("base_evidence"));
         println!("    {}", s("status"));
         if let Some(same) = row["same_generation_as"].as_array() {
             let names: Vec<&str> = same.iter().filter_map(|v| v.as_str()).collect();

@@ -82,6 +82,10 @@ pub struct RecoverArgs {
     /// How long to wait for the live database's write lock: `30s`, `2m`, `500ms`, or seconds.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     busy_timeout: Duration,
+    /// List, side by side, every row the add-only rule leaves undecided: the capture's image
+    /// row, the captured generation's row (or "deleted") and the live row.
+    #[arg(long)]
+    undecided: bool,
 }
 
 /// `30s`, `2m`, `500ms`, `1h 30m` (humantime), or a bare number of seconds.
@@ -157,6 +161,7 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
             ConflictPolicy::KeepLive
         },
         busy_timeout: args.busy_timeout,
+        list_undecided: args.undecided,
     };
     if args.rebuild {
         return rebuild(&args, &capture, &wal, &options);
@@ -190,6 +195,9 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         report::print_report(&capture, &wal, &report);
+        if args.undecided {
+            report::print_undecided(&report);
+        }
     }
     ExitCode::from(code)
 }

@@ -79,6 +79,12 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         super::label(&report.rule),
         report.rule_reason
     );
+    println!(
+        "base     {}: {}",
+        m.base_verdict().word(),
+        m.base_evidence()
+    );
+    println!("case     {}", case_words(report));
     if let Some(healed) = &report.healed_at_close {
         println!("healed   {healed}");
         println!(
@@ -156,6 +162,23 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         for k in &t.conflict_keys {
             println!("    conflict: key {k} differs (live kept unless --take-capture)");
         }
+        if t.undecided > 0 {
+            println!(
+                "    {} row(s) undecided: the capture says its generation changed or deleted \
+                 them, but cannot show its image was that generation's own; kept live as they \
+                 are ({}{}); see them side by side: hermes-guard recover {} --into {} \
+                 --undecided",
+                t.undecided,
+                t.undecided_keys.join(", "),
+                if t.undecided > t.undecided_keys.len() as u64 {
+                    ", ..."
+                } else {
+                    ""
+                },
+                shell_word(&report.capture),
+                shell_word(&report.database)
+            );
+        }
         if t.to_update + t.to_delete > 0 {
             println!(
                 "    {} row(s) to update and {} to delete as the captured generation did",
@@ -226,5 +249,66 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
                 String::new()
             }
         );
+    }
+}
+
+/// The plan's case in plain words (issue 43): whether live rows may be changed or deleted.
+fn case_words(report: &MergeReport) -> &'static str {
+    use hermes_guard::recover::MergeRule;
+    match report.rule {
+        MergeRule::Delta | MergeRule::DeltaSharedWal => {
+            "the capture shows its image is the file its WAL generation was written on: a live \
+             row still as that image had it is updated or deleted as the captured generation \
+             did; everything else is only added"
+        }
+        MergeRule::AddOnly => {
+            "the capture cannot show its image is the file its WAL generation was written on: \
+             only rows missing from the live database are added; no live row is deleted or \
+             overwritten"
+        }
+        MergeRule::Whole => {
+            "the live file does not descend from the capture's image: only rows missing from \
+             the live database are added; no live row is deleted or overwritten"
+        }
+    }
+}
+
+/// `path` as one word for a shell command line (quoted when it needs to be).
+fn shell_word(path: &std::path::Path) -> String {
+    let text = path.display().to_string();
+    if text
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@%".contains(&b))
+    {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// `recover --undecided`: every undecided row, the image's, the captured and the live side by
+/// side.
+pub(crate) fn print_undecided(report: &MergeReport) {
+    let rows = |r: &Option<Vec<String>>, none: &str| {
+        r.as_ref()
+            .map_or_else(|| none.to_owned(), |v| format!("({})", v.join(", ")))
+    };
+    for t in report
+        .tables
+        .iter()
+        .filter(|t| !t.undecided_rows.is_empty())
+    {
+        println!();
+        let columns = t.undecided_rows[0].columns.join(", ");
+        println!("undecided rows of {} ({columns}):", t.table);
+        for u in &t.undecided_rows {
+            println!("  {}", u.key);
+            println!("    image     ({})", u.image.join(", "));
+            println!(
+                "    captured  {}",
+                rows(&u.captured, "deleted by the captured generation")
+            );
+            println!("    live      {}", rows(&u.live, "none"));
+        }
     }
 }

@@ -104,6 +104,8 @@ pub fn verify(args: VerifyArgs) -> ExitCode {
             doc["healed"] = heal.is_healed().into();
             doc["heal"] = heal.describe().into();
         }
+        doc["base"] = check.manifest.base_verdict().word().into();
+        doc["base_evidence"] = check.manifest.base_evidence().into();
         doc["ok"] = ok.into();
         doc["message"] = message.into();
         doc["integrity"] = integrity.into();
@@ -140,6 +142,11 @@ fn print_details(check: &CaptureCheck) {
         check.wal.file, check.wal.bytes, check.wal.sha256
     );
     println!("    {}: {}", check.wal.file, check.wal_check.describe());
+    println!(
+        "    base: {}: {}",
+        m.base_verdict().word(),
+        m.base_evidence()
+    );
     println!(
         "    manifest: {} frame(s), {} commit(s){}",
         m.wal.frames,

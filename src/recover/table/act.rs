@@ -91,6 +91,9 @@ impl TableMerge<'_> {
             return Ok(());
         }
         let orphan = self.translate(m, remaps, &mut values)?;
+        if self.add_only {
+            return self.changed_add_only(m, remaps, values, before, rowid, orphan);
+        }
         match self.live_row(m, &values, rowid)? {
             Some(live) if same_row(&live, &values) => self.report.already_live += 1,
             Some(live) if self.as_in_image(&live, &before) => {
@@ -136,6 +139,10 @@ impl TableMerge<'_> {
         let Some(live) = self.live_row(m, &row.values, rowid)? else {
             return Ok(()); // gone from the live database too
         };
+        if self.add_only {
+            self.undecided(m, &row.values, None, Some(&live), rowid);
+            return Ok(());
+        }
         let referenced = self.still_referenced(m, &row.values, rowid)?;
         if self.as_in_image(&live, &row.values) && !referenced {
             self.report.to_delete += 1;
@@ -158,7 +165,7 @@ impl TableMerge<'_> {
     /// was taken), changed or deleted by the commits after that merge: `rowid` and the alias
     /// column of `rows` become the rowid it was given. `false`: the live schema refused it then,
     /// so it is not live (counted as rejected).
-    fn follow_own_move(
+    pub(super) fn follow_own_move(
         &mut self,
         m: &Merge<'_>,
         remaps: &Remaps,
@@ -221,7 +228,7 @@ impl TableMerge<'_> {
     }
 
     /// The live row of the same identity, as the merged columns.
-    fn live_row(
+    pub(super) fn live_row(
         &self,
         m: &Merge<'_>,
         values: &[Val],
@@ -276,7 +283,7 @@ impl TableMerge<'_> {
     }
 
     /// Inserts `values` under the captured rowid, or a fresh one when it is taken.
-    fn insert(
+    pub(super) fn insert(
         &mut self,
         m: &Merge<'_>,
         remaps: &mut Remaps,

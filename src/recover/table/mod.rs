@@ -2,6 +2,7 @@
 //! of the same identity and written (when applied) through prepared statements.
 
 mod act;
+mod add_only;
 mod bulk;
 mod remaps;
 
@@ -51,6 +52,9 @@ pub(crate) struct TableMerge<'t> {
     referrers: Vec<Referrer>,
     /// An added row under its own rowid with the same content is taken as already live.
     compare_added: bool,
+    /// [`MergeRule::AddOnly`] (issue 43): changes and deletions are never applied
+    /// (`add_only.rs`).
+    add_only: bool,
     /// `INSERT` of the merged columns (and the rowid, for a rowid table whose rowid is not a
     /// column).
     insert_sql: String,
@@ -140,6 +144,7 @@ impl<'t> TableMerge<'t> {
             live,
             captured,
             compare_added: rule != MergeRule::Delta,
+            add_only: rule == MergeRule::AddOnly,
             image,
             whole_base: None,
             live_absent,
@@ -407,7 +412,8 @@ impl<'t> TableMerge<'t> {
     }
 
     fn take_capture(&self, m: &Merge<'_>) -> bool {
-        m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
+        // Issue 43: under the add-only rule nothing live is overwritten, whatever was asked.
+        !self.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
     }
 
     /// Follows the parents' moved rows; `true` when a parent row was refused.
