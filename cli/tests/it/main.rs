@@ -89,6 +89,7 @@ mod recover_delta;
 mod recover_exit_codes;
 mod recover_ledger;
 mod recover_library;
+mod recover_newer_generation;
 mod recover_scenarios;
 mod recover_store_heal;
 mod register_default;
