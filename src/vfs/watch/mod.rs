@@ -250,31 +250,13 @@ impl DirWatch {
     /// (the caller then does a full check).
     #[inline]
     pub(crate) fn current(&self) -> Option<u64> {
-        let mut state = STATE.lock();
-        forget_inherited(&mut state);
-        let State::Ready(watcher) = &mut *state else {
-            return None;
-        };
-        if watcher.epoch != self.epoch {
-            // Made by the parent's watcher (this process is a forked child): never vouches here.
-            return None;
-        }
-        watcher.drain();
-        self.sum()
+        self.after_drain(DirWatch::sum)
     }
 
-    /// Issue 43: counts the creations of the database `name`'s names in the watched directory
-    /// from now on (`names.rs`).
-    pub(crate) fn track(&self, name: &std::ffi::OsStr) {
-        if let Some(dir) = self.entries.first() {
-            dir.names.track(name);
-        }
-    }
-
-    /// The creation counts of the tracked database `name`, the queue drained first; `None` when
-    /// this watch can no longer vouch (its directory moved, deleted or unwatched, a forked
-    /// child, no watcher) or `name` is not tracked.
-    pub(crate) fn creations(&self, name: &std::ffi::OsStr) -> Option<Creations> {
+    /// `then` of this watch once its watcher drained every queued event; `None` without a
+    /// watcher, or in a forked child (made by the parent's watcher: never vouches here).
+    #[inline]
+    pub(super) fn after_drain<R>(&self, then: impl FnOnce(&DirWatch) -> Option<R>) -> Option<R> {
         let mut state = STATE.lock();
         forget_inherited(&mut state);
         let State::Ready(watcher) = &mut *state else {
@@ -284,11 +266,7 @@ impl DirWatch {
             return None;
         }
         watcher.drain();
-        let dir = self.entries.first()?;
-        if !dir.current.load(Ordering::Acquire) {
-            return None;
-        }
-        dir.names.of(name)
+        then(self)
     }
 }
 

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::DirWatch;
+
 /// The suffixes SQLite adds to a database's name for its side files.
 const SIDE_SUFFIXES: [&[u8]; 3] = [b"-wal", b"-shm", b"-journal"];
 
@@ -74,6 +76,29 @@ impl Names {
         Some(Creations {
             created,
             blind: self.blind.load(Ordering::Acquire),
+        })
+    }
+}
+
+impl DirWatch {
+    /// Issue 43: counts the creations of the database `name`'s names in the watched directory
+    /// from now on (`names.rs`).
+    pub(crate) fn track(&self, name: &OsStr) {
+        if let Some(dir) = self.entries.first() {
+            dir.names.track(name);
+        }
+    }
+
+    /// The creation counts of the tracked database `name`, the queue drained first; `None` when
+    /// this watch can no longer vouch (its directory moved, deleted or unwatched, a forked
+    /// child, no watcher) or `name` is not tracked.
+    pub(crate) fn creations(&self, name: &OsStr) -> Option<Creations> {
+        self.after_drain(|w| {
+            let dir = w.entries.first()?;
+            if !dir.current.load(Ordering::Acquire) {
+                return None;
+            }
+            dir.names.of(name)
         })
     }
 }
