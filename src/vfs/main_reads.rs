@@ -174,28 +174,15 @@ impl MainReads {
     }
 }
 
-/// `szPage` of a header (1 means 65536).
+/// `szPage` of a header.
 fn page_size(header: &Header) -> u32 {
     let b = header[3].to_ne_bytes();
-    match u16::from_ne_bytes([b[2], b[3]]) {
-        1 => 65536,
-        n => u32::from(n),
-    }
+    crate::walfile::page_size_field(u16::from_ne_bytes([b[2], b[3]]))
 }
 
-/// The page size the database header at the start of `page1` gives (offset 16, big-endian; 1
-/// means 65536), 0 when it is not one.
+/// The page size the database header at the start of `page1` gives, 0 when it is not one.
 fn main_header_page_size(page1: &[u8]) -> u32 {
-    let n = match page1.get(16..18) {
-        Some(&[1, 0]) => 65536,
-        Some(&[a, b]) => u32::from(u16::from_be_bytes([a, b])),
-        _ => 0,
-    };
-    if n.is_power_of_two() && (512..=65536).contains(&n) {
-        n
-    } else {
-        0
-    }
+    crate::walfile::main_header_page_size(page1).unwrap_or(0)
 }
 
 /// # Safety

@@ -453,19 +453,15 @@ fn page_size_of(p: *const u8) -> Option<u32> {
     // cleared before the unmap); offset 12 of the header, aligned.
     let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
     let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
-    (is_init != 0).then_some(if sz == 1 { 65536 } else { u32::from(sz) })
+    (is_init != 0).then_some(crate::walfile::page_size_field(sz))
 }
 
 /// The page size the main file's header gives (offset 16, big-endian; 1 means 65536), when it
 /// is a power of two from 512 to 65536.
 fn main_page_size(main: &dyn ImageSource) -> Option<u32> {
-    let mut b = [0u8; 2];
-    main.read_at(&mut b, 16).ok()?;
-    let n = match u16::from_be_bytes(b) {
-        1 => 65536,
-        n => u32::from(n),
-    };
-    (n.is_power_of_two() && (512..=65536).contains(&n)).then_some(n)
+    let mut b = [0u8; 18];
+    main.read_at(&mut b[16..], 16).ok()?;
+    crate::walfile::main_header_page_size(&b)
 }
 
 /// # Safety

@@ -40,12 +40,7 @@ pub struct MainHeader {
 /// Needs at least 100 bytes; short or invalid input yields `valid: false`
 /// with best-effort fields. Never panics.
 pub fn parse_main_header(bytes: &[u8]) -> MainHeader {
-    let raw_page_size = be_u16_at(bytes, 16);
-    let page_size = if raw_page_size == 1 {
-        MAX_PAGE_SIZE
-    } else {
-        u32::from(raw_page_size)
-    };
+    let page_size = page_size_field(be_u16_at(bytes, 16));
     let write_version = bytes.get(18).copied().unwrap_or(0);
     let read_version = bytes.get(19).copied().unwrap_or(0);
     let valid = bytes.len() >= MAIN_HEADER_SIZE
@@ -59,5 +54,41 @@ pub fn parse_main_header(bytes: &[u8]) -> MainHeader {
         page_count: be_u32_at(bytes, 28),
         change_counter: be_u32_at(bytes, 24),
         wal_mode: write_version == 2 && read_version == 2,
+    }
+}
+
+/// A 16-bit page-size field as SQLite writes it, in the database header (offset 16, big-endian)
+/// and in the wal-index header (`szPage`): 1 means 65536, any other value is the size. The one
+/// decoder of that field (issue 44: a second one read `00 01` as no page size at all).
+pub(crate) fn page_size_field(raw: u16) -> u32 {
+    if raw == 1 {
+        MAX_PAGE_SIZE
+    } else {
+        u32::from(raw)
+    }
+}
+
+/// The page size the database header at the start of `page1` gives, when it is a legal one (a
+/// power of two from 512 to 65536).
+pub(crate) fn main_header_page_size(page1: &[u8]) -> Option<u32> {
+    let raw = page1.get(16..18)?;
+    let n = page_size_field(u16::from_be_bytes([raw[0], raw[1]]));
+    super::page_size_ok(n).then_some(n)
+}
+
+#[cfg(test)]
+mod page_size_tests {
+    use super::*;
+
+    #[test]
+    fn every_legal_page_size_decodes_from_the_header_field_65536_included() {
+        for n in (9..=16).map(|k| 1u32 << k) {
+            let raw = if n == 65536 { 1u16 } else { n as u16 };
+            let mut page1 = vec![0u8; 100];
+            page1[16..18].copy_from_slice(&raw.to_be_bytes());
+            assert_eq!(main_header_page_size(&page1), Some(n), "{n}");
+        }
+        assert_eq!(main_header_page_size(&[0u8; 100]), None);
+        assert_eq!(main_header_page_size(&[0u8; 17]), None);
     }
 }

@@ -35,6 +35,7 @@ mod tests;
 
 #[cfg(test)]
 pub use encode::encode_test_wal;
+pub(crate) use main_header::{main_header_page_size, page_size_field};
 pub use main_header::{parse_main_header, MainHeader};
 
 /// Size in bytes of the WAL file header.

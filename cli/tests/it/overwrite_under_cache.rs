@@ -49,8 +49,31 @@ fn copy_in_place_then_write(
 
 #[test]
 fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_a_frame() {
+    copy_in_place_under_a_cache_is_refused(None);
+}
+
+/// Issue 44: the same at 64 KiB pages, whose header field reads `00 01` (a second decoder took
+/// it for no page size, kept no page, and let the copy be written over).
+#[test]
+fn a_copy_in_place_under_a_cache_of_64_kib_pages_is_refused_before_a_frame() {
+    copy_in_place_under_a_cache_is_refused(Some(65536));
+}
+
+/// `page_size`: the database is made with that page size before the application opens it.
+fn copy_in_place_under_a_cache_is_refused(page_size: Option<u32>) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    if let Some(size) = page_size {
+        let made = Connection::open(&db).unwrap();
+        made.execute_batch(&format!(
+            "PRAGMA page_size={size}; PRAGMA journal_mode=WAL; VACUUM"
+        ))
+        .unwrap();
+        let got: u32 = made
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(got, size);
+    }
     let (mut gw, _) = Gateway::start(&db, "guard");
     // `ack 0..8`, the backup, `ack 8..16`.
     let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, &db);
