@@ -147,11 +147,17 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
 
     let stem = capture_dir_stem(name);
     let file_name = capture_file_name(name);
-    if let Some((existing, wal)) = find_identical_capture(input, dir_fd, &stem) {
+    if let Some((existing, wal, pid)) = find_identical_capture(input, dir_fd, &stem) {
         let existing = dir_path.join(existing);
+        // Issue 44: a second connection of this process is not "another process".
+        let by = if pid == std::process::id() {
+            format!("by another connection of this process, pid {pid}")
+        } else {
+            format!("by another process, pid {pid}")
+        };
         log::warn!(
             "hermes-guard: the retired generation of {} is already captured, byte for byte, in {} \
-             (by another process); not writing it again",
+             ({by}); not writing it again",
             database.display(),
             existing.display()
         );
@@ -230,13 +236,14 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
 
 /// A complete capture in `dir` of exactly the WAL `input` would capture: the same main and WAL
 /// inodes, the same size and the same sha256. Another process that retired the same generation
-/// (the WAL inode is shared) has captured it already. The WAL is hashed only when a candidate's
+/// (the WAL inode is shared), or another connection of this one, has captured it already: the
+/// pid its manifest names is returned with it. The WAL is hashed only when a candidate's
 /// inodes and size match; anything unreadable is no match.
 fn find_identical_capture(
     input: &CaptureInput<'_>,
     dir: BorrowedFd<'_>,
     stem: &str,
-) -> Option<(String, CapturedWal)> {
+) -> Option<(String, CapturedWal, u32)> {
     let prefix = format!("{stem}{ARTIFACT_MARKER}");
     let size = input.wal.size().ok()?;
     let mut our_sha256: Option<String> = None;
@@ -266,7 +273,7 @@ fn find_identical_capture(
                 bytes: captured.wal.bytes,
                 sha256: captured.wal.sha256,
             };
-            return Some((name.to_owned(), wal));
+            return Some((name.to_owned(), wal, captured.pid));
         }
     }
     None
