@@ -49,7 +49,7 @@ pub(crate) struct Generation {
     pub wal_sha256: String,
 }
 
-/// The identity of the WAL generation `wal` holds ([`crate::walfile::generation_id`]): what
+/// The identity of the WAL generation `wal` holds (computed by the WAL reader, `walfile::generation_id`): what
 /// every capture of it shares, damaged or not, whichever main image it holds. `None` for a WAL
 /// SQLite reads no frame of.
 pub fn generation_id(wal: &super::WalCheck) -> Option<String> {
