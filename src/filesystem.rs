@@ -124,7 +124,6 @@ const NETWORK_FUSE: &[&str] = &[
     "blobfuse2",
     "mountpoint-s3",
     "cvmfs",
-    "lxcfs",
     "vmhgfs-fuse",
 ];
 
@@ -145,7 +144,7 @@ pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
     }
     let st = rustix::fs::statfs(dir).ok()?;
     #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
-    let magic = st.f_type as i64;
+    let magic = test_magic().unwrap_or(st.f_type as i64);
     let fs = classify(magic, || fuse_type(dev));
     KNOWN
         .lock()
@@ -156,6 +155,14 @@ pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
 
 /// Mounts already said at WARN.
 static WARNED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
+/// The mount table changed (issue 44): a device number may now be another mount (an unmount
+/// and a new mount can reuse an anonymous one, tmpfs then NFS): every filesystem is asked
+/// afresh, and said again at WARN. Called by the directory watch, which polls the mount table.
+pub(crate) fn forget_mounts() {
+    *KNOWN.lock() = None;
+    WARNED.lock().clear();
+}
 
 /// The filesystem of the database whose directory `dir` is on device `dev`, as a connection
 /// opens it: said once per mount at WARN when WAL mode is not safe there (unless
@@ -179,6 +186,19 @@ pub(crate) fn at_open(db: &Path, dir: &Path, dev: u64) -> Option<Filesystem> {
         }
     }
     Some(fs)
+}
+
+/// The crate's own tests (`test-hooks`): `HERMES_GUARD_TEST_FS_MAGIC` (hex) stands for the
+/// filesystem's magic number, to run the refusal on a network filesystem this machine cannot
+/// mount. Never read in a normal build.
+fn test_magic() -> Option<i64> {
+    #[cfg(feature = "test-hooks")]
+    {
+        let v = std::env::var("HERMES_GUARD_TEST_FS_MAGIC").ok()?;
+        i64::from_str_radix(v.trim_start_matches("0x"), 16).ok()
+    }
+    #[cfg(not(feature = "test-hooks"))]
+    None
 }
 
 /// The filesystem of magic number `magic`; `fuse_type` gives a FUSE mount's type.
@@ -265,6 +285,8 @@ mod tests {
             "inotify does not see a FUSE mount's other writers"
         );
         assert!(classify(FUSE_MAGIC, || Some("fuse.lazyfs".into())).wal_safe);
+        // lxcfs serves this host's own /proc and cgroup views: no other host writes there.
+        assert!(classify(FUSE_MAGIC, || Some("fuse.lxcfs".into())).wal_safe);
         assert!(
             classify(FUSE_MAGIC, || None).wal_safe,
             "an unknown FUSE mount"

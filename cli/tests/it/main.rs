@@ -109,6 +109,7 @@ mod store_loss;
 mod store_processes;
 mod store_threads;
 mod torn_main;
+mod unsafe_fs_refuse;
 mod unwritable_dir;
 mod verify_from_bytes;
 mod wal_left_for_opener;

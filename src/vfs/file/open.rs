@@ -278,15 +278,29 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
         return ffi::SQLITE_OK;
     };
     if let Some(fs) = state.wal_refused_on() {
-        log::error!(
-            "hermes-guard: refusing to open the WAL of {}: it is on {}, where SQLite's WAL mode \
-             is not safe; {}=refuse is set. Open it from a local filesystem, or switch it out of \
-             WAL mode where it is safe",
+        // Issue 44: under `PRAGMA locking_mode=EXCLUSIVE` SQLite holds the main file EXCLUSIVE
+        // before it opens the WAL and keeps its index in heap memory: one connection of one
+        // process, no shared memory, safe on any filesystem. That is how such a database is
+        // read, and taken out of WAL mode, where WAL is refused.
+        if !state.main_locked_above_shared() {
+            log::error!(
+                "hermes-guard: refusing to open the WAL of {}: it is on {}, where SQLite's WAL \
+                 mode is not safe; {}=refuse is set. To read it here, or take it out of WAL mode, \
+                 open it alone with `PRAGMA locking_mode=EXCLUSIVE` first (no shared memory: safe \
+                 there), then `PRAGMA journal_mode=DELETE`; or open it from a local filesystem",
+                state.db_path().display(),
+                fs.name,
+                crate::filesystem::UNSAFE_FS_ENV
+            );
+            return ffi::SQLITE_CANTOPEN;
+        }
+        log::info!(
+            "hermes-guard: the WAL of {} on {} is opened under locking_mode=EXCLUSIVE (heap \
+             memory, one connection): allowed where {}=refuse refuses shared WAL mode",
             state.db_path().display(),
             fs.name,
             crate::filesystem::UNSAFE_FS_ENV
         );
-        return ffi::SQLITE_CANTOPEN;
     }
     // SAFETY: a main file of ours (it has a state), open.
     let sub = unsafe { table(main) }.sub_object(main);

@@ -77,6 +77,12 @@ impl DbState {
         self.inner.lock().wal_gate = None;
     }
 
+    /// The main file is locked above SHARED by this connection (issue 44: how a WAL opened under
+    /// `locking_mode=EXCLUSIVE` is told).
+    pub(crate) fn main_locked_above_shared(&self) -> bool {
+        self.main_above_shared.load(Ordering::Acquire)
+    }
+
     /// The main file's lock level changed: above SHARED (`true`) or not. The WAL's gate follows
     /// (see [`WalGate`]); nothing to do while the level stays on the same side of SHARED, nor
     /// without a WAL (rollback mode's every write transaction moves it).

@@ -548,6 +548,7 @@ impl Watcher {
         log::debug!("hermes-guard: the mount table changed; full checks at the next transactions");
         bump_all(&self.by_wd);
         self.by_dir.clear();
+        crate::filesystem::forget_mounts();
     }
 
     fn read_events(&mut self) {
