@@ -20,7 +20,12 @@
 //! process holds no lock to lose. A probe that finds it locked is kept, one per `-shm` inode,
 //! reused by the next test of that file (SQLite's own unix VFS keeps descriptors it cannot close
 //! for the same reason), and closed once a later test, or the process's exit, finds the byte
-//! unlocked by everyone. Kept probes are rare — a WAL in doubt whose `-shm` a live connection
+//! unlocked by everyone. Between the test and the close, another thread of this process could
+//! open the `-shm` through the unix VFS and take its lock (issue 44): the test, the close and
+//! that open are kept apart by the unix VFS's own mutex (`unixBigLock`,
+//! `SQLITE_MUTEX_STATIC_VFS1`), which `unixOpenSharedMemory` holds from its open of the file to
+//! its lock of the dead-man-switch byte, and which the probe holds from its open to its close.
+//! Kept probes are rare — a WAL in doubt whose `-shm` a live connection
 //! holds — and bounded ([`MAX_PROBES`]); past the bound the answer is "in use", the conservative
 //! one.
 
@@ -191,6 +196,8 @@ pub(crate) fn shm_use(shm_path: &Path) -> ShmUse {
     if shm_mapped_here(id) {
         return ShmUse::Here;
     }
+    // Outside PROBES' lock, always in this order (see the module's docs).
+    let _unix = UnixVfsMutex::enter();
     let mut probes = PROBES.lock();
     let probes = probes.get_or_insert_with(HashMap::new);
     release_idle(probes);
@@ -248,10 +255,48 @@ fn release_idle(probes: &mut HashMap<FileId, OwnedFd>) {
 /// left open on a filesystem keeps it from being unmounted, and a FUSE filesystem served by this
 /// process could not answer its close any later).
 pub(crate) fn release_idle_probes() {
+    // At exit another thread may be inside the unix VFS: then the probes stay open.
+    let Some(_unix) = UnixVfsMutex::try_enter() else {
+        return;
+    };
     if let Some(mut probes) = PROBES.try_lock() {
         if let Some(probes) = probes.as_mut() {
             release_idle(probes);
         }
+    }
+}
+
+/// SQLite's unix VFS mutex (`unixBigLock`), held while alive: no connection of this process
+/// opens a `-shm` (and takes its dead-man-switch lock) meanwhile. Not recursive: never taken
+/// inside a call into the unix VFS (the guard asks before or after each wrapped call).
+struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
+
+impl UnixVfsMutex {
+    fn enter() -> UnixVfsMutex {
+        // SAFETY: a static mutex, allocated by SQLite once and never freed (NULL in a build
+        // without mutexes, which every mutex call accepts).
+        let m =
+            unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) };
+        // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
+        unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
+        UnixVfsMutex(m)
+    }
+
+    /// [`UnixVfsMutex::enter`] if no other thread holds it now.
+    fn try_enter() -> Option<UnixVfsMutex> {
+        // SAFETY: as in `enter`.
+        let m =
+            unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) };
+        // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
+        let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
+        (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))
+    }
+}
+
+impl Drop for UnixVfsMutex {
+    fn drop(&mut self) {
+        // SAFETY: entered by this thread in `enter`.
+        unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
     }
 }
 
@@ -393,5 +438,31 @@ mod tests {
         assert!(wal_open_here(main, wal), "one connection still has it");
         drop(second);
         assert!(!wal_open_here(main, wal));
+    }
+
+    #[test]
+    fn a_probe_waits_for_the_unix_vfs_mutex_a_shm_open_of_this_process_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let shm = dir.path().join("state.db-shm");
+        std::fs::write(&shm, [0u8; 32768]).unwrap();
+        let (order, seen) = std::sync::mpsc::channel::<&str>();
+        let (started, start) = std::sync::mpsc::channel::<()>();
+        let holder = {
+            let order = order.clone();
+            std::thread::spawn(move || {
+                // Stands for unixOpenSharedMemory between its open and its lock.
+                let held = UnixVfsMutex::enter();
+                started.send(()).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                order.send("unix VFS done").unwrap();
+                drop(held);
+            })
+        };
+        start.recv().unwrap();
+        assert_eq!(shm_use(&shm), ShmUse::Unused);
+        order.send("probe done").unwrap();
+        holder.join().unwrap();
+        assert_eq!(seen.recv().unwrap(), "unix VFS done");
+        assert_eq!(seen.recv().unwrap(), "probe done");
     }
 }
