@@ -5,10 +5,12 @@
 //! byte for byte (never through UTF-8), and where a path is written into JSON it goes as a
 //! display string plus, only when the bytes are not UTF-8, the exact bytes in hex.
 //!
-//! `DirHandle` (crate-private) is a read-only descriptor of a database's directory, opened when the database
-//! is opened: captures are written relative to it, so one lands beside the database even after
-//! the whole directory was renamed away. One descriptor per directory is shared by every
-//! connection of the process.
+//! `DirHandle` (crate-private) is a descriptor of a database's directory, held once a capture or
+//! a heal needs it: captures are written relative to it, so one lands beside the database even
+//! after the whole directory was renamed away. One descriptor per directory is shared by every
+//! connection of the process. Read-only when the process may list the directory, else `O_PATH`
+//! (issue 44: a service user's directory it may create in but not list, see
+//! [`open_dir_to_write_in`] and [`sync_dir`]).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -76,9 +78,10 @@ fn unhex(h: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// A read-only descriptor of a directory (`O_DIRECTORY|O_CLOEXEC`), shared by every connection
-/// of the process whose database is in it. Read-only so it can be `fsync`ed; holding it takes
-/// no lock (SQLite's POSIX locks are on the database file).
+/// A descriptor of a directory (`O_DIRECTORY|O_CLOEXEC`), shared by every connection of the
+/// process whose database is in it: read-only, so it can be `fsync`ed, or `O_PATH` when the
+/// process may not read (list) the directory ([`open_dir_to_write_in`]). Holding it takes no lock
+/// (SQLite's POSIX locks are on the database file).
 #[derive(Debug)]
 pub(crate) struct DirHandle {
     fd: OwnedFd,
@@ -97,7 +100,7 @@ impl DirHandle {
     /// Opens `dir`, or joins the descriptor another connection of this process holds on the same
     /// directory (same `(dev, ino)`).
     pub(crate) fn open_shared(dir: &Path) -> io::Result<Arc<DirHandle>> {
-        let fd = open_dir(CWD, dir)?;
+        let fd = open_dir_to_write_in(CWD, dir)?;
         let id = identity_of_fd(&fd)?;
         let mut shared = SHARED.lock();
         let map = shared.get_or_insert_with(HashMap::new);
@@ -171,6 +174,58 @@ pub(crate) fn open_dir<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Opens the directory `path` (relative to `at`) for the `*at` calls a capture or a heal makes in
+/// it (`openat`, `mkdirat`, `renameat`, `unlinkat`, `fstatat`): read-only when the process may
+/// read it, else — `EACCES`: a directory it may search and write but not list, such as a
+/// service user's mode-0773 directory owned by root (issue 44) — `O_PATH`, which needs no
+/// permission on the directory itself. Creating a name needs search and write permission on the
+/// directory, never read: the `*at` calls take an `O_PATH` descriptor. What it cannot do is
+/// list the directory (`getdents`) or be `fsync`ed: see [`sync_dir`].
+pub(crate) fn open_dir_to_write_in<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
+    match open_dir(&at, path) {
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(rustix::fs::openat(
+            at,
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?),
+        other => other,
+    }
+}
+
+/// Whether `dir` was opened `O_PATH` ([`open_dir_to_write_in`]): it can neither be listed nor
+/// `fsync`ed.
+pub(crate) fn is_path_only(dir: BorrowedFd<'_>) -> bool {
+    rustix::fs::fcntl_getfl(dir).is_ok_and(|flags| flags.contains(OFlags::PATH))
+}
+
+/// Makes the names created, renamed or removed in the directory `dir` durable: `fsync(dir)`.
+///
+/// A directory opened `O_PATH` (one this process may write in but not read,
+/// [`open_dir_to_write_in`]) cannot be `fsync`ed (`EBADF`), and no readable descriptor of it can
+/// be had. Its filesystem is synced instead, through `witness`, a readable descriptor of a file
+/// made in (or opened from) that very directory — the capture's staging directory, a heal's
+/// staging file, the pinned WAL: `syncfs` writes back every dirty inode of the filesystem,
+/// the directory's among them, and on a journaling filesystem commits the journal that holds
+/// its entries; since Linux 5.8 it reports a writeback error as `fsync` does. Costlier than one
+/// directory's `fsync` (the whole filesystem's dirty data), and only ever taken on this path. A
+/// witness on another device than the directory is refused: it would sync the wrong filesystem.
+pub(crate) fn sync_dir(dir: BorrowedFd<'_>, witness: BorrowedFd<'_>) -> io::Result<()> {
+    match rustix::fs::fsync(dir) {
+        Err(rustix::io::Errno::BADF) if is_path_only(dir) => {
+            let (d, w) = (rustix::fs::fstat(dir)?, rustix::fs::fstat(witness)?);
+            if d.st_dev != w.st_dev {
+                return Err(io::Error::other(
+                    "the directory cannot be read (so not fsynced) and the file to sync its \
+                     filesystem through is on another device",
+                ));
+            }
+            Ok(rustix::fs::syncfs(witness)?)
+        }
+        other => Ok(other?),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +258,32 @@ mod tests {
         let b = DirHandle::open_shared(&dir.path().join(".")).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!(a.current_path(), dir.path().canonicalize().unwrap());
+    }
+
+    /// Issue 44: a directory held `O_PATH` (one this process may write in but not list) cannot
+    /// be `fsync`ed; it is synced through a readable descriptor of something made in it, never
+    /// through one on another filesystem.
+    #[test]
+    fn a_directory_held_o_path_is_synced_through_its_filesystem() {
+        let dir = tempfile::tempdir().unwrap();
+        let path_only = rustix::fs::openat(
+            CWD,
+            dir.path(),
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        assert!(is_path_only(path_only.as_fd()));
+        assert_eq!(rustix::fs::fsync(&path_only), Err(rustix::io::Errno::BADF));
+        rustix::fs::mkdirat(&path_only, "inside", Mode::from_raw_mode(0o755)).unwrap();
+        let inside = open_dir(&path_only, Path::new("inside")).unwrap();
+        sync_dir(path_only.as_fd(), inside.as_fd()).unwrap();
+        let elsewhere = std::fs::File::open("/proc/self/stat").unwrap();
+        assert!(sync_dir(path_only.as_fd(), elsewhere.as_fd()).is_err());
+        // A readable directory is fsynced itself, whatever the witness.
+        let readable = open_dir(CWD, dir.path()).unwrap();
+        assert!(!is_path_only(readable.as_fd()));
+        sync_dir(readable.as_fd(), elsewhere.as_fd()).unwrap();
     }
 
     #[test]

@@ -15,7 +15,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 use crate::digest::{sha256_stream, ReadAt};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
-use crate::paths::{open_dir, path_display, path_hex, DirHandle};
+use crate::paths::{open_dir, open_dir_to_write_in, path_display, path_hex, sync_dir, DirHandle};
 use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -136,11 +136,14 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
     }
 
     // The directory held since the open, wherever it is now; without one, the parent by path.
+    // Either may be an `O_PATH` descriptor of a directory this process may write in but not list
+    // (issue 44): everything below is relative to it and needs no read permission.
     let opened: OwnedFd;
     let (dir_fd, dir_path) = match input.dir {
         Some(dir) => (dir.fd(), dir.current_path()),
         None => {
-            opened = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+            opened =
+                open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
             (opened.as_fd(), parent.to_path_buf())
         }
     };
@@ -187,7 +190,9 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
             rustix::fs::RenameFlags::NOREPLACE,
         )?;
         renamed = true;
-        rustix::fs::fsync(dir_fd)?;
+        // The directory's own fsync, or (a directory this process cannot read) its filesystem's
+        // through the capture directory just made in it.
+        sync_dir(dir_fd, staging.as_fd())?;
         Ok(CapturedWal {
             bytes: manifest.wal.bytes,
             sha256: manifest.wal.sha256,
@@ -227,7 +232,9 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
             let left = if renamed { &final_name } else { &staging_name };
             let _ = rustix::fs::unlinkat(dir_fd, left, AtFlags::REMOVEDIR);
             if renamed {
-                let _ = rustix::fs::fsync(dir_fd);
+                if let Some(staging) = &staging_fd {
+                    let _ = sync_dir(dir_fd, staging.as_fd());
+                }
             }
             Err(io_err(&staging_dir, e))
         }
@@ -239,11 +246,25 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
 /// (the WAL inode is shared), or another connection of this one, has captured it already: the
 /// pid its manifest names is returned with it. The WAL is hashed only when a candidate's
 /// inodes and size match; anything unreadable is no match.
+///
+/// A directory this process may not list (opened `O_PATH`, issue 44) shows no candidate: a
+/// capture's name holds another process's pid and the second it was written, which cannot be
+/// guessed. This process's own connections still share one capture (`GenerationCapture`);
+/// another process's capture of the same generation may be written a second time — the same
+/// bytes twice, never a row less.
 fn find_identical_capture(
     input: &CaptureInput<'_>,
     dir: BorrowedFd<'_>,
     stem: &str,
 ) -> Option<(String, CapturedWal, u32)> {
+    if crate::paths::is_path_only(dir) {
+        log::debug!(
+            "hermes-guard: the directory of {} cannot be listed by this process: no capture by \
+             another process is looked for",
+            input.database.display()
+        );
+        return None;
+    }
     let prefix = format!("{stem}{ARTIFACT_MARKER}");
     let size = input.wal.size().ok()?;
     let mut our_sha256: Option<String> = None;

@@ -33,6 +33,25 @@ fn artifact_names_do_not_collide() {
     assert!(third != first && third != second);
 }
 
+/// Issue 44: a directory this process may write in but not list is held `O_PATH`; a free name
+/// is still found and made without listing it.
+#[test]
+fn artifact_names_are_reserved_through_a_descriptor_that_cannot_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let fd = rustix::fs::openat(
+        rustix::fs::CWD,
+        dir.path(),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    assert!(crate::paths::is_path_only(fd.as_fd()));
+    let (first, staging) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    assert!(dir.path().join(&staging).is_dir());
+    let (second, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    assert_ne!(first, second);
+}
+
 fn longest_dir_name(stem: &str) -> usize {
     format!(
         "{stem}{ARTIFACT_MARKER}20261130-005320-{}-{}{STAGING_SUFFIX}",

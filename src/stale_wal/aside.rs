@@ -3,7 +3,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
@@ -15,7 +15,7 @@ use crate::capture::{
 };
 use crate::digest::sha256_stream;
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
-use crate::paths::{open_dir, path_display, path_hex};
+use crate::paths::{open_dir, open_dir_to_write_in, path_display, path_hex, sync_dir};
 use crate::status::RetireReason;
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -64,7 +64,8 @@ impl SetAside {
 }
 
 /// A complete capture in `dir` (other than `except`) of the WAL generation `wal` describes, at
-/// least as far, with its main image: the newest such, by the furthest frame.
+/// least as far, with its main image: the newest such, by the furthest frame. None found in a
+/// directory this process cannot list (`O_PATH`, issue 44).
 fn same_generation_with_image(
     dir: &impl AsFd,
     stem: &str,
@@ -118,7 +119,8 @@ pub(crate) fn set_aside(
         source,
     };
     let (parent, name) = capture::split_database(database)?;
-    let dir = open_dir(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+    // `O_PATH` when this process may write in the directory but not list it (issue 44).
+    let dir = open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
     let (wal_src, shm_src) = (
         crate::paths::sidecar(Path::new(name), "-wal"),
         crate::paths::sidecar(Path::new(name), "-shm"),
@@ -191,11 +193,12 @@ pub(crate) fn set_aside(
             final_name.as_str(),
             NOREPLACE,
         )?;
-        rustix::fs::fsync(&dir)?;
+        // The directory's fsync, or its filesystem's through the capture (`paths::sync_dir`).
+        sync_dir(dir.as_fd(), staging.as_fd())?;
         // Complete and durable: the linked WAL leaves the path now, durably. Failing here fails
         // the set-aside (the open is refused, never replayed); the capture stays.
         if linked {
-            unlink_captured(&dir, &wal_src, wal_id)?;
+            unlink_captured(&dir, &wal_src, wal_id, staging.as_fd())?;
         }
         Ok(())
     })();
@@ -240,13 +243,19 @@ pub(crate) fn set_aside(
     }
 }
 
-/// Unlinks `name` in `dir` if it is still the WAL `wal` (linked into the capture), and fsyncs `dir`.
-fn unlink_captured(dir: &impl AsFd, name: &Path, wal: FileId) -> io::Result<()> {
+/// Unlinks `name` in `dir` if it is still the WAL `wal` (linked into the capture), and fsyncs `dir`
+/// (its filesystem through `witness`, a descriptor of the capture, when `dir` cannot be read).
+fn unlink_captured(
+    dir: &impl AsFd,
+    name: &Path,
+    wal: FileId,
+    witness: BorrowedFd<'_>,
+) -> io::Result<()> {
     let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
     if st.st_ino as u64 == wal.ino {
         rustix::fs::unlinkat(dir, name, AtFlags::empty())?;
     }
-    Ok(rustix::fs::fsync(dir)?)
+    sync_dir(dir.as_fd(), witness)
 }
 
 /// Every rename of a set-aside: never over an existing name.

@@ -67,6 +67,7 @@ mod fork;
 mod fork_lifecycle;
 mod fs_matrix;
 mod fs_matrix_env;
+mod fs_matrix_service_user;
 mod halt_capture;
 mod heal_once;
 mod heal_peer_once;

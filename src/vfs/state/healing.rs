@@ -36,6 +36,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use rusqlite::ffi;
@@ -45,6 +46,7 @@ use super::{DbState, Inner};
 use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
+use crate::paths::{sync_dir, DirHandle};
 use crate::status::RetireReason;
 use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
@@ -132,11 +134,14 @@ impl DbState {
         let result = self.heal_locked(&inner, main);
         inner.healed = result.is_ok();
         match result {
-            Ok(h) if inner.capture.is_none() => log::warn!(
+            // ERROR, not WARN (issue 44): the guard could keep no copy anywhere, which needs the
+            // operator's eye (a directory or HOME it cannot write), even though no row is lost.
+            Ok(h) if inner.capture.is_none() => log::error!(
                 "hermes-guard: healed {} at close WITHOUT a copy: its capture could not be written \
-                 ({}), but nothing newer had touched the database, so the retired generation's {} \
-                 frame(s) ({} commit(s)) were checkpointed back into the main file, as SQLite's \
-                 own close would have done; every row is live, and no capture of them exists",
+                 anywhere ({}), but nothing newer had touched the database, so the retired \
+                 generation's {} frame(s) ({} commit(s)) were checkpointed back into the main \
+                 file, as SQLite's own close would have done; every row is live, and no capture \
+                 of them exists",
                 self.db_path.display(),
                 inner.capture_error.as_deref().unwrap_or("unknown error"),
                 h.frames,
@@ -298,16 +303,19 @@ fn put_back_and_checkpoint(
     main: &dyn MainFile,
 ) -> Result<Healed, String> {
     let wal = inner.wal.as_ref().ok_or("no pinned WAL")?.file();
-    let dir = state
-        .dir()
-        .ok_or("no descriptor of the database's directory")?;
+    // Read-only, or `O_PATH` for a directory this process may write in but not list (issue 44).
+    // None at all (it could not be found, or is only reachable by a relative path): a generation
+    // with a capture stays capture-only (the crash-safe steps need the directory); one that no
+    // capture could be written for is healed in place, as SQLite's own close would.
+    let dir = state.dir();
+    if dir.is_none() && inner.capture.is_some() {
+        return Err("no descriptor of the database's directory".into());
+    }
     let name = state
         .wal_path
         .file_name()
         .ok_or("the WAL path has no file name")?
         .to_owned();
-    // The record goes into the capture; a generation no capture could be written for is healed
-    // without one (nothing to record: nothing could merge it twice).
     // The record goes into the capture — beside the database (through its directory, wherever
     // that went), else (a fallback capture directory) by its path. A generation no capture could
     // be written for is healed without one: nothing to record, nothing could merge it twice.
@@ -315,7 +323,8 @@ fn put_back_and_checkpoint(
         Some(capture) => {
             let beside = capture
                 .file_name()
-                .and_then(|name| crate::paths::open_dir(dir.fd(), Path::new(name)).ok());
+                .zip(dir.as_ref())
+                .and_then(|(name, dir)| crate::paths::open_dir(dir.fd(), Path::new(name)).ok());
             let fd = beside
                 .map_or_else(|| crate::paths::open_dir(rustix::fs::CWD, capture), Ok)
                 .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?;
@@ -338,10 +347,19 @@ fn put_back_and_checkpoint(
     // After a lost `-shm` the WAL is still at the path (checked): it is the crash-safe copy
     // already. After a lost `-wal` its committed prefix goes back there first.
     let wal_at_path = identity_of_path(&state.wal_path).ok().flatten() == pinned;
-    let staged = if wal_at_path {
-        None
-    } else {
-        match stage(dir.fd(), &name, wal, prefix.bytes(), &state.db_path) {
+    let staged = match &dir {
+        _ if wal_at_path => None,
+        // No directory to stage in, and (checked above) no capture: in place, as below.
+        None => {
+            log::warn!(
+                "hermes-guard: the retired WAL of {} cannot be put back beside it (no descriptor \
+                 of its directory): healing it straight into the main file, as SQLite's own \
+                 close does",
+                state.db_path.display()
+            );
+            None
+        }
+        Some(dir) => match stage(dir, &name, wal, prefix.bytes(), &state.db_path) {
             Ok(staged) => Some(staged),
             // Nothing can be written beside the database, and no copy of the generation exists:
             // healed in place, as stock SQLite's close does (not crash-safe, never worse).
@@ -358,7 +376,7 @@ fn put_back_and_checkpoint(
                     "writing the retired WAL's committed prefix beside the database: {e}"
                 ))
             }
-        }
+        },
     };
     if let Some(staged) = &staged {
         record.put_back = Some(PutBack {
@@ -377,13 +395,13 @@ fn put_back_and_checkpoint(
     if let Err(e) = recorded {
         // The record may have reached its name before the failure (its directory's fsync).
         if let Some(staged) = &staged {
-            staged.roll_back(dir.fd(), record_dir);
+            staged.roll_back(record_dir);
         }
         return Err(e);
     }
     let placed = match &staged {
         None => pinned.ok_or("no pinned WAL")?,
-        Some(staged) => match staged.rename_into_place(dir.fd(), &name) {
+        Some(staged) => match staged.rename_into_place(&name) {
             Ok(placed) => placed,
             Err(e) => {
                 // Renamed, but the directory's fsync failed: the rename may reach the disk with
@@ -391,10 +409,10 @@ fn put_back_and_checkpoint(
                 // rolled back; if it cannot go back it stays at the path, committed (the record,
                 // `started` with its staging file gone, reads healed; the next open replays it).
                 let at_path = identity_of_path(&state.wal_path).ok().flatten() == Some(staged.id);
-                if at_path && !staged.rename_back(dir.fd(), &name) {
+                if at_path && !staged.rename_back(&name) {
                     return Err(e);
                 }
-                staged.roll_back(dir.fd(), record_dir);
+                staged.roll_back(record_dir);
                 return Err(e);
             }
         },
@@ -450,9 +468,18 @@ fn put_back_and_checkpoint(
     }
     // Checkpointed: the WAL at the path goes (put back, or never moved after a lost -shm), if it
     // is still the one the heal wrote from.
+    // Without a descriptor of the directory (healed in place, nothing staged) it goes by its
+    // path, after the same check, as SQLite's own close deletes it.
     if identity_of_path(&state.wal_path).ok().flatten() == Some(placed) {
-        let _ = rustix::fs::unlinkat(dir.fd(), &name, AtFlags::empty());
-        let _ = rustix::fs::fsync(dir.fd());
+        match &dir {
+            Some(dir) => {
+                let _ = rustix::fs::unlinkat(dir.fd(), &name, AtFlags::empty());
+                let _ = sync_dir(dir.fd(), wal.as_fd());
+            }
+            None => {
+                let _ = std::fs::remove_file(&state.wal_path);
+            }
+        }
     }
     Ok(Healed {
         frames: prefix.frames,
@@ -467,6 +494,11 @@ fn now() -> String {
 
 /// The retired WAL's committed prefix written beside the database under a staging name.
 struct Staged {
+    /// The database's directory, which holds it.
+    dir: Arc<DirHandle>,
+    /// The staging file, open: what syncs the directory's filesystem when the directory itself
+    /// cannot be read, so not fsynced (`paths::sync_dir`).
+    file: File,
     /// `<db>-wal<suffix>` is its name.
     suffix: String,
     name: std::ffi::OsString,
@@ -480,40 +512,48 @@ struct Staged {
 impl Staged {
     /// Renames it to `name` (which nothing names now: checked under the lock; never over
     /// anything) and fsyncs the directory.
-    fn rename_into_place(&self, dir: BorrowedFd<'_>, name: &OsStr) -> Result<FileId, String> {
+    fn rename_into_place(&self, name: &OsStr) -> Result<FileId, String> {
+        let dir = self.dir.fd();
         rustix::fs::renameat_with(dir, &self.name, dir, name, RenameFlags::NOREPLACE)
-            .and_then(|()| rustix::fs::fsync(dir))
+            .map_err(io::Error::from)
+            .and_then(|()| self.sync_dir())
             .map_err(|e| format!("putting the retired WAL back at the path: {e}"))?;
         Ok(self.id)
     }
 
     /// Renames it from `name` back to its staging name and fsyncs the directory: whether both
     /// succeeded.
-    fn rename_back(&self, dir: BorrowedFd<'_>, name: &OsStr) -> bool {
-        rustix::fs::renameat_with(dir, name, dir, &self.name, RenameFlags::NOREPLACE)
-            .and_then(|()| rustix::fs::fsync(dir))
-            .is_ok()
+    fn rename_back(&self, name: &OsStr) -> bool {
+        let dir = self.dir.fd();
+        rustix::fs::renameat_with(dir, name, dir, &self.name, RenameFlags::NOREPLACE).is_ok()
+            && self.sync_dir().is_ok()
     }
 
     /// The heal rolled back before its commit point: the record (in `record_dir`, if any) goes
     /// first, and the staging file only once that removal is durable — while the staging file is
     /// there, a `started` record reads rolled back, never healed.
-    fn roll_back(&self, dir: BorrowedFd<'_>, record_dir: Option<BorrowedFd<'_>>) {
+    fn roll_back(&self, record_dir: Option<BorrowedFd<'_>>) {
         let record_gone = record_dir.is_none_or(|d| {
             let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
             rustix::fs::fsync(d).is_ok()
         });
         if record_gone {
-            let _ = rustix::fs::unlinkat(dir, &self.name, AtFlags::empty());
-            let _ = rustix::fs::fsync(dir);
+            let _ = rustix::fs::unlinkat(self.dir.fd(), &self.name, AtFlags::empty());
+            let _ = self.sync_dir();
         }
+    }
+
+    /// The directory's fsync (its filesystem's, through the staging file, when the directory
+    /// cannot be read: `paths::sync_dir`).
+    fn sync_dir(&self) -> io::Result<()> {
+        sync_dir(self.dir.fd(), self.file.as_fd())
     }
 }
 
 /// Writes the first `len` bytes of `wal` to a new file in `dir` named after `name` (the WAL's
 /// name) and this process, with the database file's permission bits, and fsyncs it and `dir`.
 fn stage(
-    dir: BorrowedFd<'_>,
+    handle: &Arc<DirHandle>,
     name: &OsStr,
     wal: &File,
     len: u64,
@@ -522,6 +562,7 @@ fn stage(
     let mode = rustix::fs::stat(database)
         .map(|st| Mode::from_raw_mode(st.st_mode & 0o777))
         .unwrap_or(Mode::from_raw_mode(0o644));
+    let dir = handle.fd();
     let suffix = format!(".hermes-guard-heal-{}", std::process::id());
     let mut staging = name.to_owned();
     staging.push(&suffix);
@@ -545,7 +586,7 @@ fn stage(
             at += want as u64;
         }
         file.sync_all()?;
-        rustix::fs::fsync(dir)?;
+        sync_dir(dir, file.as_fd())?;
         Ok((
             crate::identity::identity_of_fd(&file)?,
             crate::paths::hex(&hash.finalize()),
@@ -553,6 +594,8 @@ fn stage(
     })();
     match copied {
         Ok((id, sha256)) => Ok(Staged {
+            dir: handle.clone(),
+            file,
             suffix,
             name: staging,
             id,
