@@ -17,6 +17,12 @@
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
+//! - `churn-writer` (issue 44): for `--seconds`, commits one row at a time on a small table (the
+//!   first pages change with every commit) and checkpoints as `--checkpoint` says: `passive` or
+//!   `restart` after every commit, or `auto` (SQLite's automatic checkpoint, every 4 pages);
+//!   prints `{"event":"done",...}` with its counts and the guard's status, then closes.
+//! - `churn-reader` (issue 44): for `--seconds`, opens a connection, reads, and closes it, over
+//!   and over; prints `{"event":"done",...}` with the opens and the failed closes.
 
 use std::io::{self, BufRead, Write};
 use std::path::PathBuf;
@@ -45,6 +51,21 @@ pub enum Role {
     /// (automatic checkpoints off), prints `{"event":"ready"}` and waits to be killed (or for
     /// stdin to close).
     Store,
+    /// A writer committing and checkpointing for `--seconds` (issue 44's churn).
+    ChurnWriter,
+    /// A connection opened, read and closed over and over for `--seconds` (issue 44's churn).
+    ChurnReader,
+}
+
+/// How a `churn-writer` checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Checkpoint {
+    /// `PRAGMA wal_checkpoint(PASSIVE)` after every commit.
+    Passive,
+    /// `PRAGMA wal_checkpoint(RESTART)` after every commit.
+    Restart,
+    /// SQLite's automatic checkpoint (PASSIVE), every 4 pages.
+    Auto,
 }
 
 /// Arguments of the writer child.
@@ -65,6 +86,12 @@ pub struct WriterArgs {
     /// Rows of the newer generation (second).
     #[arg(long, default_value_t = 400)]
     rows: u32,
+    /// How long a churn role runs.
+    #[arg(long, default_value_t = 8.0)]
+    seconds: f64,
+    /// How a churn writer checkpoints.
+    #[arg(long, value_enum, default_value = "passive")]
+    checkpoint: Checkpoint,
 }
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -104,6 +131,8 @@ pub fn run(args: WriterArgs) -> Result<()> {
         Role::Gateway => gateway(&args),
         Role::Second => second(&args),
         Role::Store => store(&args),
+        Role::ChurnWriter => churn_writer(&args),
+        Role::ChurnReader => churn_reader(&args),
     }
 }
 
@@ -317,4 +346,105 @@ fn store(args: &WriterArgs) -> Result<()> {
     emit(json!({"event": "ready", "pid": std::process::id()}))?;
     for _ in io::stdin().lock().lines() {}
     Ok(())
+}
+
+/// Issue 44's churn: a writer that keeps the first pages changing, checkpointing as asked.
+fn churn_writer(args: &WriterArgs) -> Result<()> {
+    let conn = open(&args.db, args.vfs)?;
+    let auto = if args.checkpoint == Checkpoint::Auto {
+        4
+    } else {
+        0
+    };
+    conn.execute_batch(&format!("PRAGMA wal_autocheckpoint={auto}"))?;
+    let checkpoint = match args.checkpoint {
+        Checkpoint::Passive => Some("PRAGMA wal_checkpoint(PASSIVE)"),
+        Checkpoint::Restart => Some("PRAGMA wal_checkpoint(RESTART)"),
+        Checkpoint::Auto => None,
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(args.seconds);
+    let (mut commits, mut failed, mut busy) = (0u64, 0u64, 0u64);
+    let mut first_error = None;
+    let pid = std::process::id();
+    while std::time::Instant::now() < until {
+        // A small table: every commit rewrites pages among the first 16, whose headers the
+        // WAL-base record hashes.
+        let r = conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; \
+             INSERT INTO messages (session, content) VALUES ('churn-{pid}', '{}'); \
+             DELETE FROM messages WHERE session = 'churn-{pid}' AND id NOT IN \
+               (SELECT id FROM messages WHERE session = 'churn-{pid}' ORDER BY id DESC LIMIT 40); \
+             COMMIT",
+            "c".repeat(200 + (commits % 7) as usize * 50)
+        ));
+        match r {
+            Ok(()) => commits += 1,
+            Err(e) => {
+                let _ = conn.execute_batch("ROLLBACK");
+                failed += 1;
+                first_error.get_or_insert(e.to_string());
+            }
+        }
+        if let Some(sql) = checkpoint {
+            match conn.query_row(sql, [], |r| r.get::<_, i64>(0)) {
+                Ok(b) => busy += b as u64,
+                Err(e) => {
+                    failed += 1;
+                    first_error.get_or_insert(e.to_string());
+                }
+            }
+        }
+    }
+    let status = match args.vfs {
+        Vfs::Guard => Some(serde_json::to_value(conn.guard_status()?)?),
+        Vfs::Stock => None,
+    };
+    let close = match args.vfs {
+        Vfs::Guard => hermes_guard::close(conn).err().map(|(_, e)| e.to_string()),
+        Vfs::Stock => conn.close().err().map(|(_, e)| e.to_string()),
+    };
+    emit(
+        json!({"event": "done", "commits": commits, "failed": failed, "busy": busy,
+        "error": first_error, "guard": status, "close_error": close}),
+    )
+}
+
+/// Issue 44's churn: a connection opened, read and closed, over and over; nothing written.
+fn churn_reader(args: &WriterArgs) -> Result<()> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(args.seconds);
+    let (mut opens, mut failed, mut retired) = (0u64, 0u64, 0u64);
+    let mut first_error = None;
+    while std::time::Instant::now() < until {
+        let conn = match open(&args.db, args.vfs) {
+            Ok(c) => c,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert(e.to_string());
+                continue;
+            }
+        };
+        opens += 1;
+        if let Err(e) = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get::<_, i64>(0))
+        {
+            failed += 1;
+            first_error.get_or_insert(e.to_string());
+        }
+        let close = match args.vfs {
+            Vfs::Guard => {
+                if conn.guard_status()?.retired {
+                    retired += 1;
+                }
+                hermes_guard::close(conn).err().map(|(_, e)| e.to_string())
+            }
+            Vfs::Stock => conn.close().err().map(|(_, e)| e.to_string()),
+        };
+        if let Some(e) = close {
+            failed += 1;
+            first_error.get_or_insert(e);
+        }
+    }
+    emit(
+        json!({"event": "done", "opens": opens, "failed": failed, "retired": retired,
+        "error": first_error}),
+    )
 }
