@@ -90,6 +90,11 @@ impl StaleWalSlot {
         self.region0.store(addr as *mut u8, Ordering::Release);
     }
 
+    /// Whether region 0 is mapped (the wal-index is in shared memory, not SQLite's heap).
+    pub(crate) fn is_mapped(&self) -> bool {
+        !self.region0.load(Ordering::Acquire).is_null()
+    }
+
     /// Region 0 is about to be unmapped.
     pub(crate) fn unmapping(&self) {
         self.region0.store(std::ptr::null_mut(), Ordering::Release);

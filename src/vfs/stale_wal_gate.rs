@@ -16,6 +16,7 @@ use std::ffi::c_int;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use parking_lot::Mutex;
@@ -30,7 +31,7 @@ use crate::stale_wal::{
     set_aside, stale_wal_policy, Mismatch, StaleWalPolicy, Verdict,
 };
 use crate::status::StaleWalAction;
-use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
+use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
 /// The order before issue 33, for the connection explorer only (`explore-faults`).
 #[cfg(feature = "explore-faults")]
@@ -327,6 +328,12 @@ fn in_use_by_its_holder(
         return ffi::SQLITE_OK;
     }
     match judge(db, main, wal, false) {
+        Some(Verdict::Stale(m)) if !still_so(main, wal, &m) => log::debug!(
+            "hermes-guard: {} changed while this open judged it ({}): no judgement (its holder \
+             checkpoints or restarts it)",
+            wal_path.display(),
+            m.detail
+        ),
         Some(Verdict::Stale(m)) => log::warn!(
             "hermes-guard: {} is in use by another connection but was not written on the \
              database file now at {} ({}): that connection opened it, and replayed it, before \
@@ -347,6 +354,27 @@ fn in_use_by_its_holder(
         None => {}
     }
     ffi::SQLITE_OK
+}
+
+/// Issue 44: a WAL in use is judged under no lock that keeps its holders still: their
+/// checkpoints write the main file's pages and their resets start a generation over the old
+/// one's frames while the judgement reads them. A reset writes the WAL header at offset 0 before
+/// the new generation's first frame, so frames read past it may be another generation's, and a
+/// page read while a checkpoint wrote it may be neither version. `Stale` stands only when, read
+/// again after the look, the WAL header and the record are still the generation judged and the
+/// page found differing still hashes as it did; otherwise the judgement is not made (its holder
+/// replayed the WAL long before: this is a report, not a decision).
+fn still_so(main: &dyn ImageSource, wal: &File, m: &Mismatch) -> bool {
+    let mut head = [0u8; WAL_HEADER_SIZE];
+    if wal.read_exact_at(&mut head, 0).is_err() {
+        return false;
+    }
+    let header = parse_wal_header(&head);
+    read_page(main, m.page, m.recorded.page_size) == m.page_hash_now
+        && header.valid
+        && header.salts == m.recorded.salts
+        && header.salts == m.wal_salts
+        && read_record(wal.as_fd()).is_some_and(|r| r.salts == m.recorded.salts)
 }
 
 /// WALs found in use and continuing their file, by (file, WAL, generation): not read again.
@@ -464,17 +492,31 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<V
         Ok(record) => record,
         Err(v) => return Some(v),
     };
-    let now = |p: u32| read_page(main, p, record.page_size);
+    // The main file's pages, read once and before the WAL's frames (issue 44): a page a
+    // checkpoint of the WAL's holder wrote before this read came from a frame written before
+    // it, which the look below finds; read after the look, it could come from a frame committed
+    // and copied since.
+    let read: Vec<(u32, Option<String>)> = record
+        .pages
+        .iter()
+        .map(|r| (r.page, read_page(main, r.page, record.page_size)))
+        .collect();
     if record
         .pages
         .iter()
-        .all(|r| now(r.page).as_ref() == Some(&r.hash))
+        .zip(&read)
+        .all(|(r, (_, now))| now.as_ref() == Some(&r.hash))
     {
         return Some(Verdict::Continues { by_pages: false });
     }
     if quick {
         return None;
     }
+    let now = |p: u32| {
+        read.iter()
+            .find(|(page, _)| *page == p)
+            .and_then(|(_, h)| h.clone())
+    };
     let main_now = identity_of_path(db).ok().flatten();
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     match look_at_wal(wal, Some(&pages)) {

@@ -230,6 +230,11 @@ impl Inner {
 pub(crate) trait WalIndex: Send {
     /// The checkpoint progress now, `None` when the wal-index is not initialised.
     fn backfill(&self) -> Option<Backfill>;
+    /// The salts of the generation the wal-index describes now (as the WAL header gives them),
+    /// `None` when it is not initialised. A WAL reset writes them here before it writes a byte
+    /// of the WAL file (its header comes with the generation's first frame), so the WAL file's
+    /// header can lag behind them, never run ahead (issue 44: `state/overwrite.rs`).
+    fn salts(&self) -> Option<[u32; 2]>;
 }
 
 /// One retired generation, as far as captures go: the process's connections that retired it

@@ -102,7 +102,7 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 // pins hold: a file taken away is retired for that).
                 let mut moved = state.check_pins_vouching().is_some();
                 if !moved && state.wal_pinned() {
-                    state.judge_main(&open::MainImage(sub));
+                    judge_main_at_close(t, sub, state);
                     moved = state.is_retired();
                 }
                 if moved {
@@ -123,6 +123,50 @@ pub(super) unsafe extern "C" fn file_control_answered(
             _ => sub_call!(t, sub, xFileControl, op, arg),
         }
     })
+}
+
+/// The read lock of slot 0 (`WAL_READ_LOCK(0)`): held shared by a reader that reads every page
+/// from the main file.
+const READ0: c_int = 3;
+
+/// Issue 44: the judgement of the main file at `SQLITE_FCNTL_HAS_MOVED`, which SQLite sends at
+/// the close holding no lock of the WAL: another connection's checkpoint may be writing the
+/// very pages read (and another's reset starting a generation, which the judgement's
+/// confirmation with the wal-index sees: `state/overwrite.rs`). So it is made under `READ(0)`
+/// shared, taken through the wrapped file without waiting and released at once: a checkpoint
+/// copies frames into the main file (and truncates it) only while it holds `READ(0)`
+/// exclusively (`walCheckpoint`, every SQLite version), so none writes it meanwhile; to others
+/// it is a reader of the main file, as common as any. Busy, a checkpoint is copying now, so
+/// another connection holds the database and this close will not have the EXCLUSIVE lock its
+/// own checkpoint needs: the judgement is deferred to that lock, which makes the close's
+/// checkpoint judge before its first write (`main_writes_may_follow`), under EXCLUSIVE. A
+/// wal-index in SQLite's heap (`locking_mode=EXCLUSIVE` from the start: no mapping, and this
+/// connection holds EXCLUSIVE) is judged as it is.
+fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) {
+    if !state.stale_wal().is_mapped() {
+        state.judge_main(&open::MainImage(sub));
+        return;
+    }
+    let shared = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_SHARED;
+    let rc = super::wal_reset::lock_without_waiting(t, sub, READ0, shared);
+    if rc != ffi::SQLITE_OK {
+        log::debug!(
+            "hermes-guard: the close's judgement of {} is deferred (a checkpoint is copying \
+             frames: {rc}); a checkpoint of this close judges first",
+            state.db_path().display()
+        );
+        return;
+    }
+    // Released whatever the judgement does (a panic is caught here, not above the lock).
+    ffi_guard((), || state.judge_main(&open::MainImage(sub)));
+    sub_call!(
+        t,
+        sub,
+        xShmLock,
+        READ0,
+        1,
+        ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_SHARED
+    );
 }
 
 /// `hermes-guard/<wrapped VFS's answer>`, the convention of shims such as cksumvfs.

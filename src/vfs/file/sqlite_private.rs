@@ -71,6 +71,14 @@ impl WalIndex for WalIndexView {
             attempted: self.u32_at(128),
         })
     }
+
+    fn salts(&self) -> Option<[u32; 2]> {
+        // `aSalt` of the first header copy (offsets 32 and 36), the WAL header's big-endian
+        // bytes copied as they are.
+        let be = |w: u32| u32::from_be_bytes(w.to_ne_bytes());
+        let salts = [be(self.u32_at(32)), be(self.u32_at(36))];
+        self.backfill().map(|_| salts)
+    }
 }
 
 /// The leading fields of the unix VFS's `unixFile` (sqlite3.c, `struct unixFile`), as far as the

@@ -149,7 +149,7 @@ pub(super) unsafe extern "C" fn checkpoint_unlock<const HEAP: bool>(
 /// old value back (a build without it answers `SQLITE_NOTFOUND`, and never waits). Waiting here
 /// would also invert SQLite's lock order (the writer holds the WAL write lock and a read lock;
 /// CKPT comes before both).
-fn lock_without_waiting(
+pub(super) fn lock_without_waiting(
     t: &FileTable,
     sub: *mut ffi::sqlite3_file,
     ofst: c_int,

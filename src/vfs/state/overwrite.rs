@@ -193,11 +193,18 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         return None;
     }
     // Not as recorded: fine if one of the frames a checkpoint copied (or began to) put it there.
-    let copied = inner
-        .wal_index
-        .as_ref()?
+    // Issue 44: the progress is read from the wal-index, the salts after it: a reset in between
+    // (another connection's, which no lock of this judgement excludes) zeroes the progress after
+    // writing new salts, and the WAL file's header, read above, keeps the old generation's salts
+    // until the new one's first frame. Progress of another generation than the header read is
+    // no measure of what was copied: no judgement (the next one decides).
+    let index = inner.wal_index.as_ref()?;
+    let copied = index
         .backfill()
         .map_or(0, |b| b.backfilled.max(b.attempted));
+    if index.salts()? != header.salts {
+        return None;
+    }
     let pages: Vec<u32> = differs.iter().map(|d| d.0).collect();
     let frames = copied_frames(wal, &header, copied, &pages)?;
     for &(page, now, recorded) in &differs {
@@ -207,6 +214,11 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
             None => frames.min_commit_size.is_some_and(|m| m < page),
         };
         if !consistent {
+            // The frames were read from the WAL file: still that generation's (a reset since
+            // would have written new salts into the wal-index before its first frame)?
+            if index.salts()? != header.salts {
+                return None;
+            }
             return Some(format!(
                 "page {page}'s header hashes {} where WAL generation {:08x} {:08x} began on {} \
                  and none of the {copied} frame(s) its checkpoints copied has it",

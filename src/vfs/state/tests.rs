@@ -39,6 +39,10 @@ impl WalIndex for FixedIndex {
     fn backfill(&self) -> Option<Backfill> {
         self.0
     }
+
+    fn salts(&self) -> Option<[u32; 2]> {
+        None
+    }
 }
 
 /// A main image held in memory.
