@@ -51,6 +51,7 @@ mod common;
 mod bench_smoke;
 mod capture_identity;
 mod capture_pool;
+mod churn_beside_checkpoints;
 mod churn_siblings;
 mod cli_answers;
 mod close_capture;
