@@ -15,8 +15,10 @@
 # (`pip install ./python`, `pip wheel ./python`) in fresh virtual environments and runs its pytest
 # suite (python/tests). Then tests/loom.sh checks the loom model of the guard's lock-free protocol
 # (src/vfs/loom_protocol.rs), tests/crash-points.sh the crash points and tests/explore.sh the
-# seeded schedules of connections (tests/explore). Last, tests/system-sqlite.sh runs the
-# library's integration tests again without `bundled`, on the system libsqlite3 (the README's test command is
+# seeded schedules of connections (tests/explore). Then tests/system-sqlite.sh runs the
+# library's integration tests again without `bundled`, on the system libsqlite3, and last
+# tests/rusqlite-range.sh runs them on the oldest rusqlite the library accepts (0.29; Cargo.lock's,
+# the newest, is the one `cargo test` runs), in a copy of the tree (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
 # tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
@@ -207,6 +209,9 @@ bash tests/fs-matrix.sh
 
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh
+
+echo "== the oldest rusqlite of the library's range (tests/rusqlite-range.sh)"
+bash tests/rusqlite-range.sh
 
 if [ "${#skipped[@]}" -gt 0 ]; then
     echo "== done, with hosts skipped:"
