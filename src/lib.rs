@@ -36,8 +36,10 @@
 //! - Turning the guard on: [`register`], [`register_as_default`], [`VFS_NAME`].
 //! - On a connection: the [`GuardExt`] trait ([`GuardExt::guard_status`],
 //!   [`GuardExt::ensure_captured`], [`GuardExt::classify`],
-//!   [`GuardExt::capture_retired_generation`]); [`close`], which settles only once a retired
-//!   generation is captured.
+//!   [`GuardExt::capture_retired_generation`], [`GuardExt::is_retired`]); [`close`], which
+//!   settles only once a retired generation is captured.
+//! - In a pool (cargo feature `r2d2`): `pool::GuardedManager`, an r2d2 manager (or the wrapper
+//!   of one) whose pool lets go of retired connections and opens healthy ones.
 //! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
 //!   whose directory was deleted is captured; [`ORPHAN_DIR_ENV`] for extension hosts);
 //!   [`set_stale_wal_policy`] / [`stale_wal_policy`] with [`StaleWalPolicy`] (set a stale WAL
@@ -75,6 +77,8 @@ mod error;
 mod filesystem;
 mod identity;
 pub mod paths;
+#[cfg(feature = "r2d2")]
+pub mod pool;
 pub mod recover;
 mod sqlite_log;
 mod stale_wal;
@@ -153,6 +157,17 @@ pub trait GuardExt: sealed::Sealed {
     /// ([`CaptureError::NotRetired`]: a capture stands for its generation, and would miss every
     /// later commit), nor one whose WAL holds no frame ([`CaptureError::NothingAtStake`]).
     fn capture_retired_generation(&self, wal: FileId) -> Result<PathBuf, GuardError>;
+
+    /// Whether the guard has retired this connection's generation, as far as it knows now: the
+    /// flag its write path refuses by, read as it stands — no check, no SQL, no system call, no
+    /// lock of the guard's (cheap enough for a pool's `has_broken`: `pool::GuardedManager`, cargo
+    /// feature `r2d2`).
+    ///
+    /// Sticky once `true`. Until a write, a checkpoint, the close or [`GuardExt::guard_status`]
+    /// of this connection runs the check that sees a loss, it stays `false`: a connection that
+    /// only reads may sit on a lost generation with the flag down (the status checks). `false`
+    /// on a connection not opened through the guard.
+    fn is_retired(&self) -> bool;
 }
 
 mod sealed {
@@ -172,6 +187,10 @@ impl GuardExt for Connection {
     fn classify(&self, err: &rusqlite::Error) -> ErrorClass {
         let reason = self.guard_status().ok().and_then(|s| s.reason);
         ErrorClass::from_parts(err, reason)
+    }
+
+    fn is_retired(&self) -> bool {
+        vfs::retired_flag(self).unwrap_or(false)
     }
 
     fn capture_retired_generation(&self, wal: FileId) -> Result<PathBuf, GuardError> {

@@ -29,6 +29,11 @@ pub fn register_as_default() -> Result<(), GuardError> {
     Err(unsupported())
 }
 
+/// Without the VFS no connection is guarded.
+pub(crate) fn retired_flag(_conn: &rusqlite::Connection) -> Option<bool> {
+    None
+}
+
 /// Nothing is ever pending without the VFS.
 pub(crate) fn retry_pending_captures() -> usize {
     0

@@ -163,6 +163,15 @@ unsafe fn cstr_path(p: *const c_char) -> Option<PathBuf> {
     Some(PathBuf::from(OsStr::from_bytes(bytes)))
 }
 
+/// The retired flag of `conn`'s main database, `None` when it is not a file of the guard's
+/// (issue 45: `GuardExt::is_retired`, a pool's `has_broken`). Reads an atomic: no system call,
+/// no SQL.
+pub(crate) fn retired_flag(conn: &rusqlite::Connection) -> Option<bool> {
+    // SAFETY: `conn` is open, and borrowed here, so no other thread uses it (a rusqlite
+    // Connection is not Sync) until the call returns; the handle does not outlive the call.
+    unsafe { file::retired_flag(conn.handle()) }
+}
+
 /// Retries the pending captures from the application's thread (see `file::retry_pending_captures`).
 pub(crate) fn retry_pending_captures() -> usize {
     file::retry_pending_captures(file::Caller::Application)

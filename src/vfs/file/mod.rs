@@ -117,7 +117,7 @@ mod wal_reset;
 
 pub(super) use self::layout::os_file_size;
 pub(crate) use self::left::settle_for_opener;
-pub(super) use self::open::open;
+pub(super) use self::open::{open, retired_flag};
 pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
 use self::{
     close::*, controls::*, hot::*, layout::*, open::*, pending::*, shm::*, sqlite_private::*,

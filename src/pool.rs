@@ -1,0 +1,289 @@
+//! A pool that heals itself (issue 45; cargo feature `r2d2`): an [`r2d2`] manager whose pool
+//! lets go of the connections of a lost generation and hands out healthy ones, with no restart.
+//!
+//! [`GuardedManager`] wraps any [`r2d2::ManageConnection`] whose connection is a
+//! [`rusqlite::Connection`] (r2d2_sqlite's `SqliteConnectionManager`, or this module's
+//! [`FileManager`]) and adds the guard to each of r2d2's three hooks:
+//!
+//! - `has_broken`, at every return of a connection to the pool: [`GuardExt::is_retired`], the
+//!   flag the guard's write path refuses by — an atomic read, no SQL and no system call (r2d2's
+//!   rule for this hook). A connection whose write was just refused leaves the pool there.
+//! - `is_valid`, at every checkout (r2d2's `test_on_check_out`, on by default): the wrapped
+//!   manager's own test, then the guard's check, [`GuardExt::guard_status`] (the `stat` of each
+//!   pinned file and the status pragma). An idle connection whose generation was lost while it
+//!   sat in the pool is retired there and dropped by r2d2 (its close captures what it holds),
+//!   never handed out.
+//! - `connect`: SQLite's unix VFS shares one `-shm` mapping per database file in a process, so
+//!   while any connection of the lost generation is still open (checked out by another thread),
+//!   a new connection attaches to the lost mapping and the guard retires it at once
+//!   (`shm-lost`). The manager opens one connection at a time, reads once (which maps the
+//!   `-shm`) and asks the status; a new connection that is retired is closed and opened again,
+//!   after a pause doubling from 1 ms to 50 ms, for up to [`GuardedManager::with_reconnect_wait`]
+//!   (2 s by default); then the refusal is returned, and r2d2 retries on its own schedule
+//!   (200 ms, doubling) until its `connection_timeout`. So a new connection is handed out only
+//!   once the old ones are closed: each comes back refused at its next write, or is dropped at
+//!   its next checkout.
+//!
+//! The application retries a refused write once, on a fresh checkout (the refused connection
+//! dropped first, which returns it to the pool, which closes it):
+//!
+//! ```no_run
+//! use hermes_guard::pool::{r2d2, FileManager, GuardedManager};
+//! use hermes_guard::{ErrorClass, GuardExt};
+//!
+//! let manager = GuardedManager::new(FileManager::new("state.db").with_init(|conn| {
+//!     conn.pragma_update(None, "journal_mode", "WAL")
+//! }));
+//! let pool = r2d2::Pool::builder().max_size(8).build(manager)?;
+//! let insert = |conn: &rusqlite::Connection| conn.execute("INSERT INTO t VALUES (1)", []);
+//! let conn = pool.get()?;
+//! if let Err(e) = insert(&conn) {
+//!     if !matches!(conn.classify(&e), ErrorClass::WalLost | ErrorClass::MainReplaced) {
+//!         return Err(e.into());
+//!     }
+//!     drop(conn); // retired: the pool closes it (its close captures the lost generation)
+//!     insert(&*pool.get()?)?; // lands on a healthy connection
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! What the pool does not do: merge the lost generation back. Its rows are in a capture beside
+//! the database, for `hermes-guard recover` (docs/recovery.md), as with any retired connection.
+
+use std::borrow::Borrow;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+pub use r2d2;
+use rusqlite::{ffi, Connection, OpenFlags};
+
+use crate::{GuardError, GuardExt, GuardStatus};
+
+/// How long [`GuardedManager`]'s `connect` keeps reopening a connection that attached to a lost
+/// generation's `-shm` mapping before it returns the refusal to r2d2.
+const RECONNECT_WAIT: Duration = Duration::from_secs(2);
+/// The longest pause between two of those attempts.
+const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+
+/// An r2d2 manager that sees the guard's retirement (see the [module](self)): wraps `M`, whose
+/// connections are opened through the guard (`vfs=hermes-guard`, or
+/// [`crate::register_as_default`]).
+///
+/// `M::Error` must be able to carry a [`rusqlite::Error`]: a retired connection is reported as
+/// the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032).
+pub struct GuardedManager<M> {
+    inner: M,
+    reconnect_wait: Duration,
+    /// One connect at a time: two new connections probing at once would keep a lost mapping
+    /// alive for each other.
+    connecting: Mutex<()>,
+}
+
+impl<M> GuardedManager<M> {
+    /// Wraps `inner`.
+    pub fn new(inner: M) -> GuardedManager<M> {
+        GuardedManager {
+            inner,
+            reconnect_wait: RECONNECT_WAIT,
+            connecting: Mutex::new(()),
+        }
+    }
+
+    /// How long `connect` keeps reopening a new connection that attached to a lost
+    /// generation (2 s by default); `Duration::ZERO` tries once.
+    pub fn with_reconnect_wait(mut self, wait: Duration) -> GuardedManager<M> {
+        self.reconnect_wait = wait;
+        self
+    }
+
+    /// The wrapped manager.
+    pub fn inner(&self) -> &M {
+        &self.inner
+    }
+}
+
+impl GuardedManager<FileManager> {
+    /// A manager of connections to `path` through the guard: [`FileManager::new`], wrapped.
+    pub fn file(path: impl AsRef<Path>) -> GuardedManager<FileManager> {
+        GuardedManager::new(FileManager::new(path))
+    }
+}
+
+impl<M: std::fmt::Debug> std::fmt::Debug for GuardedManager<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardedManager")
+            .field("inner", &self.inner)
+            .field("reconnect_wait", &self.reconnect_wait)
+            .finish()
+    }
+}
+
+impl<M> r2d2::ManageConnection for GuardedManager<M>
+where
+    M: r2d2::ManageConnection,
+    M::Connection: Borrow<Connection>,
+    M::Error: From<rusqlite::Error>,
+{
+    type Connection = M::Connection;
+    type Error = M::Error;
+
+    fn connect(&self) -> Result<M::Connection, M::Error> {
+        let _one_at_a_time = self.connecting.lock();
+        let deadline = Instant::now() + self.reconnect_wait;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let conn = self.inner.connect()?;
+            match fresh(connection(&conn)) {
+                Ok(()) => return Ok(conn),
+                Err(e) => {
+                    drop(conn);
+                    if Instant::now() + pause > deadline {
+                        return Err(e.into());
+                    }
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(LONGEST_PAUSE);
+                }
+            }
+        }
+    }
+
+    fn is_valid(&self, conn: &mut M::Connection) -> Result<(), M::Error> {
+        self.inner.is_valid(conn)?;
+        checked(connection(conn)).map_err(Into::into)
+    }
+
+    fn has_broken(&self, conn: &mut M::Connection) -> bool {
+        connection(conn).is_retired() || self.inner.has_broken(conn)
+    }
+}
+
+/// The rusqlite connection of a pooled one.
+fn connection<C: Borrow<Connection>>(conn: &C) -> &Connection {
+    conn.borrow()
+}
+
+/// A new connection's test: one read (which maps the `-shm`, where a lost generation's mapping
+/// would be joined), then the guard's check.
+fn fresh(conn: &Connection) -> rusqlite::Result<()> {
+    conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
+    checked(conn)
+}
+
+/// The guard's check of `conn`: `Err` (the refusal) when its generation is retired. A
+/// connection not opened through the guard passes.
+fn checked(conn: &Connection) -> rusqlite::Result<()> {
+    if conn.is_retired() {
+        return Err(retired(conn.guard_status().ok()));
+    }
+    match conn.guard_status() {
+        Ok(status) if status.retired => Err(retired(Some(status))),
+        Ok(_) | Err(GuardError::NotGuarded { .. }) => Ok(()),
+        Err(GuardError::Sqlite(e)) => Err(e),
+        Err(e) => Err(rusqlite::Error::SqliteFailure(
+            ffi::Error::new(ffi::SQLITE_ERROR),
+            Some(e.to_string()),
+        )),
+    }
+}
+
+/// The error of a retired connection: the refusal its writes get.
+fn retired(status: Option<GuardStatus>) -> rusqlite::Error {
+    let what = match status {
+        Some(s) => format!(
+            "{} ({})",
+            s.database.display(),
+            s.reason.map_or("retired", |r| r.describe())
+        ),
+        None => "its database".into(),
+    };
+    rusqlite::Error::SqliteFailure(
+        ffi::Error::new(ffi::SQLITE_READONLY_DBMOVED),
+        Some(format!(
+            "hermes-guard: this connection's generation of {what} is retired; the pool lets it go"
+        )),
+    )
+}
+
+type Init = dyn Fn(&mut Connection) -> rusqlite::Result<()> + Send + Sync;
+
+/// A plain r2d2 manager of connections to one database file, opened through the guard's VFS
+/// (registered at the first `connect`, [`crate::register`]); wrap it in [`GuardedManager`]
+/// ([`GuardedManager::file`]). Tests a connection at checkout with an empty batch, as
+/// r2d2_sqlite does.
+pub struct FileManager {
+    path: PathBuf,
+    flags: OpenFlags,
+    init: Option<Box<Init>>,
+}
+
+impl FileManager {
+    /// Connections to `path`, opened with `OpenFlags::default()`.
+    pub fn new(path: impl AsRef<Path>) -> FileManager {
+        FileManager {
+            path: path.as_ref().to_path_buf(),
+            flags: OpenFlags::default(),
+            init: None,
+        }
+    }
+
+    /// Opens with `flags` instead.
+    pub fn with_flags(mut self, flags: OpenFlags) -> FileManager {
+        self.flags = flags;
+        self
+    }
+
+    /// Runs `init` on every new connection (`PRAGMA journal_mode = WAL`, a busy timeout:
+    /// [`crate::set_busy_timeout`]).
+    pub fn with_init(
+        mut self,
+        init: impl Fn(&mut Connection) -> rusqlite::Result<()> + Send + Sync + 'static,
+    ) -> FileManager {
+        self.init = Some(Box::new(init));
+        self
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl std::fmt::Debug for FileManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileManager")
+            .field("path", &self.path)
+            .field("flags", &self.flags)
+            .field("init", &self.init.is_some())
+            .finish()
+    }
+}
+
+impl r2d2::ManageConnection for FileManager {
+    type Connection = Connection;
+    type Error = rusqlite::Error;
+
+    fn connect(&self) -> rusqlite::Result<Connection> {
+        crate::register().map_err(|e| match e {
+            GuardError::Sqlite(e) => e,
+            e => rusqlite::Error::SqliteFailure(
+                ffi::Error::new(ffi::SQLITE_ERROR),
+                Some(e.to_string()),
+            ),
+        })?;
+        let mut conn =
+            Connection::open_with_flags_and_vfs(&self.path, self.flags, crate::VFS_NAME)?;
+        if let Some(init) = &self.init {
+            init(&mut conn)?;
+        }
+        Ok(conn)
+    }
+
+    fn is_valid(&self, conn: &mut Connection) -> rusqlite::Result<()> {
+        conn.execute_batch("")
+    }
+
+    fn has_broken(&self, _conn: &mut Connection) -> bool {
+        false
+    }
+}
