@@ -8,9 +8,9 @@
 #      to $CARGO_TARGET_DIR/rusqlite-range/src, and there runs
 #      `cargo update -p rusqlite --precise LOW` (the repository's Cargo.lock is never touched);
 #   2. in a target directory of its own ($CARGO_TARGET_DIR/rusqlite-range/target), runs the
-#      library's unit and doc tests (`cargo test -p hermes-guard`) and the
+#      library's unit and doc tests (`cargo test -p hermes-guard --features r2d2`) and the
 #      integration tests (`cargo test -p hermes-guard-cli --test it`: every loss scenario, the
-#      store's included, on the oldest rusqlite's bundled SQLite, which is
+#      store's and the pool's included, on the oldest rusqlite's bundled SQLite, which is
 #      checked). The loadable extension (ext/) is not in the range: a cdylib of its own, no
 #      other SQLite crate shares its graph, and it pins rusqlite 0.43 (its host API table needs
 #      libsqlite3-sys 0.39+'s extension bindings); the copy leaves it out of the workspace;
@@ -60,8 +60,8 @@ sqlite="$(grep -A1 '^name = "libsqlite3-sys"$' Cargo.lock | sed -n 's/^version =
 export CARGO_TARGET_DIR="$work/target"
 
 # 2. The tests at the oldest rusqlite.
-echo "== rusqlite $low (libsqlite3-sys $sqlite): cargo test -p hermes-guard (the library's unit and doc tests)"
-cargo test -q -p hermes-guard
+echo "== rusqlite $low (libsqlite3-sys $sqlite): cargo test -p hermes-guard --features r2d2 (the library's unit and doc tests)"
+cargo test -q -p hermes-guard --features r2d2
 echo "== rusqlite $low: cargo test -p hermes-guard-cli --test it (the integration tests)"
 it=(cargo test -q -p hermes-guard-cli --test it)
 # (The registry has that libsqlite3-sys's sources once the builds above fetched it.)

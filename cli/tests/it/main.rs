@@ -84,6 +84,7 @@ mod overwrite_in_place;
 mod overwrite_under_cache;
 mod pause_vfs;
 mod plain_rusqlite;
+mod pool_heals;
 mod process_exit_recovery;
 mod reconnect;
 mod recover_cli;
