@@ -7,7 +7,8 @@
 #   - the enumeration: every schedule within a preemption bound of each scenario (`--dfs`);
 #   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
 #     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/
-#     stale_wal_order.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
+#     stale_wal_order.rs); recovery's rules before issue 43 (a fault switch too) over
+#     newer-checkpointed's first 500 seeds (tests/explore/tests/newer_generation.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
 #     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
 #     the guard's rule and not with it (tests/explore/tests/wal_reset.rs).
 #
@@ -110,11 +111,12 @@ done
 echo "explored $total schedules in all; violations $violations"
 
 # Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
-# with 1), each variant; a process per scenario.
+# with 1), each variant the seeds 0..K choose (K 8, or the spec's third field: newer-checkpointed's
+# 12 variants come from seeds 0..21); a process per scenario.
 dfs_total=0
-for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1; do
-    scenario="${spec%:*}" bound="${spec#*:}"
-    out="$("$explore" --scenario "$scenario" --dfs "$bound")" || true
+for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1 newer-checkpointed:1:21; do
+    IFS=: read -r scenario bound variant_seeds <<<"$spec"
+    out="$("$explore" --scenario "$scenario" --dfs "$bound" --variant-seeds "${variant_seeds:-8}")" || true
     grep -v '^enumerated ' <<<"$out" | grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' || true
     n="$(awk '/^enumerated .* in all; violations / { print $2 }' <<<"$out")"
     v="$(awk '/^enumerated .* in all; violations / { print $NF }' <<<"$out")"
@@ -137,6 +139,20 @@ if [ -z "$found" ]; then
     exit 1
 fi
 echo "the old stale-WAL gate order (--fault judged-before-exclusive): restore-openers fails at seeds$found of 0..$per (today's order: 0)"
+
+# Rediscovery 3: recovery's rules before issue 43 (`--fault capture-base-ignored`: a capture's
+# delta replayed whatever its base): newer-checkpointed's first 500 seeds find the newer
+# generation's rows deleted by the retired writer's recovery (its seeds' tests:
+# tests/explore/tests/newer_generation.rs).
+out="$("$explore" --fault capture-base-ignored --scenario newer-checkpointed --first 0 --schedules 500)" || true
+found="$(grep -c '^  failing seed ' <<<"$out" || true)"
+newer="$(grep -c 'VIOLATION: after recover --apply, row n[0-9]* is live 0 times' <<<"$out" || true)"
+if [ "$newer" -eq 0 ]; then
+    echo "$out" >&2
+    echo "with the capture's base ignored, newer-checkpointed seeds 0..500 lost no newer row" >&2
+    exit 1
+fi
+echo "recovery ignoring the capture's base (--fault capture-base-ignored): newer-checkpointed fails at $found of seeds 0..500, the newer generation's rows lost (today's rules: none, the runs above)"
 
 # Rediscovery 2: the WAL-reset race on SQLite 3.50.2, with the rule off and on.
 build_sqlite_3_50

@@ -236,6 +236,10 @@ fn a_stale_wal_in_a_directory_the_service_user_cannot_list_is_set_aside() {
     let stale = &status["guard"]["stale_wal"];
     assert_eq!(stale["action"], "set-aside", "{status}");
     let capture = PathBuf::from(stale["capture"].as_str().unwrap());
-    assert_eq!(artifacts(&dir), vec![capture.clone()], "beside the database");
+    assert_eq!(
+        artifacts(&dir),
+        vec![capture.clone()],
+        "beside the database"
+    );
     assert!(capture.join("manifest.json").is_file());
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
+use crate::process::Other;
 use crate::sched::{Participant, Rng};
 use crate::world::{act, open_direct, sidecar, Act, Shared, Who};
 
@@ -75,6 +76,13 @@ pub const ALL: &[Scenario] = &[
         horizon: 200,
         unfetch: false,
         build: killed_peer,
+    },
+    Scenario {
+        name: "newer-checkpointed",
+        about: "a guarded writer (2 commits before the schedule, 2 in it, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) whose rows the retired writer's capture and its recovery must keep (issue 43)",
+        horizon: 45,
+        unfetch: false,
+        build: newer_checkpointed,
     },
     Scenario {
         name: "wal-reset",
@@ -410,5 +418,64 @@ fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
         ],
         stale_main: None,
         variant: what.name().into(),
+    }
+}
+
+/// Issue 43: a newer generation checkpointed into the main file before the retired writer
+/// notices its loss. W (guarded) is opened in the setup and commits `w1`, `w2` there (in its
+/// WAL only: its first commits, before any loss); in the schedule it commits `w3`, `w4` and
+/// closes. The other participant, `AN`, is the actor and then the newer writer N, one after the
+/// other (N opens after the loss, as a newer generation does): it removes the `-wal`, the `-shm`
+/// or both, then N (guarded or stock) opens in another process (`process.rs`: in this one it
+/// would join W's mapping of the unlinked `-shm`), commits `n1`, `n2`, runs a PASSIVE or
+/// TRUNCATE checkpoint and closes, each statement one step. Every order of the loss, N's commits and
+/// checkpoint, W's next commit (or refusal, and capture) and W's close is a schedule; wherever
+/// W's capture lands, its recovery must not delete or overwrite N's rows.
+fn newer_checkpointed(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    const LOSSES: [&[Act]; 3] = [
+        &[Act::UnlinkWal, Act::UnlinkShm],
+        &[Act::UnlinkWal],
+        &[Act::UnlinkShm],
+    ];
+    let losses = LOSSES[rng.below(3) as usize];
+    let guarded = rng.below(2) == 0;
+    let mode = ["PASSIVE", "TRUNCATE"][rng.below(2) as usize];
+    let conn = crate::world::open(db, true).expect("open the retired writer's connection");
+    let first = names("w", 2);
+    for v in &first {
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+    }
+    l.lock().acked.extend(first.into_iter().map(|v| (v, 0)));
+    let (w, n) = (Who::new("W", l), Who::new("N", l));
+    let retired = part("W", move || {
+        for v in ["w3", "w4"] {
+            w.insert(&conn, v);
+        }
+        w.close(conn, true);
+    });
+    let (path, ledger) = (db.to_path_buf(), Arc::clone(l));
+    let newer = part("AN", move || {
+        for &what in losses {
+            act(&path, what, &ledger);
+        }
+        let Some(mut conn) = Other::open(&n, &path, guarded) else {
+            return;
+        };
+        for v in ["n1", "n2"] {
+            conn.insert(v);
+        }
+        conn.checkpoint(mode);
+        conn.close();
+    });
+    let losses: Vec<&str> = losses.iter().map(|a| a.name()).collect();
+    Built {
+        parts: vec![retired, newer],
+        stale_main: None,
+        variant: format!(
+            "{}; N {}, {mode}",
+            losses.join(" + "),
+            if guarded { "guarded" } else { "stock" }
+        ),
     }
 }

@@ -45,6 +45,17 @@ pub fn register() {
     });
 }
 
+/// Whether `xSleep` returns at once outside a schedule too (`never_sleep`).
+static NEVER_SLEEP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes `xSleep` return at once, as if the time had passed, for the whole process: in a
+/// connection in another process (`process.rs`), run while every participant of the schedule is
+/// parked, a retry (SQLite's WAL read retries sleep up to about 10 s in all before
+/// `SQLITE_PROTOCOL`) cannot see anything change, so its waits would only cost time.
+pub fn never_sleep() {
+    NEVER_SLEEP.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The VFS's own data (`pAppData`): the VFS below.
 struct App {
     below: *mut ffi::sqlite3_vfs,
@@ -225,6 +236,9 @@ unsafe extern "C" fn x_sleep(vfs: *mut ffi::sqlite3_vfs, us: c_int) -> c_int {
     if crate::sched::in_schedule() {
         // Blocked: the turn goes to somebody else instead of the time passing.
         yield_now(Kind::Blocked, || "xSleep".into());
+        return us;
+    }
+    if NEVER_SLEEP.load(std::sync::atomic::Ordering::Relaxed) {
         return us;
     }
     // SAFETY: the VFS below is registered and has this method.

@@ -37,7 +37,12 @@ fn every_scenario_keeps_the_invariants_over_its_first_seeds() {
 
 #[test]
 fn the_loss_scenarios_see_refusals_and_captures() {
-    for name in ["lone-loss", "peer-loss", "restore-running"] {
+    for name in [
+        "lone-loss",
+        "peer-loss",
+        "restore-running",
+        "newer-checkpointed",
+    ] {
         let s = explore(scenario(name), 0, 60);
         assert!(
             s.refusals > 0 && s.captures > 0,
@@ -218,4 +223,25 @@ fn refused_from_the_cache(scenario_name: &str, seeds: &[u64]) {
 #[test]
 fn an_in_place_restore_between_generations_is_refused_before_a_frame_from_the_cache() {
     refused_from_the_cache("restore-running", &[531, 571, 584, 759]);
+}
+
+/// Bug 7, found by `newer-checkpointed` and not fixed (in `KNOWN`): the `-shm` alone unlinked
+/// while W is inside a commit (between its frame's writes, or before them); another process
+/// opens, makes a `-shm` of its own, recovers W's WAL (still at the path) up to its last whole
+/// frame, commits `n1`, `n2` in it at the offsets W is writing and checkpoints them (PASSIVE) or
+/// truncates the WAL (TRUNCATE). W then finishes its frame and is acknowledged: the frame carries
+/// `n1`'s header or follows a truncated WAL's zeroed one, so neither the live file nor W's capture
+/// (taken at its refused next write) holds the row. When this test fails the bug is fixed:
+/// remove it from `KNOWN` (src/lib.rs) and make this a regression test.
+#[test]
+fn a_commit_in_flight_when_the_shm_goes_is_overwritten_by_another_processs_generation() {
+    for seed in [61, 179, 795, 1620] {
+        let o = run_one(scenario("newer-checkpointed"), seed);
+        assert!(o.violations.is_empty(), "{}", o.describe());
+        assert!(
+            o.known.iter().any(|k| k.contains("bug 7")),
+            "seed {seed} no longer shows bug 7 (fixed? see above):\n{}",
+            o.describe()
+        );
+    }
 }

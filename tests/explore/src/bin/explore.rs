@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use hermes_guard_explore::{dfs, explore, explore_dfs, run_with, scenarios};
+use hermes_guard_explore::{dfs, explore, explore_dfs, process, run_with, scenarios};
 
 fn main() -> ExitCode {
     let mut scenario = None;
@@ -23,6 +23,13 @@ fn main() -> ExitCode {
     let mut max = usize::MAX;
     let mut stop_at_first = false;
     let mut args = std::env::args().skip(1);
+    if std::env::args().nth(1).as_deref() == Some(process::CHILD_ARG) {
+        // A connection in another process (`process.rs`), not a command for people.
+        let (Some(db), Some(how)) = (std::env::args().nth(2), std::env::args().nth(3)) else {
+            usage("--child needs a database and guarded|stock");
+        };
+        return process::child_main(std::path::Path::new(&db), &how);
+    }
     while let Some(a) = args.next() {
         let mut value = || {
             args.next()
