@@ -67,14 +67,18 @@ build shm-directory -DSQLITE_THREADSAFE=1 "-DSQLITE_SHM_DIRECTORY=\"$shm_dir\""
 rm -rf "$shm_dir" && mkdir -p "$shm_dir"
 run_ignored shm-directory shm_directory:: 2 HERMES_GUARD_SHM_DIRECTORY="$shm_dir"
 
-# A THREADSAFE=0 library has no sqlite3_mutex_alloc/_free (macros for NULL and nothing there),
-# which rusqlite's bindings link: the same no-ops as functions, in a unit of their own.
+# A THREADSAFE=0 library has no sqlite3_mutex_alloc/_free/_enter/_leave/_try (macros for NULL,
+# nothing and SQLITE_OK there), which rusqlite's bindings and the guard's -shm probe (issue 44:
+# it holds the unix VFS's mutex) link: the same no-ops as functions, in a unit of their own.
 noop_mutex="$target_dir/unusual-sqlite/noop-mutex.c"
 mkdir -p "$(dirname "$noop_mutex")"
 cat > "$noop_mutex" <<'C'
 typedef struct sqlite3_mutex sqlite3_mutex;
 sqlite3_mutex *sqlite3_mutex_alloc(int id) { (void)id; return 0; }
 void sqlite3_mutex_free(sqlite3_mutex *p) { (void)p; }
+void sqlite3_mutex_enter(sqlite3_mutex *p) { (void)p; }
+void sqlite3_mutex_leave(sqlite3_mutex *p) { (void)p; }
+int sqlite3_mutex_try(sqlite3_mutex *p) { (void)p; return 0; }
 C
 build threadsafe-0 -DSQLITE_THREADSAFE=0 "$noop_mutex"
 run_ignored threadsafe-0 single_threaded_sqlite:: 1
