@@ -84,7 +84,7 @@ while IFS= read -r dep; do
     rm -rf "$project"
     mkdir -p "$project/src"
     echo 'fn main() {}' >"$project/src/main.rs"
-    printf '[package]\nname = "resolve"\nversion = "0.1.0"\nedition = "2021"\npublish = false\n\n[dependencies]\nhermes-guard = { path = "%s" }\n%s\n' \
+    printf '[package]\nname = "resolve"\nversion = "0.1.0"\nedition = "2021"\npublish = false\n\n# Its own workspace: the project may lie inside the target directory of this repository.\n[workspace]\n\n[dependencies]\nhermes-guard = { path = "%s" }\n%s\n' \
         "$root" "$dep" >"$project/Cargo.toml"
     if out="$(cd "$project" && cargo generate-lockfile 2>&1)"; then
         echo "   resolves: $dep -> rusqlite $(rusqlite_in "$project/Cargo.lock")"
