@@ -1,4 +1,4 @@
-//! A pool that heals itself (issue 45; cargo feature `r2d2`): an [`r2d2`] manager whose pool
+//! A pool that heals itself (cargo feature `r2d2`): an [`r2d2`] manager whose pool
 //! lets go of the connections of a lost generation and hands out healthy ones, with no restart.
 //!
 //! [`GuardedManager`] wraps any [`r2d2::ManageConnection`] whose connection is a

@@ -272,11 +272,15 @@ pub(crate) fn release_idle_probes() {
 struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
 
 impl UnixVfsMutex {
+    /// The mutex: static, allocated by SQLite once and never freed (NULL in a build without
+    /// mutexes, which every mutex call accepts).
+    fn get() -> *mut rusqlite::ffi::sqlite3_mutex {
+        // SAFETY: asking for a static mutex has no precondition.
+        unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) }
+    }
+
     fn enter() -> UnixVfsMutex {
-        // SAFETY: a static mutex, allocated by SQLite once and never freed (NULL in a build
-        // without mutexes, which every mutex call accepts).
-        let m =
-            unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) };
+        let m = UnixVfsMutex::get();
         // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
         unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
         UnixVfsMutex(m)
@@ -284,9 +288,7 @@ impl UnixVfsMutex {
 
     /// [`UnixVfsMutex::enter`] if no other thread holds it now.
     fn try_enter() -> Option<UnixVfsMutex> {
-        // SAFETY: as in `enter`.
-        let m =
-            unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) };
+        let m = UnixVfsMutex::get();
         // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
         let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
         (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))

@@ -1,4 +1,4 @@
-//! Issue 44, item 1: a process that only opens, reads and closes connections beside two guarded
+//! A process that only opens, reads and closes connections beside two guarded
 //! writer processes that commit and checkpoint is never taken for a victim of an overwrite in
 //! place. Nothing is removed or replaced here, so any retirement (`main-overwritten` at a close),
 //! any capture beside the database and any WARN or ERROR line is a false alarm.

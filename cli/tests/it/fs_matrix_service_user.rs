@@ -1,4 +1,4 @@
-//! Issue 44, item 3: a service user's directory. A daemon runs as `nobody` with
+//! A service user's directory. A daemon runs as `nobody` with
 //! `HOME=/nonexistent` and keeps its database in a directory owned by root that it may create
 //! files in but not list (mode 0773). Its `-wal` is unlinked; its next write is refused. Stock
 //! SQLite keeps every row (its close checkpoints the WAL it holds); the guard used to lose them

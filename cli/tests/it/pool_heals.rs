@@ -1,4 +1,4 @@
-//! Issue 45: a pool that heals itself. An r2d2 pool of 8 connections through the library's
+//! A pool that heals itself. An r2d2 pool of 8 connections through the library's
 //! `pool::GuardedManager`, 4 writer threads each holding a checkout for a batch of inserts; the
 //! `-wal` and `-shm` are unlinked mid-stream. Every write refused on a connection of the lost
 //! generation, retried once by the writer on a fresh checkout, lands; no checkout hands out a

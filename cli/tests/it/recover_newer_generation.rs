@@ -1,4 +1,4 @@
-//! Issue 43: a newer generation checkpointed into the main file before the retired writer
+//! A newer generation checkpointed into the main file before the retired writer
 //! notices its loss. A guarded writer holds `state.db` — 20 rows of history checkpointed into
 //! the main file, 4 rows only in its WAL (automatic checkpoints off) — when its `-wal` and
 //! `-shm` are unlinked. Another process (guarded or stock) then commits 50 rows of its own and

@@ -1,4 +1,4 @@
-//! Issue 44: `HERMES_GUARD_UNSAFE_FS=refuse` on a filesystem where WAL mode is not safe refuses
+//! `HERMES_GUARD_UNSAFE_FS=refuse` on a filesystem where WAL mode is not safe refuses
 //! shared WAL mode, and still lets an existing WAL database be read and taken out of WAL mode
 //! the way its error says: alone, under `PRAGMA locking_mode=EXCLUSIVE` (SQLite keeps the
 //! wal-index in heap memory then), then `PRAGMA journal_mode=DELETE`.

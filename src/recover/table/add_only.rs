@@ -1,4 +1,4 @@
-//! The add-only rule (issue 43, `MergeRule::AddOnly`): a capture whose image may hold a newer
+//! The add-only rule (`MergeRule::AddOnly`): a capture whose image may hold a newer
 //! generation's checkpoints cannot say what its own generation changed or deleted. A row its
 //! delta calls changed is added when the live database lacks that content (under a fresh rowid
 //! when the live table holds other content under its rowid); the live row is never touched. A

@@ -265,7 +265,7 @@ pub(super) unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<DbStat
     unsafe { (*(methods as *const _ as *const FileTable)).state.clone() }
 }
 
-/// Issue 45: whether the main database of the connection `db` is a file of the guard's, and if
+/// Whether the main database of the connection `db` is a file of the guard's, and if
 /// so whether its generation is retired — the flag the write path refuses by
 /// ([`DbState::is_retired`]), read as it stands: no check, no lock of the guard's, no system
 /// call, no SQL. `None`: not a guarded file (another VFS, a temporary or in-memory database).
@@ -284,21 +284,11 @@ pub(crate) unsafe fn retired_flag(db: *mut ffi::sqlite3) -> Option<bool> {
             (&mut f as *mut *mut ffi::sqlite3_file).cast(),
         )
     };
-    if rc != ffi::SQLITE_OK || f.is_null() {
+    if rc != ffi::SQLITE_OK {
         return None;
     }
-    // SAFETY: `f` is the connection's live main file object; its pMethods identifies its type.
-    let methods = unsafe { (*f).pMethods.as_ref() }?;
-    // As `guard_state`: only the guard's tables close through `x_close`.
-    let close = methods.xClose? as *const () as usize;
-    if close != x_close as *const () as usize {
-        return None;
-    }
-    // SAFETY: `x_close` is only ever installed in FileTables, which start with the methods; the
-    // table lives until the file's close, after this call.
-    let table = unsafe { &*(methods as *const ffi::sqlite3_io_methods as *const FileTable) };
-    // SAFETY: a main file's `main_state` is NULL or points into the state its table holds.
-    unsafe { table.main_state.as_ref() }.map(DbState::is_retired)
+    // SAFETY: `f` is NULL or the connection's live main file object.
+    unsafe { guard_state(f) }.map(|state| state.is_retired())
 }
 
 /// Issue 19's judgement of an existing WAL, before SQLite opens it (`stale_wal.rs`).

@@ -1,4 +1,4 @@
-//! Issue 43: whether a capture's main image is the file its WAL generation was written on.
+//! Whether a capture's main image is the file its WAL generation was written on.
 //!
 //! Within one WAL generation the main file changes only by that generation's checkpoints (or by
 //! a restore, which the guard reports as `main-replaced`/`main-overwritten`). A newer generation

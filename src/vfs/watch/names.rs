@@ -1,4 +1,4 @@
-//! Issue 43: the creations a directory watch has seen of each guarded database's names — the
+//! The creations a directory watch has seen of each guarded database's names — the
 //! database itself, `-wal`, `-shm` and `-journal` — so that a capture can say whether its main
 //! image is the one its WAL generation was written on.
 //!
@@ -81,7 +81,7 @@ impl Names {
 }
 
 impl DirWatch {
-    /// Issue 43: counts the creations of the database `name`'s names in the watched directory
+    /// Counts the creations of the database `name`'s names in the watched directory
     /// from now on (`names.rs`).
     pub(crate) fn track(&self, name: &OsStr) {
         if let Some(dir) = self.entries.first() {

@@ -1,7 +1,8 @@
-//! Issue 43's rediscovery: recovery's rules before it (a capture's delta replayed whatever its
-//! `base`), put back by the fault switch `capture-base-ignored` (the guard's `explore-faults`
-//! feature), lose the newer generation's rows in `newer-checkpointed`; today's rules (`add-only`
-//! when the base is not the capture's own) do not. A test binary of its own: the switch is
+//! The rule that a capture's delta is replayed only from an image shown to be its own: with the
+//! fault switch `capture-base-ignored` (the guard's `explore-faults` feature) the delta is
+//! replayed whatever the capture's `base`, and `newer-checkpointed` loses the newer
+//! generation's rows; with the rule (`add-only` when the base is not the capture's own) it does
+//! not. A test binary of its own: the switch is
 //! process-wide (its tests take turns).
 //!
 //! The seeds are PCT seeds of `newer-checkpointed` that fail with the switch on (473 of the
