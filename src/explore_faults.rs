@@ -13,6 +13,10 @@
 //! - [`set_capture_base_ignored`]: recovery before issue 43 — a capture's delta is replayed
 //!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
 //!   rows checkpointed into the captured image read as deleted by the captured generation.
+//! - [`set_judgement_unconfirmed`]: the overwrite judgement before issue 44 — the close judges
+//!   the main file without `READ(0)` shared, and no judgement confirms the frames' progress
+//!   with the wal-index's salts: a checkpoint copying, or a reset starting a generation, under
+//!   the judgement made a healthy connection look overwritten (`main-overwritten`).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -45,4 +49,20 @@ pub fn set_capture_base_ignored(ignored: bool) {
 /// Whether the switch is on.
 pub(crate) fn capture_base_ignored() -> bool {
     CAPTURE_BASE_IGNORED.load(Ordering::Acquire)
+}
+
+/// Issue 44's switch: the overwrite judgement without its lock and confirmation (`true`) or
+/// with them (`false`).
+static JUDGEMENT_UNCONFIRMED: AtomicBool = AtomicBool::new(false);
+
+/// Switches the overwrite judgement to its form before issue 44 (`true`: the close judges
+/// without `READ(0)` shared, the wal-index's salts are not compared) or back to today's, for the
+/// whole process.
+pub fn set_judgement_unconfirmed(on: bool) {
+    JUDGEMENT_UNCONFIRMED.store(on, Ordering::Release);
+}
+
+/// Whether the switch is on.
+pub(crate) fn judgement_unconfirmed() -> bool {
+    JUDGEMENT_UNCONFIRMED.load(Ordering::Acquire)
 }

@@ -8,7 +8,9 @@
 #   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
 #     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/
 #     stale_wal_order.rs); recovery's rules before issue 43 (a fault switch too) over
-#     newer-checkpointed's first 500 seeds (tests/explore/tests/newer_generation.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
+#     newer-checkpointed's first 500 seeds (tests/explore/tests/newer_generation.rs); the
+#     overwrite judgement before issue 44 (`--fault judgement-unconfirmed`) over churn's first
+#     500 seeds (tests/explore/tests/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
 #     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
 #     the guard's rule and not with it (tests/explore/tests/wal_reset.rs).
 #
@@ -112,9 +114,10 @@ echo "explored $total schedules in all; violations $violations"
 
 # Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
 # with 1), each variant the seeds 0..K choose (K 8, or the spec's third field: newer-checkpointed's
-# 12 variants come from seeds 0..21); a process per scenario.
+# 12 variants come from seeds 0..21; churn's first 2 of its 4, a guarded and a stock RESTART
+# writer: 2,946 schedules, about 50 s); a process per scenario.
 dfs_total=0
-for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1 newer-checkpointed:1:21; do
+for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1 newer-checkpointed:1:21 churn:1:2; do
     IFS=: read -r scenario bound variant_seeds <<<"$spec"
     out="$("$explore" --scenario "$scenario" --dfs "$bound" --variant-seeds "${variant_seeds:-8}")" || true
     grep -v '^enumerated ' <<<"$out" | grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' || true
@@ -153,6 +156,19 @@ if [ "$newer" -eq 0 ]; then
     exit 1
 fi
 echo "recovery ignoring the capture's base (--fault capture-base-ignored): newer-checkpointed fails at $found of seeds 0..500, the newer generation's rows lost (today's rules: none, the runs above)"
+
+# Rediscovery 4: the overwrite judgement before issue 44 (`--fault judgement-unconfirmed`: the
+# close judges without READ(0), no confirmation with the wal-index's salts): churn's first 500
+# seeds find a healthy reader retired and captured with nothing taken away (its seeds' tests:
+# tests/explore/tests/churn.rs).
+out="$("$explore" --fault judgement-unconfirmed --scenario churn --first 0 --schedules 500)" || true
+found="$(grep -c '^  failing seed ' <<<"$out" || true)"
+if ! grep -q 'was overwritten in place under this connection' <<<"$out"; then
+    echo "$out" >&2
+    echo "with the unconfirmed overwrite judgement, churn seeds 0..500 retired no reader" >&2
+    exit 1
+fi
+echo "the overwrite judgement unconfirmed (--fault judgement-unconfirmed): churn fails at $found of seeds 0..500, a healthy reader retired (today's judgement: none, the runs above)"
 
 # Rediscovery 2: the WAL-reset race on SQLite 3.50.2, with the rule off and on.
 build_sqlite_3_50

@@ -29,7 +29,7 @@ mod gates;
 mod healing;
 mod left;
 mod open_here;
-mod overwrite;
+pub(in crate::vfs) mod overwrite;
 mod pins;
 #[cfg(test)]
 mod tests;

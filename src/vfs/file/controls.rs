@@ -143,7 +143,7 @@ const READ0: c_int = 3;
 /// wal-index in SQLite's heap (`locking_mode=EXCLUSIVE` from the start: no mapping, and this
 /// connection holds EXCLUSIVE) is judged as it is.
 fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) {
-    if !state.stale_wal().is_mapped() {
+    if !state.stale_wal().is_mapped() || crate::vfs::state::overwrite::unconfirmed() {
         state.judge_main(&open::MainImage(sub));
         return;
     }

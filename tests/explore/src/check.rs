@@ -12,6 +12,8 @@
 //!    a new inode, which the pins see; copied over it in place: issue 34's `main-overwritten`);
 //! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
 //!    acknowledged row is live exactly once, and the database passes its integrity check.
+//! 7. no WARN or ERROR line of the guard (this process's or a child's) in a schedule without a
+//!    loss: with nothing taken away, a line that wakes someone is a false alarm.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -164,6 +166,12 @@ pub fn check(
     let listed = listing.iter().filter(|c| !c.partial).count();
     if ledger.losses.is_empty() && listed > 0 {
         bad.push(format!("{listed} capture(s) without any loss"));
+    }
+    // 7. No alarm without a loss.
+    if ledger.losses.is_empty() {
+        for w in &ledger.warnings {
+            bad.push(format!("the guard logged with nothing taken away: {w}"));
+        }
     }
     // 4. No refusal of a healthy connection.
     let first_loss = ledger.losses.iter().map(|(_, s)| *s).min();

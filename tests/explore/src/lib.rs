@@ -6,6 +6,7 @@
 
 pub mod check;
 pub mod dfs;
+pub mod guard_log;
 pub mod process;
 pub mod scenarios;
 pub mod sched;
@@ -130,6 +131,7 @@ pub fn run_with(
     let keep = std::env::var_os("EXPLORE_KEEP").is_some();
     let db = dir.path().join("state.db");
     let ledger = Arc::new(Mutex::new(Ledger::default()));
+    guard_log::start();
     // The variant and the depth from the seed, apart from the scheduler's own stream.
     let mut rng = Rng::new(seed.wrapping_mul(31).wrapping_add(7));
     let depth = 1 + rng.below(3) as usize;
@@ -167,6 +169,7 @@ pub fn run_with(
     drop(l);
     drop(abandoned);
     let mut l = ledger.lock();
+    l.warnings.extend(guard_log::take());
     let guard_first = guard_first(&run);
     violations.extend(check::check(
         &db,
@@ -218,9 +221,19 @@ pub mod faults {
     /// The faults switched on: a bit per name of `NAMES`.
     static ON: AtomicUsize = AtomicUsize::new(0);
 
-    /// The names `--fault` takes: the stale-WAL gate's order before issue 33, and recovery's
-    /// rules before issue 43 (a capture's delta replayed whatever its base).
-    pub const NAMES: &[&str] = &["judged-before-exclusive", "capture-base-ignored"];
+    /// The names `--fault` takes: the stale-WAL gate's order before issue 33, recovery's
+    /// rules before issue 43 (a capture's delta replayed whatever its base), and the overwrite
+    /// judgement before issue 44 (no `READ(0)` at the close, no confirmation with the
+    /// wal-index's salts).
+    pub const NAMES: &[&str] = &[
+        "judged-before-exclusive",
+        "capture-base-ignored",
+        "judgement-unconfirmed",
+    ];
+
+    /// The environment variable that hands the faults switched on to a child process
+    /// (`process.rs`): their names, comma-separated.
+    pub const CHILD_ENV: &str = "EXPLORE_CHILD_FAULTS";
 
     /// The stale-WAL gate's window between its judgement and its EXCLUSIVE attempt, in the
     /// order before issue 33: a yield point.
@@ -239,6 +252,9 @@ pub mod faults {
                 ))
             }
             "capture-base-ignored" => hermes_guard::explore_faults::set_capture_base_ignored(true),
+            "judgement-unconfirmed" => {
+                hermes_guard::explore_faults::set_judgement_unconfirmed(true)
+            }
             _ => return false,
         }
         let bit = NAMES
@@ -253,11 +269,24 @@ pub mod faults {
     pub fn switch_off() {
         hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(None);
         hermes_guard::explore_faults::set_capture_base_ignored(false);
+        hermes_guard::explore_faults::set_judgement_unconfirmed(false);
         ON.store(0, Ordering::Release);
     }
 
     pub fn any_on() -> bool {
         ON.load(Ordering::Acquire) != 0
+    }
+
+    /// The faults switched on, comma-separated (for [`CHILD_ENV`]).
+    pub fn names_on() -> String {
+        let on = ON.load(Ordering::Acquire);
+        let names: Vec<&str> = NAMES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| on & (1 << i) != 0)
+            .map(|(_, n)| *n)
+            .collect();
+        names.join(",")
     }
 
     /// The `--fault` arguments of a replay (empty when none is on).

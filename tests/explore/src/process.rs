@@ -53,6 +53,7 @@ impl Other {
         yield_now(Kind::Go, || format!("open {how} (another process)"));
         let exe = explorer_exe();
         let mut child = Command::new(&exe)
+            .env(crate::faults::CHILD_ENV, crate::faults::names_on())
             .arg(CHILD_ARG)
             .arg(db)
             .arg(how)
@@ -92,6 +93,14 @@ impl Other {
                 self.saw(&format!("insert {v}"), &e);
                 false
             }
+        }
+    }
+
+    /// A step: counts the rows (a read transaction).
+    pub fn count(&mut self) {
+        yield_now(Kind::Go, || "count (another process)".into());
+        if let Err(e) = self.ask("count") {
+            self.saw("count", &e);
         }
     }
 
@@ -156,6 +165,11 @@ impl Other {
         let status = self.child.wait();
         let mut l = self.who.ledger.lock();
         for line in err.lines().filter(|l| !l.trim().is_empty()) {
+            if let Some(logged) = line.strip_prefix(crate::guard_log::CHILD_PREFIX) {
+                l.warnings
+                    .push(format!("{} (another process): {logged}", self.who.name));
+                continue;
+            }
             l.errors.push(format!(
                 "{} (another process) stderr: {line}",
                 self.who.name
@@ -179,11 +193,19 @@ impl Drop for Other {
 }
 
 /// The child's side (`explore --child <db> guarded|stock`): opens `db` and answers `ok` or `err
-/// <extended code> <message>` to the open and to each line of its stdin: `insert <v>`,
+/// <extended code> <message>` to the open and to each line of its stdin: `insert <v>`, `count`,
 /// `checkpoint <mode>`, `close` (then it exits; so it does at the end of its stdin).
 pub fn child_main(db: &Path, how: &str) -> ExitCode {
     crate::vfs::register();
     crate::vfs::never_sleep();
+    crate::guard_log::to_stderr();
+    for name in std::env::var(crate::faults::CHILD_ENV)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+    {
+        assert!(crate::faults::switch_on(name), "no fault {name}");
+    }
     let guarded = how == "guarded";
     let answer = |r: Result<(), String>| {
         let mut out = std::io::stdout().lock();
@@ -224,6 +246,11 @@ pub fn child_main(db: &Path, how: &str) -> ExitCode {
         match what {
             "insert" => answer(
                 c.execute("INSERT INTO t(v) VALUES (?1)", [arg])
+                    .map(|_| ())
+                    .map_err(|e| failure(&e)),
+            ),
+            "count" => answer(
+                c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
                     .map(|_| ())
                     .map_err(|e| failure(&e)),
             ),

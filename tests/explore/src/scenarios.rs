@@ -85,6 +85,13 @@ pub const ALL: &[Scenario] = &[
         build: newer_checkpointed,
     },
     Scenario {
+        name: "churn",
+        about: "no loss: a guarded reader in another process opening, counting and closing, over and over, beside a guarded writer checkpointing PASSIVE and a guarded or stock one checkpointing RESTART (issue 44: no retirement, no capture, no WARN line)",
+        horizon: 160,
+        unfetch: false,
+        build: churn,
+    },
+    Scenario {
         name: "wal-reset",
         about: "no loss: a guarded checkpointer (a complete checkpoint of any mode, then a PASSIVE one) beside a guarded writer whose commits reset the WAL it finds wholly checkpointed (the WAL-reset race of SQLite 3.7.0-3.51.2)",
         horizon: 120,
@@ -476,6 +483,55 @@ fn newer_checkpointed(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             "{}; N {}, {mode}",
             losses.join(" + "),
             if guarded { "guarded" } else { "stock" }
+        ),
+    }
+}
+
+/// Issue 44: ordinary churn, nothing taken away. Two writers in this process commit and
+/// checkpoint (W1 guarded, PASSIVE; W2 guarded or stock, RESTART: its next commit resets the
+/// WAL), each main-file write of their checkpoints and each WAL write of their commits a step;
+/// the reader R is another process (`process.rs`: its own POSIX locks, as the churning process
+/// of the report had), guarded, opening, counting and closing 2 or 3 times, each statement one
+/// step. So R's close, and its judgement of the main file, fall between any two writes of a
+/// checkpoint copying frames and in the middle of a WAL reset. None of it may retire, capture
+/// or log a WARN line (`check.rs`, invariants 3, 4 and 7).
+fn churn(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &["c1", "c2"]);
+    let stock = rng.below(2) == 0;
+    let cycles = 2 + rng.below(2) as usize;
+    let committer = |name: &str, guarded: bool, rows: [&'static str; 2], mode: &'static str| {
+        let (who, path) = (Who::new(name, l), db.to_path_buf());
+        part(name, move || {
+            let Some(conn) = who.open(&path, guarded) else {
+                return;
+            };
+            for v in rows {
+                who.insert(&conn, v);
+                who.checkpoint(&conn, mode);
+            }
+            who.close(conn, guarded);
+        })
+    };
+    let (r, path) = (Who::new("R", l), db.to_path_buf());
+    let reader = part("R", move || {
+        for _ in 0..cycles {
+            let Some(mut conn) = Other::open(&r, &path, true) else {
+                continue;
+            };
+            conn.count();
+            conn.close();
+        }
+    });
+    Built {
+        parts: vec![
+            committer("W1", true, ["p1", "p2"], "PASSIVE"),
+            committer("W2", !stock, ["r1", "r2"], "RESTART"),
+            reader,
+        ],
+        stale_main: None,
+        variant: format!(
+            "W2 {}, R {cycles} cycles",
+            if stock { "stock" } else { "guarded" }
         ),
     }
 }

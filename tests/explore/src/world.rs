@@ -28,6 +28,9 @@ pub struct Ledger {
     pub refusals: Vec<(String, usize)>,
     /// Losses the actors caused: (what, step).
     pub losses: Vec<(String, usize)>,
+    /// The guard's WARN and ERROR lines during the schedule, this process's and its children's
+    /// (`guard_log.rs`).
+    pub warnings: Vec<String>,
     /// Other errors the scripts saw (not violations by themselves): the replay shows them.
     pub errors: Vec<String>,
     /// Connections abandoned without a close (a killed process's): open until the schedule
