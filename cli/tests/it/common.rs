@@ -14,6 +14,24 @@ pub const SENTINEL_PREFIX: &str = "committed only in the retired WAL ";
 
 pub use hermes_guard::paths::sidecar;
 
+/// The page sizes every test of a judgement that reads the main file's pages runs at (the
+/// overwrite judgement, the kept reads, the stale-WAL judgement): the smallest, the default, a
+/// large one and the largest, whose header field reads `00 01`.
+pub const PAGE_SIZES: [u32; 4] = [512, 4096, 32768, 65536];
+
+/// Makes `db` (absent) an empty WAL database of `page_size`-byte pages, closed.
+pub fn made_with_page_size(db: &Path, page_size: u32) {
+    let made = Connection::open(db).unwrap();
+    made.execute_batch(&format!(
+        "PRAGMA page_size={page_size}; PRAGMA journal_mode=WAL; VACUUM"
+    ))
+    .unwrap();
+    let got: u32 = made
+        .query_row("PRAGMA page_size", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(got, page_size);
+}
+
 /// A connection through hermes-guard, in WAL mode, with the `messages` table.
 pub fn open_guarded(path: &Path) -> Connection {
     hermes_guard::register().unwrap();

@@ -34,10 +34,19 @@ fn copy_restore_under_a_running_app(db: &Path) -> (Vec<String>, serde_json::Valu
     (acknowledged, checkpoint)
 }
 
+/// At every page size of `PAGE_SIZES`.
 #[test]
 fn an_in_place_copy_over_the_database_is_refused_captured_and_recovered_once() {
+    for page_size in PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        in_place_copy_is_refused_captured_and_recovered_once(page_size);
+    }
+}
+
+fn in_place_copy_is_refused_captured_and_recovered_once(page_size: u32) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    made_with_page_size(&db, page_size);
     let (acknowledged, checkpoint) = copy_restore_under_a_running_app(&db);
     assert!(
         checkpoint["error"]
@@ -69,12 +78,20 @@ fn an_in_place_copy_over_the_database_is_refused_captured_and_recovered_once() {
 
 /// Checkpoints held back by a reader copy part of the WAL into the main file: the next
 /// checkpoint finds pages that are not as the generation began but are frames a checkpoint
-/// copied, and goes on (no false alarm); so does the close.
+/// copied, and goes on (no false alarm); so does the close. At every page size of `PAGE_SIZES`.
 #[test]
 fn partial_checkpoints_under_a_reader_are_not_taken_for_an_overwrite() {
+    for page_size in PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        partial_checkpoints_are_no_overwrite(page_size);
+    }
+}
+
+fn partial_checkpoints_are_no_overwrite(page_size: u32) {
     use hermes_guard::GuardExt;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    made_with_page_size(&db, page_size);
     let writer = open_guarded(&db);
     writer.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
     checkpointed_history(&writer);
@@ -129,12 +146,21 @@ fn partial_checkpoints_under_a_reader_are_not_taken_for_an_overwrite() {
 }
 
 /// The bench's W1: one-row transactions under the default autocheckpoint, then the close: every
-/// checkpoint and the close judge the main file, and none takes it for an overwrite.
+/// checkpoint and the close judge the main file, and none takes it for an overwrite. At every
+/// page size of `PAGE_SIZES`.
 #[test]
 fn autocheckpoints_and_the_close_of_a_busy_writer_are_no_overwrite() {
+    for page_size in PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        autocheckpoints_are_no_overwrite(page_size);
+    }
+}
+
+fn autocheckpoints_are_no_overwrite(page_size: u32) {
     use hermes_guard::GuardExt;
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    made_with_page_size(&db, page_size);
     let conn = open_guarded(&db);
     conn.execute_batch("PRAGMA synchronous=NORMAL").unwrap();
     for i in 0..3000 {

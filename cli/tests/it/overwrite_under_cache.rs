@@ -47,33 +47,22 @@ fn copy_in_place_then_write(
     refused
 }
 
+/// At every page size of `PAGE_SIZES` (issue 44: at 64 KiB pages, whose header field reads
+/// `00 01`, a second decoder took it for no page size, kept no page, and let the copy be written
+/// over).
 #[test]
 fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_a_frame() {
-    copy_in_place_under_a_cache_is_refused(None);
+    for page_size in PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        copy_in_place_under_a_cache_is_refused(page_size);
+    }
 }
 
-/// Issue 44: the same at 64 KiB pages, whose header field reads `00 01` (a second decoder took
-/// it for no page size, kept no page, and let the copy be written over).
-#[test]
-fn a_copy_in_place_under_a_cache_of_64_kib_pages_is_refused_before_a_frame() {
-    copy_in_place_under_a_cache_is_refused(Some(65536));
-}
-
-/// `page_size`: the database is made with that page size before the application opens it.
-fn copy_in_place_under_a_cache_is_refused(page_size: Option<u32>) {
+/// The database is made with `page_size` before the application opens it.
+fn copy_in_place_under_a_cache_is_refused(page_size: u32) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
-    if let Some(size) = page_size {
-        let made = Connection::open(&db).unwrap();
-        made.execute_batch(&format!(
-            "PRAGMA page_size={size}; PRAGMA journal_mode=WAL; VACUUM"
-        ))
-        .unwrap();
-        let got: u32 = made
-            .query_row("PRAGMA page_size", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(got, size);
-    }
+    made_with_page_size(&db, page_size);
     let (mut gw, _) = Gateway::start(&db, "guard");
     // `ack 0..8`, the backup, `ack 8..16`.
     let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, &db);
@@ -124,10 +113,19 @@ fn copy_in_place_under_a_cache_is_refused(page_size: Option<u32>) {
 /// application's next read refills its cache from the main file, the backup is copied over it in
 /// place, and the application writes: refused before its first frame; neither the peer's rows
 /// nor the application's since the backup come back.
+/// At every page size of `PAGE_SIZES`.
 #[test]
 fn a_copy_in_place_after_a_stock_peer_emptied_the_wal_is_refused_at_the_next_write() {
+    for page_size in PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        copy_in_place_after_a_stock_peer_is_refused(page_size);
+    }
+}
+
+fn copy_in_place_after_a_stock_peer_is_refused(page_size: u32) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    made_with_page_size(&db, page_size);
     let (mut gw, _) = Gateway::start(&db, "guard");
     let (mut acknowledged, backup) = writes_around_a_backup(&mut gw, &db);
     let seen = write_second_generation(&db, "stock", 5);

@@ -122,18 +122,27 @@ fn assert_verified_and_recovered(capture: &Path, db: &Path, pre_restore: &Path, 
     assert!(integrity_ok(&conn));
 }
 
-fn setup(name: &str) -> (tempfile::TempDir, PathBuf, PathBuf) {
+fn setup(name: &str, page_size: u32) -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join(name);
+    common::made_with_page_size(&db, page_size);
     let backup = dir.path().join("backups").join(name);
     fs::create_dir(backup.parent().unwrap()).unwrap();
     seed_with_backup(&db, &backup);
     (dir, db, backup)
 }
 
+/// At every page size of `PAGE_SIZES` (as the next three).
 #[test]
 fn a_copy_over_in_place_is_opened_as_restored_and_the_stale_wal_set_aside() {
-    let (dir, db, backup) = setup("state.db");
+    for page_size in common::PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        copy_over_in_place_is_set_aside(page_size);
+    }
+}
+
+fn copy_over_in_place_is_set_aside(page_size: u32) {
+    let (dir, db, backup) = setup("state.db", page_size);
     let at_death = killed_writer(&db, "guard", 30);
     let wal = fs::read(sidecar(&db, "-wal")).unwrap();
     let pre_restore = dir.path().join("backups").join("pre-restore.db");
@@ -154,7 +163,14 @@ fn a_copy_over_in_place_is_opened_as_restored_and_the_stale_wal_set_aside() {
 
 #[test]
 fn a_rename_over_is_opened_as_restored_and_the_stale_wal_set_aside() {
-    let (_dir, db, backup) = setup("state.db");
+    for page_size in common::PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        rename_over_is_set_aside(page_size);
+    }
+}
+
+fn rename_over_is_set_aside(page_size: u32) {
+    let (_dir, db, backup) = setup("state.db", page_size);
     killed_writer(&db, "guard", 30);
     let wal = fs::read(sidecar(&db, "-wal")).unwrap();
     let staged = sidecar(&db, ".restore-tmp");
@@ -165,8 +181,16 @@ fn a_rename_over_is_opened_as_restored_and_the_stale_wal_set_aside() {
 
 #[test]
 fn a_raw_copy_taken_while_the_wal_was_live_restored_later_is_not_replayed_onto() {
+    for page_size in common::PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        raw_copy_restored_later_is_not_replayed_onto(page_size);
+    }
+}
+
+fn raw_copy_restored_later_is_not_replayed_onto(page_size: u32) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("state.db");
+    common::made_with_page_size(&db, page_size);
     let conn = open_guarded(&db);
     for i in 0..RESTORED {
         insert(&conn, &format!("restored {i}")).unwrap();
@@ -190,7 +214,14 @@ fn a_raw_copy_taken_while_the_wal_was_live_restored_later_is_not_replayed_onto()
 
 #[test]
 fn another_databases_wal_left_beside_this_one_is_not_replayed() {
-    let (dir, db, _backup) = setup("state.db");
+    for page_size in common::PAGE_SIZES {
+        eprintln!("page size {page_size}");
+        another_databases_wal_is_not_replayed(page_size);
+    }
+}
+
+fn another_databases_wal_is_not_replayed(page_size: u32) {
+    let (dir, db, _backup) = setup("state.db", page_size);
     let other_dir = dir.path().join("other");
     fs::create_dir(&other_dir).unwrap();
     let other = other_dir.join("state.db");
@@ -203,7 +234,7 @@ fn another_databases_wal_left_beside_this_one_is_not_replayed() {
 /// The same restore on the stock VFS: the restore is undone (what the guard prevents).
 #[test]
 fn on_the_stock_vfs_the_same_restore_is_silently_undone() {
-    let (_dir, db, backup) = setup("state.db");
+    let (_dir, db, backup) = setup("state.db", 4096);
     let at_death = killed_writer(&db, "guard", 30);
     fs::copy(&backup, &db).unwrap();
     let conn = common::open_stock(&db);
@@ -214,7 +245,7 @@ fn on_the_stock_vfs_the_same_restore_is_silently_undone() {
 test_alone! {
     fn strict_mode_refuses_the_open_and_moves_nothing() {
         hermes_guard::set_stale_wal_policy(hermes_guard::StaleWalPolicy::Refuse);
-        let (_dir, db, backup) = setup("state.db");
+        let (_dir, db, backup) = setup("state.db", 4096);
         killed_writer(&db, "guard", 30);
         let wal = fs::read(sidecar(&db, "-wal")).unwrap();
         let shm = fs::read(sidecar(&db, "-shm")).unwrap();
