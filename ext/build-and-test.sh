@@ -11,7 +11,8 @@
 #      that the npm package sqlite3@5.0.2 ships (LD_LIBRARY_PATH);
 # every run also proves the clear load-time error of a host below the minimum (SQLite 3.32.3, from
 # sqlite3@5.0.1, in the distribution's Python). Then the distribution's sqlite3 shell loads the
-# extension and guards a database. Then python/run-tests.sh builds the Python package
+# extension and guards a database, and Node's better-sqlite3 (from npm, compiled here) loads it
+# and runs the loss scenario (tests/node.sh). Then python/run-tests.sh builds the Python package
 # (`pip install ./python`, `pip wheel ./python`) in fresh virtual environments and runs its pytest
 # suite (python/tests). Then tests/loom.sh checks the loom model of the guard's lock-free protocol
 # (src/vfs/loom_protocol.rs), tests/crash-points.sh the crash points and tests/explore.sh the
@@ -187,6 +188,16 @@ EOF
     rm -rf "$work"
 else
     required_skip "the sqlite3 shell ($shell)" "not installed"
+fi
+
+# Node: better-sqlite3 (from npm, compiled here) loads the extension and is guarded; the loss
+# scenario with the command's recovery (tests/node.sh).
+if command -v node >/dev/null && command -v npm >/dev/null; then
+    echo "== Node: better-sqlite3 $(node --version) (tests/node.sh)"
+    cargo build -q -p hermes-guard-cli
+    bash tests/node.sh "$ext" "$target_dir/debug/hermes-guard"
+else
+    required_skip "Node (better-sqlite3)" "node or npm not installed"
 fi
 
 # The Python package (python/): `pip install ./python` into a fresh venv of the distribution's
