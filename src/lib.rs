@@ -38,6 +38,11 @@
 //!   [`GuardExt::ensure_captured`], [`GuardExt::classify`],
 //!   [`GuardExt::capture_retired_generation`], [`GuardExt::is_retired`]); [`close`], which
 //!   settles only once a retired generation is captured.
+//! - Without rusqlite's types: the SQL functions `hermes_guard_status([schema])`,
+//!   `hermes_guard_capture([schema])` and `hermes_guard_retry_pending()`, on every connection
+//!   opened after [`register`] ([`sql_functions`]; [`sql_functions::install`] for one opened
+//!   before); and [`raw`], the [`GuardExt`] calls on a `*mut sqlite3` (sqlx's, diesel's, any
+//!   rusqlite's `handle()`).
 //! - In a pool (cargo feature `r2d2`): `pool::GuardedManager`, an r2d2 manager (or the wrapper
 //!   of one) whose pool lets go of retired connections and opens healthy ones.
 //! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
@@ -109,6 +114,8 @@ pub use stale_wal::{
     set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
 };
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
+#[cfg(target_os = "linux")]
+pub use vfs::{raw, sql_functions};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 pub use wal_at_path::{judge_wal_at_path, WalAtPath};
 pub use wal_reset::{

@@ -19,7 +19,8 @@
 //! This crate has no shim of its own: it depends on the library (`hermes-guard`, without `bundled`)
 //! and chooses rusqlite's `loadable_extension`, which sends every `ffi::sqlite3_*` call — the
 //! library's included — through the host's `sqlite3_api_routines`. It uses the library's public
-//! API only (`register`, `register_as_default`, `retry_pending_captures`).
+//! API only (`register`, `register_as_default`, `sql_functions::install`): the functions are the
+//! library's, which its registration installs on every connection opened afterwards.
 
 mod events;
 mod host_api;
@@ -30,7 +31,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rusqlite::functions::{Context, FunctionFlags};
 use rusqlite::{ffi, Connection};
 
 pub use version::{check_host_version, MIN_SQLITE_VERSION_NUMBER};
@@ -149,25 +149,9 @@ unsafe fn init(
     // SAFETY: `db` is the connection loading us, open for this call; the Connection made from it
     // does not own it and is dropped before we return.
     let conn = unsafe { Connection::from_handle(db) }.map_err(|e| e.to_string())?;
-    register_functions(&conn).map_err(|e| format!("hermes-guard: {e}"))?;
-    // Every connection opened from now on gets the functions too. The pointer stays valid:
-    // the extension is loaded permanently.
-    // SAFETY: SQLite calls auto-extensions with the entry-point signature `auto_init` has.
-    let rc = unsafe {
-        ffi::sqlite3_auto_extension(Some(std::mem::transmute::<
-            unsafe extern "C" fn(
-                *mut ffi::sqlite3,
-                *mut *mut c_char,
-                *const ffi::sqlite3_api_routines,
-            ) -> c_int,
-            unsafe extern "C" fn(),
-        >(auto_init)))
-    };
-    if rc != ffi::SQLITE_OK {
-        return Err(format!(
-            "hermes-guard: sqlite3_auto_extension returned {rc}"
-        ));
-    }
+    // Connections opened from now on get the functions from the library's registration (an
+    // auto-extension); this one was open before it.
+    guard::sql_functions::install(&conn).map_err(|e| format!("hermes-guard: {e}"))?;
     Ok(())
 }
 
@@ -203,91 +187,6 @@ fn default_from_env(value: Option<std::ffi::OsString>) -> Result<bool, String> {
             other.unwrap_or("<not UTF-8>")
         )),
     }
-}
-
-/// Registers the SQL functions on each connection opened after the extension was loaded.
-unsafe extern "C" fn auto_init(
-    db: *mut ffi::sqlite3,
-    _pz_err_msg: *mut *mut c_char,
-    _p_api: *const ffi::sqlite3_api_routines,
-) -> c_int {
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: `db` is the connection being opened, valid for this call; not owned here.
-        let conn = unsafe { Connection::from_handle(db) }?;
-        register_functions(&conn)
-    }));
-    match outcome {
-        Ok(Ok(())) => {}
-        // Failing here would fail the open of a database that may not even be guarded; the
-        // missing function says "no such function" when it is asked for.
-        Ok(Err(e)) => log::warn!("hermes-guard: SQL functions not registered on a connection: {e}"),
-        Err(_) => log::error!("hermes-guard: internal panic registering the SQL functions"),
-    }
-    ffi::SQLITE_OK
-}
-
-fn register_functions(conn: &Connection) -> rusqlite::Result<()> {
-    // They stat and write files: callable from top-level SQL only, never from a schema's
-    // triggers or views.
-    let flags = FunctionFlags::SQLITE_UTF8 | FunctionFlags::SQLITE_DIRECTONLY;
-    for n_arg in [0, 1] {
-        conn.create_scalar_function(c"hermes_guard_status", n_arg, flags, |ctx| {
-            guard_pragma(ctx, "hermes_guard_status")
-        })?;
-        conn.create_scalar_function(c"hermes_guard_capture", n_arg, flags, |ctx| {
-            guard_pragma(ctx, "hermes_guard_capture")
-        })?;
-    }
-    conn.create_scalar_function(c"hermes_guard_retry_pending", 0, flags, |_| {
-        Ok(guard::retry_pending_captures() as i64)
-    })?;
-    Ok(())
-}
-
-/// Runs the guard's pragma on the calling connection's schema (argument 0, default `main`).
-fn guard_pragma(ctx: &Context<'_>, pragma: &str) -> rusqlite::Result<String> {
-    let schema: String = if ctx.is_empty() {
-        "main".to_owned()
-    } else {
-        ctx.get(0)?
-    };
-    // SAFETY: the connection running this function, used only for nested queries inside the
-    // call, as SQLite allows.
-    let conn = unsafe { ctx.get_connection() }?;
-    let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
-    let reply = conn.query_row(&format!("PRAGMA {quoted}.{pragma}"), [], |r| {
-        r.get::<_, String>(0)
-    });
-    match reply {
-        Ok(json) => Ok(json),
-        Err(rusqlite::Error::QueryReturnedNoRows) => {
-            // An unknown schema fails the PRAGMA itself; this one exists but is not guarded.
-            let file: String = conn
-                .query_row(
-                    "SELECT file FROM pragma_database_list WHERE name = ?1",
-                    [&schema],
-                    |r| r.get(0),
-                )
-                .unwrap_or_default();
-            let file = if file.is_empty() {
-                "in memory or temporary".to_owned()
-            } else {
-                file
-            };
-            Err(user_error(format!(
-                "{pragma}: schema {schema:?} ({file}) is not opened through the hermes-guard VFS; \
-                 open it as file:<path>?vfs=hermes-guard once the extension is loaded"
-            )))
-        }
-        Err(rusqlite::Error::SqliteFailure(_, Some(message))) => {
-            Err(user_error(format!("{pragma}: {message}")))
-        }
-        Err(e) => Err(e),
-    }
-}
-
-fn user_error(message: String) -> rusqlite::Error {
-    rusqlite::Error::UserFunctionError(message.into())
 }
 
 /// Hands `message` to SQLite as the load error, in memory from the host's allocator.

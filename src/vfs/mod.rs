@@ -10,8 +10,10 @@ mod in_use;
 mod locked_fds;
 mod main_reads;
 mod methods;
+pub mod raw;
 mod retry;
 mod shield;
+pub mod sql_functions;
 mod stale_wal;
 mod stale_wal_gate;
 pub(crate) mod state;
@@ -56,6 +58,9 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
     if registered.is_none() {
         // Before any file is opened through the guard: a forked child must be told apart.
         fork::install();
+        // The SQL functions on every connection opened from now on (hosts without rusqlite's
+        // types ask the guard through them).
+        sql_functions::install_for_every_connection();
         // A last capture attempt for what is still held when the process exits normally.
         // SAFETY: `at_exit` is a plain `extern "C" fn()` that never unwinds (it catches panics).
         unsafe { libc::atexit(file::at_exit) };

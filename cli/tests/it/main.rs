@@ -86,6 +86,7 @@ mod pause_vfs;
 mod plain_rusqlite;
 mod pool_heals;
 mod process_exit_recovery;
+mod raw_handle;
 mod reconnect;
 mod recover_cli;
 mod recover_delta;

@@ -1,0 +1,74 @@
+//! The guard's calls on a raw connection handle (`*mut sqlite3`), for hosts that do not hand out
+//! a `rusqlite::Connection`: sqlx (`conn.lock_handle().await?.as_raw_handle().as_ptr()`), diesel
+//! (`SqliteConnection::with_raw_connection`), any rusqlite's `Connection::handle()`, or a C
+//! host's handle. Each is [`GuardExt`](crate::GuardExt)'s call of the same name, on the
+//! handle's `main` database, with the same answers and errors; none closes the handle.
+//!
+//! The handle must come from the SQLite library this crate links (in a Cargo graph there is one:
+//! Cargo allows one `links = "sqlite3"` package), be open, and not be used by another thread
+//! during the call.
+
+use std::ffi::c_int;
+
+use rusqlite::{ffi, Connection};
+
+use crate::{ErrorClass, GuardError, GuardExt, GuardStatus};
+
+/// Borrows `db` as a `rusqlite::Connection` that does not own it (its drop closes nothing).
+///
+/// # Safety
+/// As the module says: an open handle of this SQLite library, not used elsewhere meanwhile.
+unsafe fn borrowed(db: *mut ffi::sqlite3) -> Result<Connection, GuardError> {
+    // SAFETY: as the caller promises; `from_handle` does not take ownership.
+    Ok(unsafe { Connection::from_handle(db) }?)
+}
+
+/// The guard's status of the handle's `main` database, after the retirement check
+/// ([`GuardExt::guard_status`]). [`GuardError::NotGuarded`] when it was not opened through the
+/// guard.
+///
+/// # Safety
+/// `db` is an open connection handle of the SQLite library this crate links, not used by another
+/// thread during the call.
+pub unsafe fn status(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
+    // SAFETY: as the caller promises.
+    unsafe { borrowed(db) }?.guard_status()
+}
+
+/// Makes sure a retired generation of the handle's `main` database is captured; the status
+/// ([`GuardExt::ensure_captured`]). Call it before closing the handle where the host's close
+/// cannot be kept from running ([`crate::close`]'s promise, by hand): on an error the
+/// generation is not captured yet, and the handle should stay open for a retry.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn ensure_captured(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
+    // SAFETY: as the caller promises.
+    unsafe { borrowed(db) }?.ensure_captured()
+}
+
+/// Whether the guard has retired the handle's `main` database, as far as it knows now
+/// ([`GuardExt::is_retired`]): an atomic load, no system call, no SQL — cheap enough for a
+/// pool's check at every checkout. `false` for a handle not opened through the guard.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn is_retired(db: *mut ffi::sqlite3) -> bool {
+    // SAFETY: as the caller promises; the handle does not outlive the call.
+    unsafe { super::file::retired_flag(db) }.unwrap_or(false)
+}
+
+/// What an error with SQLite's `extended_code`, returned on this handle, means for the
+/// application ([`GuardExt::classify`]): for hosts whose error type keeps only the code
+/// (`SQLITE_READONLY_DBMOVED` is 1032).
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn classify(db: *mut ffi::sqlite3, extended_code: c_int) -> ErrorClass {
+    let err = rusqlite::Error::SqliteFailure(ffi::Error::new(extended_code), None);
+    // SAFETY: as the caller promises.
+    match unsafe { borrowed(db) } {
+        Ok(conn) => conn.classify(&err),
+        Err(_) => ErrorClass::from_parts(&err, None),
+    }
+}
