@@ -55,6 +55,33 @@ shell="${SQLITE3_SHELL:-/usr/bin/sqlite3}"
 in_ci="${CI:-}"
 
 skipped=()
+# The sub-scripts that can skip (tests/fs-matrix.sh, tests/crash-points.sh, python/run-tests.sh)
+# append "what: why" lines here; the last line of this run names them with the hosts below.
+export HERMES_GUARD_SKIPS="$target_dir/skipped.txt"
+mkdir -p "$target_dir"
+: >"$HERMES_GUARD_SKIPS"
+
+# What this run installs, mounts and needs, said before anything starts.
+missing_tools=()
+for tool in mkfs.xfs mkfs.btrfs; do command -v "$tool" >/dev/null || missing_tools+=("$tool"); done
+echo "== ext/build-and-test.sh: what it installs, mounts and needs"
+echo "   into $target_dir only: a Python venv (pip: tests/python/requirements.txt, apsw $OLDEST_APSW),"
+echo "     SQLite 3.34.0 and 3.32.3 compiled from npm sqlite3@$MINIMUM_NPM/@$TOO_OLD_NPM, better-sqlite3 from npm"
+echo "     (compiled by node-gyp), the Python package in fresh venvs, SQLite 3.50.2 and unusual builds (gcc),"
+echo "     the oldest rusqlite's build (crates.io); network for pip, npm and crates.io"
+if [ "$(id -u)" = 0 ]; then
+    if [ "${#missing_tools[@]}" -gt 0 ]; then
+        echo "   system packages: apt-get install xfsprogs btrfs-progs (${missing_tools[*]} missing now)"
+    else
+        echo "   system packages: none (mkfs.xfs and mkfs.btrfs are there)"
+    fi
+    echo "   mounts, as root: ext4, xfs and btrfs loop images, tmpfs and overlayfs (tests/fs-matrix.sh),"
+    echo "     the power-loss filesystem over FUSE (tests/crash-points.sh); unshare (pid namespaces) and setpriv (nobody)"
+else
+    echo "   not root ($(id -un 2>/dev/null || id -u)): no apt-get, no mounts; the filesystem matrix is skipped, and the crash"
+    echo "     points unless fusermount3 is there; the last line names what did not run"
+fi
+
 skip() { # skip <what> <why>: a host that cannot be had here
     echo "!! SKIPPED: $1: $2" >&2
     skipped+=("$1: $2")
@@ -224,9 +251,15 @@ bash tests/system-sqlite.sh
 echo "== the oldest rusqlite of the library's range (tests/rusqlite-range.sh)"
 bash tests/rusqlite-range.sh
 
+while IFS= read -r line; do
+    [ -n "$line" ] && skipped+=("$line")
+done <"$HERMES_GUARD_SKIPS"
 if [ "${#skipped[@]}" -gt 0 ]; then
-    echo "== done, with hosts skipped:"
+    echo "== done, but these did not run (each skip's reason is above):"
     printf '   %s\n' "${skipped[@]}"
+    # The last line: what did not run, on one line.
+    joined="$(printf '%s; ' "${skipped[@]}")"
+    echo "== NOT RUN (${#skipped[@]}): ${joined%; }"
 else
     echo "== done: every host ran"
 fi
