@@ -24,6 +24,26 @@ impl DbState {
         self.watch.as_ref()?.creations(name)
     }
 
+    /// The count a sibling of this process took when it pinned the `-shm` `shm`, through the
+    /// same counters as this connection's watch; `None` when there is none.
+    pub(super) fn sibling_creations_at_pin(
+        &self,
+        shm: crate::identity::FileId,
+    ) -> Option<Creations> {
+        let mine = self.watch.as_ref()?;
+        self.siblings().iter().find_map(|s| {
+            if !s.watch.as_ref().is_some_and(|w| w.counts_with(mine)) {
+                return None;
+            }
+            let inner = s.inner.lock();
+            if inner.shm_id == Some(shm) {
+                inner.creations_at_pin
+            } else {
+                None
+            }
+        })
+    }
+
     /// The verdict on an image just read, from the counts taken at the `-shm`'s pin.
     pub(super) fn judge_base(
         &self,

@@ -143,13 +143,19 @@ impl DbState {
         mapped: impl FnOnce() -> Option<(FileId, Option<PathBuf>)>,
         index: Box<dyn WalIndex>,
     ) {
-        // Before the lock: the watch's drain takes the watcher's.
-        let creations = self.creations_now();
+        let node = mapped();
+        // Before the lock: the watch's drain takes the watcher's. A sibling that pinned the same
+        // `-shm` took the count for this generation already (an earlier one, so at most more
+        // cautious) with the same counters: no drain (one `epoll_wait` less per open beside it).
+        let creations = node
+            .as_ref()
+            .and_then(|(id, _)| self.sibling_creations_at_pin(*id))
+            .or_else(|| self.creations_now());
         let mut inner = self.inner.lock();
         if inner.shm_id.is_none() {
             inner.creations_at_pin = creations;
             let at_sidecar = || identity_of_path(&self.shm_path).ok().flatten();
-            let (id, check_path) = match mapped() {
+            let (id, check_path) = match node {
                 // The node's own name is `<db>-shm` in the common case: no `stat` to compare.
                 Some((id, Some(name))) if name != self.shm_path && at_sidecar() != Some(id) => {
                     let live = identity_of_path(&name).ok().flatten() == Some(id);

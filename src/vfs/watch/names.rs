@@ -89,6 +89,14 @@ impl DirWatch {
         }
     }
 
+    /// Whether `other` counts with the same counters (the same watcher's entry for the same
+    /// directory): then a count taken through one compares with a count taken through the other.
+    pub(crate) fn counts_with(&self, other: &DirWatch) -> bool {
+        self.epoch == other.epoch
+            && matches!((self.entries.first(), other.entries.first()),
+                (Some(a), Some(b)) if std::sync::Arc::ptr_eq(a, b))
+    }
+
     /// The creation counts of the tracked database `name`, the queue drained first; `None` when
     /// this watch can no longer vouch (its directory moved, deleted or unwatched, a forked
     /// child, no watcher) or `name` is not tracked.
