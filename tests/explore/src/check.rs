@@ -167,9 +167,16 @@ pub fn check(
     if ledger.losses.is_empty() && listed > 0 {
         bad.push(format!("{listed} capture(s) without any loss"));
     }
-    // 7. No alarm without a loss.
+    // 7. No alarm without a loss. With the WAL-reset rule off on a SQLite that has the race
+    // (wal_reset.rs's rediscovery), the guard's report of the race's state is true: SQLite itself
+    // damaged the wal-index, whether or not this schedule goes on to lose a row.
+    let race_possible = !hermes_guard::wal_reset_guard_on()
+        && hermes_guard::sqlite_has_wal_reset_race(rusqlite::version_number());
     if ledger.losses.is_empty() {
         for w in &ledger.warnings {
+            if race_possible && w.contains("SQLite's WAL-reset race") {
+                continue;
+            }
             bad.push(format!("the guard logged with nothing taken away: {w}"));
         }
     }
