@@ -19,7 +19,9 @@
 # seeded schedules of connections (tests/explore). Then tests/system-sqlite.sh runs the
 # library's integration tests again without `bundled`, on the system libsqlite3, and last
 # tests/rusqlite-range.sh runs them on the oldest rusqlite the library accepts (0.29; Cargo.lock's,
-# the newest, is the one `cargo test` runs), in a copy of the tree (the README's test command is
+# the newest, is the one `cargo test` runs), in a copy of the tree, and tests/frameworks.sh the
+# loss scenario through r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx and diesel, each in its
+# pool's hooks, in a project of its own (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
 # tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
@@ -36,6 +38,8 @@ cd "$root"
 
 # The docs cite only identifiers that exist (about a second).
 bash tests/doc-identifiers.sh
+# The README's framework recipes are the code tests/frameworks runs.
+bash tests/readme-recipes.sh
 
 # rustdoc with warnings denied, every package (issue 44): a broken or private intra-doc link
 # fails here. The extension is documented on its own (its rusqlite features differ).
@@ -250,6 +254,9 @@ bash tests/system-sqlite.sh
 
 echo "== the oldest rusqlite of the library's range (tests/rusqlite-range.sh)"
 bash tests/rusqlite-range.sh
+
+echo "== the loss scenario through each framework: r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx, diesel (tests/frameworks.sh)"
+bash tests/frameworks.sh
 
 while IFS= read -r line; do
     [ -n "$line" ] && skipped+=("$line")

@@ -43,8 +43,9 @@
 //!   opened after [`register`] ([`sql_functions`]; [`sql_functions::install`] for one opened
 //!   before); and [`raw`], the [`GuardExt`] calls on a `*mut sqlite3` (sqlx's, diesel's, any
 //!   rusqlite's `handle()`).
-//! - In a pool (cargo feature `r2d2`): `pool::GuardedManager`, an r2d2 manager (or the wrapper
-//!   of one) whose pool lets go of retired connections and opens healthy ones.
+//! - In a pool: [`pool`]'s three checks (`keep`, `check_out`, `check_new`) for any pool's hooks;
+//!   with cargo feature `r2d2`, `pool::GuardedManager`, an r2d2 manager (or the wrapper of one)
+//!   whose pool lets go of retired connections and opens healthy ones.
 //! - Process-wide: [`retry_pending_captures`]; [`set_orphan_capture_dir`] (where a generation
 //!   whose directory was deleted is captured; [`ORPHAN_DIR_ENV`] for extension hosts);
 //!   [`set_stale_wal_policy`] / [`stale_wal_policy`] with [`StaleWalPolicy`] (set a stale WAL
@@ -82,7 +83,6 @@ mod error;
 mod filesystem;
 mod identity;
 pub mod paths;
-#[cfg(feature = "r2d2")]
 pub mod pool;
 pub mod recover;
 mod sqlite_log;

@@ -1,8 +1,9 @@
 //! The guard's calls on a raw connection handle (`*mut sqlite3`), for hosts that do not hand out
 //! a `rusqlite::Connection`: sqlx (`conn.lock_handle().await?.as_raw_handle().as_ptr()`), diesel
 //! (`SqliteConnection::with_raw_connection`), any rusqlite's `Connection::handle()`, or a C
-//! host's handle. Each is [`GuardExt`](crate::GuardExt)'s call of the same name, on the
-//! handle's `main` database, with the same answers and errors; none closes the handle.
+//! host's handle. Each is [`GuardExt`](crate::GuardExt)'s call of the same name, or
+//! [`crate::pool`]'s check, on the handle's `main` database, with the same answers and errors;
+//! none closes the handle.
 //!
 //! The handle must come from the SQLite library this crate links (in a Cargo graph there is one:
 //! Cargo allows one `links = "sqlite3"` package), be open, and not be used by another thread
@@ -71,4 +72,33 @@ pub unsafe fn classify(db: *mut ffi::sqlite3, extended_code: c_int) -> ErrorClas
         Ok(conn) => conn.classify(&err),
         Err(_) => ErrorClass::from_parts(&err, None),
     }
+}
+
+/// A new connection's test for a pool's hook ([`crate::pool::check_new`]): one read, then the
+/// guard's check; `Err` (the refusal, 1032) when the handle attached to a lost generation.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn check_new(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
+    // SAFETY: as the caller promises.
+    crate::pool::check_new(&unsafe { borrowed_sqlite(db) }?)
+}
+
+/// The checkout test for a pool's hook ([`crate::pool::check_out`]): `Err` (the refusal, 1032)
+/// when the handle's generation is retired.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn check_out(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
+    // SAFETY: as the caller promises.
+    crate::pool::check_out(&unsafe { borrowed_sqlite(db) }?)
+}
+
+/// [`borrowed`], its error the SQLite one.
+///
+/// # Safety
+/// As for [`borrowed`].
+unsafe fn borrowed_sqlite(db: *mut ffi::sqlite3) -> rusqlite::Result<Connection> {
+    // SAFETY: as the caller promises; `from_handle` does not take ownership.
+    unsafe { Connection::from_handle(db) }
 }

@@ -1,64 +1,15 @@
-//! A pool that heals itself (cargo feature `r2d2`): an [`r2d2`] manager whose pool
-//! lets go of the connections of a lost generation and hands out healthy ones, with no restart.
-//!
-//! [`GuardedManager`] wraps any [`r2d2::ManageConnection`] whose connection is a
-//! [`rusqlite::Connection`] (r2d2_sqlite's `SqliteConnectionManager`, or this module's
-//! [`FileManager`]) and adds the guard to each of r2d2's three hooks:
-//!
-//! - `has_broken`, at every return of a connection to the pool: [`GuardExt::is_retired`], the
-//!   flag the guard's write path refuses by — an atomic read, no SQL and no system call (r2d2's
-//!   rule for this hook). A connection whose write was just refused leaves the pool there.
-//! - `is_valid`, at every checkout (r2d2's `test_on_check_out`, on by default): the wrapped
-//!   manager's own test, then the guard's check, [`GuardExt::guard_status`] (the `stat` of each
-//!   pinned file and the status pragma). An idle connection whose generation was lost while it
-//!   sat in the pool is retired there and dropped by r2d2 (its close captures what it holds),
-//!   never handed out.
-//! - `connect`: SQLite's unix VFS shares one `-shm` mapping per database file in a process, so
-//!   while any connection of the lost generation is still open (checked out by another thread),
-//!   a new connection attaches to the lost mapping and the guard retires it at once
-//!   (`shm-lost`). The manager opens one connection at a time, reads once (which maps the
-//!   `-shm`) and asks the status; a new connection that is retired is closed and opened again,
-//!   after a pause doubling from 1 ms to 50 ms, for up to [`GuardedManager::with_reconnect_wait`]
-//!   (2 s by default); then the refusal is returned, and r2d2 retries on its own schedule
-//!   (200 ms, doubling) until its `connection_timeout`. So a new connection is handed out only
-//!   once the old ones are closed: each comes back refused at its next write, or is dropped at
-//!   its next checkout.
-//!
-//! The application retries a refused write once, on a fresh checkout (the refused connection
-//! dropped first, which returns it to the pool, which closes it):
-//!
-//! ```no_run
-//! use hermes_guard::pool::{r2d2, FileManager, GuardedManager};
-//! use hermes_guard::{ErrorClass, GuardExt};
-//!
-//! let manager = GuardedManager::new(FileManager::new("state.db").with_init(|conn| {
-//!     conn.pragma_update(None, "journal_mode", "WAL")
-//! }));
-//! let pool = r2d2::Pool::builder().max_size(8).build(manager)?;
-//! let insert = |conn: &rusqlite::Connection| conn.execute("INSERT INTO t VALUES (1)", []);
-//! let conn = pool.get()?;
-//! if let Err(e) = insert(&conn) {
-//!     if !matches!(conn.classify(&e), ErrorClass::WalLost | ErrorClass::MainReplaced) {
-//!         return Err(e.into());
-//!     }
-//!     drop(conn); // retired: the pool closes it (its close captures the lost generation)
-//!     insert(&*pool.get()?)?; // lands on a healthy connection
-//! }
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
-//!
-//! What the pool does not do: merge the lost generation back. Its rows are in a capture beside
-//! the database, for `hermes-guard recover` (docs/recovery.md), as with any retired connection.
+//! The pool checks on r2d2 (cargo feature `r2d2`): [`GuardedManager`], the wrapper of any
+//! manager whose connection is a `rusqlite::Connection`, and [`FileManager`], a plain one.
 
 use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-pub use r2d2;
 use rusqlite::{ffi, Connection, OpenFlags};
 
-use crate::{GuardError, GuardExt, GuardStatus};
+use super::{check_new, check_out};
+use crate::{GuardError, GuardExt};
 
 /// How long [`GuardedManager`]'s `connect` keeps reopening a connection that attached to a lost
 /// generation's `-shm` mapping before it returns the refusal to r2d2.
@@ -66,9 +17,56 @@ const RECONNECT_WAIT: Duration = Duration::from_secs(2);
 /// The longest pause between two of those attempts.
 const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
-/// An r2d2 manager that sees the guard's retirement (see the [module](self)): wraps `M`, whose
+/// An r2d2 manager that sees the guard's retirement (see the [module](crate::pool)): wraps `M`, whose
 /// connections are opened through the guard (`vfs=hermes-guard`, or
 /// [`crate::register_as_default`]).
+///
+/// [`GuardedManager`] wraps any [`r2d2::ManageConnection`] whose connection is a
+/// [`rusqlite::Connection`] (r2d2_sqlite's `SqliteConnectionManager`, or this module's
+/// [`FileManager`]) and adds the guard to each of r2d2's three hooks:
+///
+/// - `has_broken`, at every return of a connection to the pool: [`GuardExt::is_retired`], the
+///   flag the guard's write path refuses by — an atomic read, no SQL and no system call (r2d2's
+///   rule for this hook). A connection whose write was just refused leaves the pool there.
+/// - `is_valid`, at every checkout (r2d2's `test_on_check_out`, on by default): the wrapped
+///   manager's own test, then the guard's check, [`GuardExt::guard_status`] (the `stat` of each
+///   pinned file and the status pragma). An idle connection whose generation was lost while it
+///   sat in the pool is retired there and dropped by r2d2 (its close captures what it holds),
+///   never handed out.
+/// - `connect`: SQLite's unix VFS shares one `-shm` mapping per database file in a process, so
+///   while any connection of the lost generation is still open (checked out by another thread),
+///   a new connection attaches to the lost mapping and the guard retires it at once
+///   (`shm-lost`). The manager opens one connection at a time, reads once (which maps the
+///   `-shm`) and asks the status; a new connection that is retired is closed and opened again,
+///   after a pause doubling from 1 ms to 50 ms, for up to [`GuardedManager::with_reconnect_wait`]
+///   (2 s by default); then the refusal is returned, and r2d2 retries on its own schedule
+///   (200 ms, doubling) until its `connection_timeout`. So a new connection is handed out only
+///   once the old ones are closed: each comes back refused at its next write, or is dropped at
+///   its next checkout.
+///
+/// The application retries a refused write once, on a fresh checkout (the refused connection
+/// dropped first, which returns it to the pool, which closes it):
+///
+/// ```no_run
+/// use hermes_guard::pool::{r2d2, FileManager, GuardedManager};
+/// use hermes_guard::{ErrorClass, GuardExt};
+///
+/// let manager = GuardedManager::new(FileManager::new("state.db").with_init(|conn| {
+///     conn.pragma_update(None, "journal_mode", "WAL")
+/// }));
+/// let pool = r2d2::Pool::builder().max_size(8).build(manager)?;
+/// let insert = |conn: &rusqlite::Connection| conn.execute("INSERT INTO t VALUES (1)", []);
+/// let conn = pool.get()?;
+/// if let Err(e) = insert(&conn) {
+///     if !matches!(conn.classify(&e), ErrorClass::WalLost | ErrorClass::MainReplaced) {
+///         return Err(e.into());
+///     }
+///     drop(conn); // retired: the pool closes it (its close captures the lost generation)
+///     insert(&*pool.get()?)?; // lands on a healthy connection
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 ///
 /// `M::Error` must be able to carry a [`rusqlite::Error`]: a retired connection is reported as
 /// the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032).
@@ -134,7 +132,7 @@ where
         let mut pause = Duration::from_millis(1);
         loop {
             let conn = self.inner.connect()?;
-            match fresh(connection(&conn)) {
+            match check_new(connection(&conn)) {
                 Ok(()) => return Ok(conn),
                 Err(e) => {
                     drop(conn);
@@ -150,7 +148,7 @@ where
 
     fn is_valid(&self, conn: &mut M::Connection) -> Result<(), M::Error> {
         self.inner.is_valid(conn)?;
-        checked(connection(conn)).map_err(Into::into)
+        check_out(connection(conn)).map_err(Into::into)
     }
 
     fn has_broken(&self, conn: &mut M::Connection) -> bool {
@@ -161,48 +159,6 @@ where
 /// The rusqlite connection of a pooled one.
 fn connection<C: Borrow<Connection>>(conn: &C) -> &Connection {
     conn.borrow()
-}
-
-/// A new connection's test: one read (which maps the `-shm`, where a lost generation's mapping
-/// would be joined), then the guard's check.
-fn fresh(conn: &Connection) -> rusqlite::Result<()> {
-    conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
-    checked(conn)
-}
-
-/// The guard's check of `conn`: `Err` (the refusal) when its generation is retired. A
-/// connection not opened through the guard passes.
-fn checked(conn: &Connection) -> rusqlite::Result<()> {
-    if conn.is_retired() {
-        return Err(retired(conn.guard_status().ok()));
-    }
-    match conn.guard_status() {
-        Ok(status) if status.retired => Err(retired(Some(status))),
-        Ok(_) | Err(GuardError::NotGuarded { .. }) => Ok(()),
-        Err(GuardError::Sqlite(e)) => Err(e),
-        Err(e) => Err(rusqlite::Error::SqliteFailure(
-            ffi::Error::new(ffi::SQLITE_ERROR),
-            Some(e.to_string()),
-        )),
-    }
-}
-
-/// The error of a retired connection: the refusal its writes get.
-fn retired(status: Option<GuardStatus>) -> rusqlite::Error {
-    let what = match status {
-        Some(s) => format!(
-            "{} ({})",
-            s.database.display(),
-            s.reason.map_or("retired", |r| r.describe())
-        ),
-        None => "its database".into(),
-    };
-    rusqlite::Error::SqliteFailure(
-        ffi::Error::new(ffi::SQLITE_READONLY_DBMOVED),
-        Some(format!(
-            "hermes-guard: this connection's generation of {what} is retired; the pool lets it go"
-        )),
-    )
 }
 
 type Init = dyn Fn(&mut Connection) -> rusqlite::Result<()> + Send + Sync;

@@ -1,0 +1,87 @@
+//! Pools that heal themselves: the three checks with which a connection pool lets go of the
+//! connections of a lost generation and hands out healthy ones, with no restart. Each is one
+//! call in a pool's hook; none depends on a pool crate:
+//!
+//! - [`keep`], at every return of a connection to the pool (r2d2's `has_broken`, sqlx's
+//!   `after_release`, deadpool's recycle): [`GuardExt::is_retired`], an atomic read, no SQL and no
+//!   system call. A connection whose write was just refused leaves the pool there.
+//! - [`check_out`], at every checkout (r2d2's `is_valid`, sqlx's `before_acquire`, deadpool's
+//!   recycle): the `stat` of each pinned file and the status pragma. An idle connection whose
+//!   generation was lost while it sat in the pool is retired there, never handed out.
+//! - [`check_new`], on a new connection (r2d2's `connect`, sqlx's `after_connect`, deadpool's
+//!   `post_create`, diesel's `on_acquire`): one read, which maps the `-shm`, then the check.
+//!   SQLite's unix VFS shares one `-shm` mapping per database file in a process, so while any
+//!   connection of the lost generation is still open, a new connection attaches to the lost
+//!   mapping and is retired at once (`shm-lost`): the pool must drop it and open another later,
+//!   once the old ones are closed (each comes back refused at its next write, or is dropped at
+//!   its next checkout).
+//!
+//! Each returns the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032) for a retired
+//! connection. [`crate::raw`] has the same three on a raw handle (`*mut sqlite3`: sqlx, diesel);
+//! the README's "With your framework" has each pool's hooks, run by tests/frameworks.
+//!
+//! With r2d2 (cargo feature `r2d2`) the library brings the manager itself: `GuardedManager`,
+//! whose documentation says how each of r2d2's hooks uses the checks, and `FileManager`.
+//!
+//! What the pool does not do: merge the lost generation back. Its rows are in a capture beside
+//! the database, for `hermes-guard recover` (docs/recovery.md), as with any retired connection.
+
+use rusqlite::{ffi, Connection};
+
+use crate::{GuardError, GuardExt, GuardStatus};
+
+#[cfg(feature = "r2d2")]
+mod r2d2_manager;
+#[cfg(feature = "r2d2")]
+pub use r2d2;
+#[cfg(feature = "r2d2")]
+pub use r2d2_manager::{FileManager, GuardedManager};
+
+/// Whether a pool may keep `conn` as it is returned: `false` once its generation is retired
+/// ([`GuardExt::is_retired`]: no SQL, no system call).
+pub fn keep(conn: &Connection) -> bool {
+    !conn.is_retired()
+}
+
+/// A new connection's test: one read (which maps the `-shm`, where a lost generation's mapping
+/// would be joined), then [`check_out`]. `Err` (the refusal) when the connection attached to a
+/// lost generation: drop it and open another later.
+pub fn check_new(conn: &Connection) -> rusqlite::Result<()> {
+    conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
+    check_out(conn)
+}
+
+/// The guard's check of `conn` at a checkout: `Err` (the refusal) when its generation is retired. A
+/// connection not opened through the guard passes.
+pub fn check_out(conn: &Connection) -> rusqlite::Result<()> {
+    if conn.is_retired() {
+        return Err(retired(conn.guard_status().ok()));
+    }
+    match conn.guard_status() {
+        Ok(status) if status.retired => Err(retired(Some(status))),
+        Ok(_) | Err(GuardError::NotGuarded { .. }) => Ok(()),
+        Err(GuardError::Sqlite(e)) => Err(e),
+        Err(e) => Err(rusqlite::Error::SqliteFailure(
+            ffi::Error::new(ffi::SQLITE_ERROR),
+            Some(e.to_string()),
+        )),
+    }
+}
+
+/// The error of a retired connection: the refusal its writes get.
+pub(crate) fn retired(status: Option<GuardStatus>) -> rusqlite::Error {
+    let what = match status {
+        Some(s) => format!(
+            "{} ({})",
+            s.database.display(),
+            s.reason.map_or("retired", |r| r.describe())
+        ),
+        None => "its database".into(),
+    };
+    rusqlite::Error::SqliteFailure(
+        ffi::Error::new(ffi::SQLITE_READONLY_DBMOVED),
+        Some(format!(
+            "hermes-guard: this connection's generation of {what} is retired; the pool lets it go"
+        )),
+    )
+}

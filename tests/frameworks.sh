@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The README's "With your framework" recipes, run (issue 45): tests/frameworks is a project of
+# its own, as a user's would be — hermes-guard (by path, feature `r2d2`) beside r2d2_sqlite 0.35,
+# deadpool-sqlite 0.14, tokio-rusqlite 0.8, sqlx 0.9 and diesel 2.4, one rusqlite (0.40) and one
+# libsqlite3-sys in its Cargo.lock — and each test runs the loss scenario through its framework:
+# a pool of 8, 4 writers, the -wal and -shm unlinked mid-stream, every refused write retried once
+# lands, all 8 connections healthy afterwards, every acknowledged row live once after recovery
+# (tests/frameworks/src/lib.rs).
+#
+# Needs the network (crates.io) the first time. About 2 minutes on 2 cores from scratch, a second
+# after. ext/build-and-test.sh calls it, so the README's test command runs it.
+#
+# Environment: CARGO_TARGET_DIR (default target; the project builds in its frameworks/ folder).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+target_dir="${CARGO_TARGET_DIR:-$root/target}"
+case "$target_dir" in /*) ;; *) target_dir="$root/$target_dir" ;; esac
+cd "$root/tests/frameworks"
+export CARGO_TARGET_DIR="$target_dir/frameworks"
+
+rusqlite="$(grep -A1 '^name = "rusqlite"$' Cargo.lock | sed -n 's/^version = "\(.*\)"$/\1/p')"
+echo "   one graph: hermes-guard with r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx, diesel (rusqlite $rusqlite)"
+log="$CARGO_TARGET_DIR/frameworks.log"
+mkdir -p "$CARGO_TARGET_DIR"
+if ! cargo test --locked -q -- --nocapture >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "a framework's loss scenario failed (the output above, kept in $log)" >&2
+    exit 1
+fi
+# Each framework's line: rows acknowledged, refusals retried, captures.
+grep -E '^[a-z0-9_-]+: [0-9]+ rows acknowledged' "$log" | sed 's/^/   /'
