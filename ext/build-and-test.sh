@@ -21,7 +21,8 @@
 # tests/rusqlite-range.sh runs them on the oldest rusqlite the library accepts (0.29; Cargo.lock's,
 # the newest, is the one `cargo test` runs), in a copy of the tree, and tests/frameworks.sh the
 # loss scenario through r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx and diesel, each in its
-# pool's hooks, in a project of its own (the README's test command is
+# pool's hooks, in a project of its own, and tests/package.sh packages the three crates and builds
+# each packaged .crate on its own (`cargo publish --dry-run`) (the README's test command is
 # `cargo test && bash ext/build-and-test.sh`: this script carries every host beyond the bundled one).
 # Everything it needs is set up from scratch under target/, and reused while the pins below and
 # tests/python/requirements.txt stay the same. A host that cannot be had (no npm, no network, no
@@ -254,6 +255,9 @@ bash tests/system-sqlite.sh
 
 echo "== the oldest rusqlite of the library's range (tests/rusqlite-range.sh)"
 bash tests/rusqlite-range.sh
+
+echo "== the crates package: cargo publish --dry-run of the library, the store and the CLI (tests/package.sh)"
+bash tests/package.sh
 
 echo "== the loss scenario through each framework: r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx, diesel (tests/frameworks.sh)"
 bash tests/frameworks.sh

@@ -7,11 +7,11 @@ use std::process::ExitCode;
 use clap::CommandFactory;
 
 /// The recovery runbook (docs/recovery.md).
-const RECOVERY: &str = include_str!("../../docs/recovery.md");
+const RECOVERY: &str = include_str!("../docs/recovery.md");
 /// The capture directory and its manifest (docs/capture-format.md).
-const CAPTURE_FORMAT: &str = include_str!("../../docs/capture-format.md");
+const CAPTURE_FORMAT: &str = include_str!("../docs/capture-format.md");
 /// How a capture's rows are merged back (docs/merge-rules.md).
-const MERGE_RULES: &str = include_str!("../../docs/merge-rules.md");
+const MERGE_RULES: &str = include_str!("../docs/merge-rules.md");
 
 /// The heading of the runbook's exit-code section, printed alone by `help exit-codes`.
 const EXIT_CODES_HEADING: &str = "### Exit codes";
