@@ -5,10 +5,11 @@
 #      /usr/bin/python3, SQLite 3.40.1), `pip install ./python` into it — the standard command,
 #      setuptools-rust building the extension and the CLI from this workspace — then pytest,
 #      apsw and their pins (tests/python/requirements.txt);
-#   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair`, and that wheel installed
-#      into a second fresh environment, of a Python whose sqlite3 cannot load extensions (pyenv's
-#      python3 on this machine), where the package must refuse with its one clear error
-#      (test_api.py runs it there);
+#   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair` (one py3-none wheel for
+#      every CPython), and that wheel installed, with no cargo on PATH, into fresh environments
+#      of the distribution's Python and of every CPython 3.9+ here whose sqlite3 cannot load
+#      extensions (pyenv's): the README's Python quick start must be guarded in each (on the
+#      latter through the SQLite library _sqlite3 links); test_api.py runs there too;
 #   3. pytest python/tests in the first environment.
 # The cargo builds go to the workspace's target directory and reuse what `cargo test` built:
 # SETUPTOOLS_RUST_CARGO_PROFILE (default here: dev) picks the profile; set it to `release` to test
@@ -79,25 +80,62 @@ wheel=("$wheels"/repaired/hermes_guard-*manylinux*.whl)
 [ -f "${wheel[0]}" ] || { echo "auditwheel repair wrote no manylinux wheel" >&2; cat "$work/auditwheel.log" >&2; exit 1; }
 echo "   auditwheel repair: $(basename "${wheel[0]}")"
 
-# A Python whose sqlite3 cannot load extensions, for the clear-error test.
+# The wheel on the interpreters people have (issue 46): fresh venvs of the distribution's Python
+# and of every CPython 3.9+ whose sqlite3 cannot load extensions (pyenv's, python.org-style
+# builds), the wheel installed without an index and run with no cargo on PATH; in each, the
+# README's Python quick start, verbatim, must be refused, say "WAL lost: True" and name its
+# capture (enable() registers the guard through the SQLite library _sqlite3 links where the
+# module cannot load extensions).
+quick_start="$work/quick_start.py"
+"$distro_python" - "$quick_start" <<'PY'
+import sys
+readme = open("README.md", encoding="utf-8").read()
+open(sys.argv[1], "w", encoding="utf-8").write(readme.split("```python\n", 1)[1].split("```", 1)[0])
+PY
+no_cargo_path="/usr/local/bin:/usr/bin:/bin"
+wheel_on() { # <python> <venv>: the wheel into a fresh venv of <python>, the quick start there
+    local python="$1" venv="$2" out
+    rm -rf "$venv" "$work/quick"
+    "$python" -m venv "$venv"
+    PATH="$no_cargo_path" "$venv/bin/python" -m pip install "${pip_flags[@]}" --no-index "${wheel[0]}"
+    mkdir -p "$work/quick"
+    out="$(cd "$work/quick" && env -i PATH="$no_cargo_path" HOME="$HOME" HERMES_GUARD_LOG=off \
+        "$venv/bin/python" "$quick_start" 2>&1)" || { echo "$out" >&2; return 1; }
+    if ! grep -q "^refused (attempt to write a readonly database); WAL lost: True$" <<<"$out" \
+        || ! grep -q "^every committed row is in $work/quick/state.db.retired-wal-" <<<"$out"; then
+        echo "the README's quick start on $python did not say what happened:" >&2
+        echo "$out" >&2
+        return 1
+    fi
+    echo "   $("$venv/bin/python" --version) ($("$venv/bin/python" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version, "- loads extensions:", hasattr(sqlite3.Connection, "enable_load_extension"))')): the wheel installed without cargo, the quick start guarded"
+}
+echo "== Python package: the wheel into fresh venvs, no cargo on PATH, the README's quick start in each"
+wheel_on "$distro_python" "$work/venv-wheel"
 noload_python="${HERMES_GUARD_NO_LOADEXT_PYTHON:-}"
-if [ -z "$noload_python" ]; then
-    for candidate in $(type -ap python3) "$HOME"/.pyenv/versions/*/bin/python3; do
-        [ -x "$candidate" ] || continue
-        if "$candidate" -c 'import sqlite3, sys; sys.exit(hasattr(sqlite3.Connection, "enable_load_extension"))' 2>/dev/null; then
-            noload_python="$candidate"
-            break
-        fi
-    done
-fi
+noload_count=0
+seen=" "
+for candidate in ${noload_python:-$(type -ap python3) "$HOME"/.pyenv/versions/3.*/bin/python3}; do
+    [ -x "$candidate" ] || continue
+    "$candidate" -c 'import sqlite3, sys; sys.exit(hasattr(sqlite3.Connection, "enable_load_extension") or sys.version_info < (3, 9))' 2>/dev/null || continue
+    # Each interpreter once (a pyenv shim on PATH is one of the versions below it).
+    prefix="$("$candidate" -c 'import sys; print(sys.base_prefix)')"
+    case "$seen" in *" $prefix "*) continue ;; esac
+    seen="$seen$prefix "
+    wheel_on "$candidate" "$work/venv-wheel-$noload_count"
+    if [ "$noload_count" = 0 ]; then
+        # The first, kept for the pytest run: the package's answers where loading is missing.
+        rm -rf "$noload_venv"
+        mv "$work/venv-wheel-0" "$noload_venv"
+    else
+        rm -rf "$work/venv-wheel-$noload_count"
+    fi
+    noload_count=$((noload_count + 1))
+done
 unset HERMES_GUARD_NO_LOADEXT_PYTHON
-if [ -n "$noload_python" ]; then
-    echo "== Python package: the wheel into a fresh venv of $noload_python ($("$noload_python" --version)), which cannot load extensions"
-    "$noload_python" -m venv "$noload_venv"
-    "$noload_venv/bin/python" -m pip install "${pip_flags[@]}" --no-index "${wheel[0]}"
+if [ "$noload_count" -gt 0 ]; then
     export HERMES_GUARD_NO_LOADEXT_PYTHON="$noload_venv/bin/python"
 else
-    required "no Python whose sqlite3 cannot load extensions was found (pyenv's python3 is one; set HERMES_GUARD_NO_LOADEXT_PYTHON)"
+    required "no CPython 3.9+ whose sqlite3 cannot load extensions was found (pyenv's python3 is one; set HERMES_GUARD_NO_LOADEXT_PYTHON)"
 fi
 
 echo "== Python package: pytest python/tests ($("$py" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version)'))"

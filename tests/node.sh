@@ -4,7 +4,8 @@
 # about 2 minutes the first time) into <target>/node-host, once per lock file, and runs
 # tests/node/*.test.js with `node --test`: the extension loaded with the entry point that makes
 # the guard the default VFS, and the loss scenario (refused with SQLITE_READONLY_DBMOVED,
-# captured, recovered with the command).
+# captured, recovered with the command); then packs the npm package (node/pack.sh), installs the
+# tarball into a fresh project and runs the same tests through it (issue 46).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ext="$1" cli="$2"
@@ -23,5 +24,23 @@ if [ "$(cat "$host/.stamp" 2>/dev/null)" != "$stamp" ]; then
         || { cat "$log" >&2; echo "better-sqlite3 was not compiled (see $log)" >&2; exit 1; }
     printf '%s' "$stamp" >"$host/.stamp"
 fi
+echo "   by hand: the extension loaded through a throwaway connection (the README's recipe)"
 HERMES_GUARD_EXT="$ext" HERMES_GUARD_CLI="$cli" NODE_PATH="$host/node_modules" \
+    node --test "$root"/tests/node/*.test.js
+
+# The npm package (node/): packed with these builds of the extension and the command, installed
+# from its tarball into a fresh project (no registry: it has no dependencies, better-sqlite3 is an
+# optional peer, here the one above), and the same tests through it.
+npm_dir="$target_dir/npm"
+tarball="$(bash "$root/node/pack.sh" "$ext" "$cli" "$npm_dir")"
+project="$npm_dir/project"
+rm -rf "$project"
+mkdir -p "$project"
+printf '{ "name": "a-user-project", "private": true }\n' >"$project/package.json"
+(cd "$project" && npm install --no-audit --no-fund --silent "$tarball")
+installed="$project/node_modules/hermes-guard"
+test -x "$project/node_modules/.bin/hermes-guard" \
+    || { echo "the npm package did not install its hermes-guard command" >&2; exit 1; }
+echo "   the npm package: $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KiB), installed into a fresh project"
+HERMES_GUARD_NPM="$installed" NODE_PATH="$host/node_modules" \
     node --test "$root"/tests/node/*.test.js

@@ -31,8 +31,9 @@ class HermesGuardError(Exception):
 
 
 class ExtensionLoadingUnavailable(HermesGuardError):
-    """This Python's `sqlite3` module cannot load SQLite extensions, so the guard cannot be
-    loaded into it."""
+    """This Python's `sqlite3` module cannot load SQLite extensions, and the SQLite library it
+    runs on cannot be reached to load the guard from outside either (SQLite compiled into the
+    module without its routines exported)."""
 
 
 class LoadError(HermesGuardError):
@@ -91,23 +92,93 @@ def _interpreter() -> str:
     return sys.executable if real == sys.executable else f"{sys.executable} ({real})"
 
 
-def _no_loading_error() -> ExtensionLoadingUnavailable:
+def _no_loading_error(why: str) -> ExtensionLoadingUnavailable:
     return ExtensionLoadingUnavailable(
         f"this Python's sqlite3 module cannot load SQLite extensions, so hermes-guard cannot be "
         f"loaded into it: {_interpreter()} (Python {sys.version.split()[0]}, SQLite "
         f"{sqlite3.sqlite_version}) was built without --enable-loadable-sqlite-extensions, "
         f"which leaves out sqlite3.Connection.enable_load_extension (CPython's configure does "
-        f"by default: pyenv's builds, for one). Use instead: the distribution's own Python (/usr/bin/python3 "
-        f"on Debian or Ubuntu); a Python built with --enable-loadable-sqlite-extensions (pyenv: "
+        f"by default: pyenv's builds, for one), and {why}. Use instead: the distribution's own "
+        f"Python (/usr/bin/python3 on Debian or Ubuntu); a Python built with "
+        f"--enable-loadable-sqlite-extensions (pyenv: "
         f'PYTHON_CONFIGURE_OPTS="--enable-loadable-sqlite-extensions" pyenv install <version>); '
         f"or apsw (pip install apsw), whose connections hermes_guard.load() accepts."
     )
 
 
+def _sqlite_library() -> Any:
+    """The SQLite library this Python's `_sqlite3` module runs on, through ctypes: the module's
+    own shared object, whose symbol lookup (dlsym) covers the libraries it links — a shared
+    libsqlite3, or a SQLite compiled into the module with its symbols exported. Raises
+    ExtensionLoadingUnavailable when neither has SQLite's routines, or they are another copy."""
+    import ctypes
+
+    import _sqlite3  # type: ignore[import-not-found,unused-ignore]
+
+    module_file = getattr(_sqlite3, "__file__", None)
+    try:
+        lib = ctypes.CDLL(module_file) if module_file else ctypes.CDLL(None)
+        version = lib.sqlite3_libversion
+        lib.sqlite3_enable_load_extension
+    except (OSError, AttributeError):
+        raise _no_loading_error(
+            f"its _sqlite3 ({module_file or 'built into the interpreter'}) has SQLite compiled in "
+            f"without its routines exported (or without extension loading), so the guard cannot "
+            f"be registered in it from outside either"
+        ) from None
+    version.restype = ctypes.c_char_p
+    found = version().decode()
+    if found != sqlite3.sqlite_version:
+        raise _no_loading_error(
+            f"the SQLite its _sqlite3 exposes ({found}) is not the one it runs on "
+            f"({sqlite3.sqlite_version})"
+        )
+    return lib
+
+
+def _load_through_library(entry_point: str) -> None:
+    """Loads the extension with the C API of the SQLite library `_sqlite3` runs on (a private
+    in-memory connection, closed at once), for a Python whose `sqlite3` module leaves out
+    `enable_load_extension`: the library itself can load extensions, and the VFS it registers
+    serves every connection of this process's `sqlite3` module."""
+    import ctypes
+
+    lib = _sqlite_library()
+    db = ctypes.c_void_p()
+    lib.sqlite3_open_v2.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p),
+                                    ctypes.c_int, ctypes.c_char_p]
+    lib.sqlite3_enable_load_extension.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.sqlite3_load_extension.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p,
+                                           ctypes.POINTER(ctypes.c_char_p)]
+    lib.sqlite3_close.argtypes = [ctypes.c_void_p]
+    lib.sqlite3_free.argtypes = [ctypes.c_void_p]
+    open_readwrite_create = 0x02 | 0x04
+    rc = lib.sqlite3_open_v2(b":memory:", ctypes.byref(db), open_readwrite_create, None)
+    try:
+        if rc != 0:
+            raise LoadError(f"SQLite {sqlite3.sqlite_version} could not open an in-memory "
+                            f"database to load the guard through (error code {rc})")
+        lib.sqlite3_enable_load_extension(db, 1)
+        message = ctypes.c_char_p()
+        rc = lib.sqlite3_load_extension(db, os.fsencode(extension_path()),
+                                        entry_point.encode(), ctypes.byref(message))
+        if rc != 0:
+            text = message.value.decode(errors="replace") if message.value else f"code {rc}"
+            lib.sqlite3_free(ctypes.cast(message, ctypes.c_void_p))
+            raise LoadError(f"{text} (loading {extension_path()} through the SQLite library "
+                            f"of _sqlite3)")
+    finally:
+        lib.sqlite3_close(db)
+
+
 def _load_stdlib(conn: sqlite3.Connection, entry_point: str) -> None:
     enable = getattr(conn, "enable_load_extension", None)
     if enable is None:
-        raise _no_loading_error()
+        raise _no_loading_error(
+            "a connection of it cannot load one. hermes_guard.enable() and hermes_guard.connect() "
+            "work on this Python nonetheless (they register the guard through the SQLite library "
+            "itself)"
+        )
     enable(True)
     try:
         # The SQL function takes an entry point on every Python (load_extension() only from
@@ -204,14 +275,15 @@ def enable(log: Optional[str] = None) -> None:
     registered for the life of the process (the extension returns `SQLITE_OK_LOAD_PERMANENTLY`).
     Connections opened before the call are not guarded. Events reach Python's `logging`
     or stderr, one route each, as with :func:`load` (`log`: the level, `"off"` for neither). Raises
-    :class:`ExtensionLoadingUnavailable` when this Python's `sqlite3` cannot load extensions.
+    :class:`ExtensionLoadingUnavailable` when neither this Python's `sqlite3` module nor the
+    SQLite library it runs on can load extensions. On a Python built without
+    `--enable-loadable-sqlite-extensions` (pyenv's, python.org-style builds) whose `_sqlite3`
+    links a shared libsqlite3, the guard is loaded through that library's C API.
     """
     global _default
     with _lock:
         if _default:
             return
-        if not hasattr(sqlite3.Connection, "enable_load_extension"):
-            raise _no_loading_error()
         _check_host("sqlite3")
         _set_log(log)
         _load_private(DEFAULT_ENTRY_POINT)
@@ -220,7 +292,12 @@ def enable(log: Optional[str] = None) -> None:
 
 
 def _load_private(entry_point: str) -> None:
-    """Loads into the stdlib's SQLite through a private in-memory connection, closed at once."""
+    """Loads into the stdlib's SQLite through a private in-memory connection, closed at once:
+    the `sqlite3` module's own, or the library's C API where the module cannot load extensions."""
+    if not hasattr(sqlite3.Connection, "enable_load_extension"):
+        _load_through_library(entry_point)
+        _loaded_into("sqlite3")
+        return
     loader = sqlite3.connect(":memory:")
     try:
         _load_stdlib(loader, entry_point)

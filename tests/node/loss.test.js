@@ -3,8 +3,8 @@
 // guarded (better-sqlite3 compiles SQLite without URI filenames, so `?vfs=` is not available,
 // and it opens a file only after `new Database`: the one-throwaway-connection bootstrap).
 //
-// Run by tests/node.sh (from ext/build-and-test.sh) with node --test; the environment names the
-// extension (HERMES_GUARD_EXT) and the command line (HERMES_GUARD_CLI).
+// Run by tests/node.sh (from ext/build-and-test.sh) with node --test, twice: by hand, and through
+// the npm package installed from its tarball.
 'use strict';
 
 const { test } = require('node:test');
@@ -15,16 +15,28 @@ const os = require('node:os');
 const path = require('node:path');
 const Database = require('better-sqlite3');
 
-const ext = process.env.HERMES_GUARD_EXT;
-const cli = process.env.HERMES_GUARD_CLI;
-assert.ok(ext && fs.existsSync(ext), `HERMES_GUARD_EXT names the extension (${ext})`);
-assert.ok(cli && fs.existsSync(cli), `HERMES_GUARD_CLI names the command (${cli})`);
-
-// The bootstrap: a throwaway in-memory connection loads the extension, permanently, for the
-// process; the guard becomes the default VFS.
-const boot = new Database(':memory:');
-boot.loadExtension(ext, 'sqlite3_hermesguard_default_init');
-boot.close();
+// Through the npm package (HERMES_GUARD_NPM: its installed folder, tests/node.sh packs and
+// installs it), or by hand (HERMES_GUARD_EXT, HERMES_GUARD_CLI: the bootstrap below, the README's
+// recipe for a build of the repository).
+const npm = process.env.HERMES_GUARD_NPM;
+let cli;
+if (npm) {
+  const guard = require(npm);
+  guard.enable(Database);
+  guard.enable(Database); // idempotent
+  cli = guard.cliPath;
+  assert.ok(fs.existsSync(guard.extensionPath), guard.extensionPath);
+} else {
+  const ext = process.env.HERMES_GUARD_EXT;
+  cli = process.env.HERMES_GUARD_CLI;
+  assert.ok(ext && fs.existsSync(ext), `HERMES_GUARD_EXT names the extension (${ext})`);
+  // The bootstrap: a throwaway in-memory connection loads the extension, permanently, for the
+  // process; the guard becomes the default VFS.
+  const boot = new Database(':memory:');
+  boot.loadExtension(ext, 'sqlite3_hermesguard_default_init');
+  boot.close();
+}
+assert.ok(cli && fs.existsSync(cli), `the command is there (${cli})`);
 
 function tempdir() {
   return fs.mkdtempSync(path.join(os.tmpdir(), 'hermes-guard-node-'));
