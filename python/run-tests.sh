@@ -10,7 +10,9 @@
 #      of the distribution's Python and of every CPython 3.9+ here whose sqlite3 cannot load
 #      extensions (pyenv's): the README's Python quick start must be guarded in each (on the
 #      latter through the SQLite library _sqlite3 links); test_api.py runs there too;
-#   3. pytest python/tests in the first environment.
+#   3. the sdist (`python -m build --sdist`: python/ and, under rust/, the crates it builds) and a
+#      wheel built from it alone;
+#   4. pytest python/tests in the first environment.
 # The cargo builds go to the workspace's target directory and reuse what `cargo test` built:
 # SETUPTOOLS_RUST_CARGO_PROFILE (default here: dev) picks the profile; set it to `release` to test
 # what a user's `pip install` builds. With CI=true a missing prerequisite fails instead of
@@ -62,6 +64,24 @@ echo "== Python package: pip wheel ./python"
 wheel=("$wheels"/hermes_guard-*.whl)
 [ -f "${wheel[0]}" ] || { echo "pip wheel produced no wheel in $wheels" >&2; exit 1; }
 echo "   built: $(basename "${wheel[0]}") ($(du -h "${wheel[0]}" | cut -f1))"
+
+# The sdist (python/ with the part of the cargo workspace it builds, under rust/), and a wheel
+# built from it alone: what `pip install hermes-guard` does where no wheel fits.
+echo "== Python package: the sdist (python -m build --sdist), and a wheel built from it"
+"$py" -m pip install "${pip_flags[@]}" build==1.2.2
+(cd python && "$py" -m build --sdist --outdir "$wheels/sdist" . >"$work/sdist.log" 2>&1) \
+    || { cat "$work/sdist.log" >&2; exit 1; }
+sdist=("$wheels"/sdist/hermes_guard-*.tar.gz)
+[ -f "${sdist[0]}" ] || { echo "python -m build --sdist produced no sdist" >&2; exit 1; }
+"$py" -m pip wheel "${pip_flags[@]}" --no-deps -w "$wheels/from-sdist" "${sdist[0]}"
+from_sdist=("$wheels"/from-sdist/hermes_guard-*.whl)
+"$py" - "${from_sdist[0]}" <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+missing = [n for n in ("hermes_guard/libhermes_guard.so", "hermes_guard/hermes-guard") if n not in names]
+sys.exit(f"the wheel built from the sdist lacks {missing}" if missing else 0)
+PY
+echo "   $(basename "${sdist[0]}") ($(du -k "${sdist[0]}" | cut -f1) KiB) -> $(basename "${from_sdist[0]}")"
 
 # auditwheel: the platform tag the wheel really qualifies for (manylinux_2_x), written into a
 # repaired copy; that copy is what the second environment installs. Its tools live in a venv of

@@ -1,5 +1,5 @@
 """Build of the hermes-guard Python package: the Rust parts come from this repository's cargo
-workspace, one directory up.
+workspace, one directory up (or, in the sdist, from the part of it carried under rust/).
 
 - `hermes_guard/libhermes_guard.so`: the loadable extension, `cargo rustc -p hermes-guard-ext`
   (rusqlite `loadable_extension`, no SQLite of its own: it runs on the host's);
@@ -36,7 +36,10 @@ except ImportError:  # setuptools < 70.1
     from wheel.bdist_wheel import bdist_wheel
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-WORKSPACE = os.path.dirname(HERE)
+# In a checkout the Rust workspace is one directory up; an sdist carries the part of it the
+# package builds under rust/ (SdistWithWorkspace below).
+CARRIED = os.path.join(HERE, "rust")
+WORKSPACE = CARRIED if os.path.isfile(os.path.join(CARRIED, "Cargo.toml")) else os.path.dirname(HERE)
 EXT_MANIFEST = os.path.join(WORKSPACE, "ext", "Cargo.toml")
 CLI_MANIFEST = os.path.join(WORKSPACE, "cli", "Cargo.toml")
 
@@ -44,8 +47,8 @@ for manifest in (EXT_MANIFEST, CLI_MANIFEST):
     if not os.path.isfile(manifest):
         sys.exit(
             f"{manifest} is missing: the package builds from a checkout of the hermes-guard "
-            f"repository (pip install ./python, pip wheel ./python); an sdist cannot carry the "
-            f"Rust workspace it needs"
+            f"repository (pip install ./python, pip wheel ./python) or from its sdist, which "
+            f"carries the Rust workspace under rust/"
         )
 
 EXTENSION_FILE = "libhermes_guard.so"
@@ -63,15 +66,41 @@ class BuildRust(build_rust):
         return path
 
 
-class NoSdist(sdist):
-    """An sdist of python/ could not build: the Rust workspace it needs is one directory up."""
+# What of the Rust workspace the sdist carries: the crates the package builds (the library, the
+# store, the CLI, the extension) with the workspace's lock, and the documents the CLI embeds.
+# Symlinks are followed (cli/docs/ links into docs/).
+CARRIED_TREES = ["src", "store", "cli", "ext"]
+CARRIED_FILES = ["Cargo.toml", "Cargo.lock", "README.md", "LICENSE"]
+CARRIED_MEMBERS = 'members = [".", "store", "cli", "ext"]'
 
-    def run(self):
-        raise SystemExit(
-            "hermes-guard has no sdist: the package builds from the repository's cargo workspace "
-            "(../ext, ../cli), which an sdist of python/ cannot carry. Build a wheel from the "
-            "checkout instead: pip wheel ./python, or python -m build --wheel python"
-        )
+
+class SdistWithWorkspace(sdist):
+    """An sdist that builds: python/ plus, under rust/, the part of the cargo workspace one
+    directory up that the two Rust artifacts need. The carried root manifest lists only the
+    carried members (the repository's test-only members stay behind)."""
+
+    def make_release_tree(self, base_dir, files):
+        super().make_release_tree(base_dir, files)
+        if WORKSPACE == CARRIED:
+            raise SystemExit("an sdist is made from a checkout of the repository, not from an sdist")
+        import re
+        import shutil
+
+        dest = os.path.join(base_dir, "rust")
+        os.makedirs(dest, exist_ok=True)
+        for name in CARRIED_FILES:
+            shutil.copyfile(os.path.join(WORKSPACE, name), os.path.join(dest, name))
+        for tree in CARRIED_TREES:
+            shutil.copytree(os.path.join(WORKSPACE, tree), os.path.join(dest, tree),
+                            ignore=shutil.ignore_patterns("target", "__pycache__"))
+        manifest = os.path.join(dest, "Cargo.toml")
+        with open(manifest, encoding="utf-8") as f:
+            text = f.read()
+        text, n = re.subn(r"^members = \[.*\]$", CARRIED_MEMBERS, text, count=1, flags=re.M)
+        if n != 1:
+            raise SystemExit(f"{manifest}: no members line to rewrite")
+        with open(manifest, "w", encoding="utf-8") as f:
+            f.write(text)
 
 
 class BdistWheel(bdist_wheel):
@@ -100,6 +129,6 @@ setup(
             binding=Binding.Exec,
         ),
     ],
-    cmdclass={"build_rust": BuildRust, "bdist_wheel": BdistWheel, "sdist": NoSdist},
+    cmdclass={"build_rust": BuildRust, "bdist_wheel": BdistWheel, "sdist": SdistWithWorkspace},
     zip_safe=False,
 )

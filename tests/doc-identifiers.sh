@@ -2,9 +2,9 @@
 # Every code identifier the docs cite in backticks must still exist in the source tree.
 #
 # Reads the inline `code spans` (not fenced blocks: those are examples, compiled or run elsewhere)
-# of docs/*.md, README.md, ext/README.md and python/README.md, keeps the spans that look like code
+# of docs/*.md, README.md, ext/README.md, python/README.md and node/README.md, keeps the spans that look like code
 # symbols, and fails listing each one whose name appears nowhere in the source tree: src/, store/, cli/,
-# ext/, python/, tests/ (target/ and build outputs left out) and the Cargo manifests. The
+# ext/, python/, node/, tests/ (target/ and build outputs left out) and the Cargo manifests. The
 # heuristic, span by span (a trailing `(...)` call is stripped first; a span with a space, `=`,
 # `-`, `/`, `.`, `<`, `"` or `'` in it is prose, a setting, a path or a command, and is skipped,
 # except the file names below):
@@ -36,11 +36,11 @@ import os, re, sys
 sqlite_c = sys.argv[1]
 DOCS = sorted(
     ["docs/" + f for f in os.listdir("docs") if f.endswith(".md")]
-    + ["README.md", "ext/README.md", "python/README.md"]
+    + ["README.md", "ext/README.md", "python/README.md", "node/README.md"]
 )
-TREES = ["src", "store", "cli", "ext", "python", "tests"]
+TREES = ["src", "store", "cli", "ext", "python", "tests", "node"]
 SKIP_DIRS = {"target", ".git", "__pycache__", "build", "node_modules", ".venv", "venv"}
-SRC_EXT = (".rs", ".toml", ".sh", ".py", ".c", ".h", ".txt", ".cfg", ".json")
+SRC_EXT = (".rs", ".toml", ".sh", ".py", ".c", ".h", ".txt", ".cfg", ".json", ".js", ".ts")
 # Crates whose paths are not ours: their names are not checked.
 FOREIGN = {"std", "core", "alloc", "rusqlite", "rustix", "libc", "serde", "serde_json", "clap",
            "log", "env_logger", "parking_lot", "tempfile", "sha2", "thiserror", "humantime",
