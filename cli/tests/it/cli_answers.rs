@@ -146,6 +146,22 @@ fn every_commands_help_ends_with_its_exit_codes() {
 }
 
 #[test]
+fn the_readme_says_the_exit_codes_in_the_words_of_the_commands_help() {
+    let (code, out, err) = cli(&[os("--help")]);
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("Exit codes:"))
+        .unwrap_or_else(|| panic!("--help has no exit-code line: {out}"));
+    let readme =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md")).unwrap();
+    assert!(
+        readme.lines().any(|l| l == line),
+        "README.md has not the line `hermes-guard --help` prints: {line}"
+    );
+}
+
+#[test]
 fn help_topics_print_the_docs_compiled_into_the_binary() {
     for (topic, file) in [
         ("recovery", "recovery.md"),
