@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The power-loss filesystem (tests/lazyfs, issue 28): its own rules (tests/lazyfs/tests/rules.rs),
-# then every crash-point test (tests/lazyfs/tests/crash_point_*.rs), which mount it over FUSE and
+# The power-loss filesystem (tests/lazyfs, issue 28): its own rules (tests/lazyfs/tests/it/rules.rs),
+# then every crash-point test (tests/lazyfs/tests/it/crash_point_*.rs: one test binary), which mount it over FUSE and
 # cut the power before each durable step of a workload, with the reordered states of each cut, a
 # failing fsync or write, and a cut during the recovery after a first cut. Prints each test's
 # "N crash points" and "N crash states (<dimension>)" and their sums. Needs /dev/fuse and root

@@ -6,13 +6,13 @@
 # failing schedule's seed, replay command and steps. Then:
 #   - the enumeration: every schedule within a preemption bound of each scenario (`--dfs`);
 #   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
-#     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/
+#     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/it/
 #     stale_wal_order.rs); recovery's rules before issue 43 (a fault switch too) over
-#     newer-checkpointed's first 500 seeds (tests/explore/tests/newer_generation.rs); the
+#     newer-checkpointed's first 500 seeds (tests/explore/tests/it/newer_generation.rs); the
 #     overwrite judgement before issue 44 (`--fault judgement-unconfirmed`) over churn's first
-#     500 seeds (tests/explore/tests/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
+#     500 seeds (tests/explore/tests/it/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
 #     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
-#     the guard's rule and not with it (tests/explore/tests/wal_reset.rs).
+#     the guard's rule and not with it (tests/explore/tests/it/wal_reset.rs).
 #
 #   bash tests/explore.sh                                   # the CI run (EXPLORE_SCHEDULES per scenario)
 #   bash tests/explore.sh --scenario peer-loss --seed 17    # replays one schedule, step by step
@@ -69,9 +69,9 @@ build_explorer_3_50() {
     cargo build -q -p hermes-guard-explore --no-default-features 2>&1 | grep -v "^warning: libsqlite3-sys" >&2 || true
     explore_3_50="$target_dir/debug/explore-system-sqlite"
     cp "$target_dir/debug/explore" "$explore_3_50"
-    cargo test -p hermes-guard-explore --no-default-features --test wal_reset --no-run >"$log" 2>&1 \
+    cargo test -p hermes-guard-explore --no-default-features --test it --no-run >"$log" 2>&1 \
         || { cat "$log" >&2; exit 1; }
-    wal_reset_3_50="$(grep -o "(\(target\|$target_dir\)/debug/deps/wal_reset-[0-9a-f]*)" "$log" | tr -d '()' | tail -1)"
+    wal_reset_3_50="$(grep -o "(\(target\|$target_dir\)/debug/deps/it-[0-9a-f]*)" "$log" | tr -d '()' | tail -1)"
     [ -n "$wal_reset_3_50" ] || { echo "no wal_reset test binary (see $log)" >&2; exit 1; }
 }
 
@@ -146,7 +146,7 @@ echo "the old stale-WAL gate order (--fault judged-before-exclusive): restore-op
 # Rediscovery 3: recovery's rules before issue 43 (`--fault capture-base-ignored`: a capture's
 # delta replayed whatever its base): newer-checkpointed's first 500 seeds find the newer
 # generation's rows deleted by the retired writer's recovery (its seeds' tests:
-# tests/explore/tests/newer_generation.rs).
+# tests/explore/tests/it/newer_generation.rs).
 out="$("$explore" --fault capture-base-ignored --scenario newer-checkpointed --first 0 --schedules 500)" || true
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"
 newer="$(grep -c 'VIOLATION: after recover --apply, row n[0-9]* is live 0 times' <<<"$out" || true)"
@@ -160,7 +160,7 @@ echo "recovery ignoring the capture's base (--fault capture-base-ignored): newer
 # Rediscovery 4: the overwrite judgement before issue 44 (`--fault judgement-unconfirmed`: the
 # close judges without READ(0), no confirmation with the wal-index's salts): churn's first 500
 # seeds find a healthy reader retired and captured with nothing taken away (its seeds' tests:
-# tests/explore/tests/churn.rs).
+# tests/explore/tests/it/churn.rs).
 out="$("$explore" --fault judgement-unconfirmed --scenario churn --first 0 --schedules 500)" || true
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"
 if ! grep -q 'was overwritten in place under this connection' <<<"$out"; then
@@ -176,7 +176,7 @@ build_explorer_3_50
 cargo build -q -p hermes-guard-explore   # the bundled build back at target/debug/explore
 log="$target_dir/explore-wal-reset-3.50.2.log"
 LD_LIBRARY_PATH="$sqlite_3_50" EXPLORE_EXPECT_SQLITE=3.50.2 TMPDIR="$TMPDIR" \
-    "$wal_reset_3_50" --nocapture --test-threads=1 >"$log" 2>&1 || true
+    "$wal_reset_3_50" wal_reset:: --nocapture --test-threads=1 >"$log" 2>&1 || true
 grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' "$log" | grep -v '^$' | sed 's/^/   | /'
 grep -q "test result: ok. 1 passed; 0 failed" "$log" \
     || { echo "the WAL-reset race test failed on SQLite 3.50.2 (see $log)" >&2; exit 1; }

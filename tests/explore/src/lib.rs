@@ -345,7 +345,7 @@ fn guard_first(run: &Run) -> bool {
 
 /// Guard bugs the explorer found and reported, not fixed yet (tests/explore/README.md, "Found"):
 /// (scenario, what the violation says, the bug). A schedule that shows only these passes; each
-/// gets a rediscovery test (tests/explore/tests/explore.rs) that fails once it is fixed. Bugs 1
+/// gets a rediscovery test (tests/explore/tests/it/explore.rs) that fails once it is fixed. Bugs 1
 /// to 6 are fixed, each seed a regression test; bug 7 is not: W's commit in flight when the
 /// `-shm` is unlinked (the WAL left at the path), its frame written over or truncated by another
 /// process's newer generation in that WAL. Only W's `w3`/`w4` lost match it, so a lost row of

@@ -1,7 +1,7 @@
 //! The issue's second bug rediscovery: the stale-WAL gate in its order before issue 33 (judged
 //! first, EXCLUSIVE after), put back by the fault switch `judged-before-exclusive` (the guard's
-//! `explore-faults` feature), is found by the explorer; today's order is not. A test binary of
-//! its own: the switch is process-wide (its tests take turns).
+//! `explore-faults` feature), is found by the explorer; today's order is not. The
+//! switch is process-wide: each test runs alone (`crate::alone`).
 //!
 //! The seeds are what the CI run of tests/explore.sh finds with the switch on (PCT, seeds
 //! 0..4000): `restore-openers` fails at seeds 1632, 2815 and 3701 (and the enumeration within
@@ -10,11 +10,8 @@
 
 use hermes_guard_explore::{faults, run_one, scenarios, Outcome};
 
-/// The switch is process-wide: one test at a time switches it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn run(scenario: &str, seed: u64, fault: bool) -> Outcome {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = crate::alone();
     let sc = scenarios::find(scenario).expect("a scenario");
     if fault {
         assert!(faults::switch_on("judged-before-exclusive"));

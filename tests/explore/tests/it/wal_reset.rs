@@ -1,9 +1,9 @@
 //! The first bug rediscovery: the WAL-reset race (SQLite 3.7.0–3.51.2) with the guard's
 //! rule off is found by the enumeration of `wal-reset` (2 preemptions), and with the rule on no
-//! schedule loses a row. A test binary of its own: the rule is a process-wide setting.
+//! schedule loses a row. The rule is a process-wide setting: the test runs alone (`crate::alone`).
 //!
 //! On the bundled SQLite (3.54: the race fixed) no schedule loses a row without the rule. On SQLite
-//! 3.50.2 — tests/explore.sh builds this test without `bundled` and runs it with the
+//! 3.50.2 — tests/explore.sh builds the tests without `bundled` and runs it with the
 //! libsqlite3.so.0 of tests/unusual-sqlite-builds.sh, `EXPLORE_EXPECT_SQLITE=3.50.2` — the
 //! enumeration without the rule finds the loss and prints its replay.
 
@@ -20,6 +20,7 @@ fn enumerate(rule: WalResetGuard) -> DfsSummary {
 
 #[test]
 fn the_wal_reset_race_is_found_without_the_rule_and_not_with_it() {
+    let _alone = crate::alone();
     if let Ok(expected) = std::env::var("EXPLORE_EXPECT_SQLITE") {
         assert_eq!(
             rusqlite::version(),

@@ -10,6 +10,7 @@ fn scenario(name: &str) -> &'static scenarios::Scenario {
 
 #[test]
 fn a_seed_replays_the_same_schedule_step_for_step() {
+    let _shared = crate::shared();
     for sc in scenarios::ALL {
         for seed in [3, 1234] {
             let a = run_one(sc, seed);
@@ -22,6 +23,7 @@ fn a_seed_replays_the_same_schedule_step_for_step() {
 
 #[test]
 fn every_scenario_keeps_the_invariants_over_its_first_seeds() {
+    let _shared = crate::shared();
     for sc in scenarios::ALL {
         let s = explore(sc, 0, 60);
         let shown: Vec<String> = s.failures.iter().map(|o| o.describe()).collect();
@@ -37,6 +39,7 @@ fn every_scenario_keeps_the_invariants_over_its_first_seeds() {
 
 #[test]
 fn the_loss_scenarios_see_refusals_and_captures() {
+    let _shared = crate::shared();
     for name in [
         "lone-loss",
         "peer-loss",
@@ -58,6 +61,7 @@ fn the_loss_scenarios_see_refusals_and_captures() {
 
 #[test]
 fn a_blocked_participant_yields_instead_of_spinning() {
+    let _shared = crate::shared();
     let mut busy_seen = false;
     for seed in 0..60 {
         let o = run_one(scenario("peer-loss"), seed);
@@ -90,6 +94,7 @@ fn a_blocked_participant_yields_instead_of_spinning() {
 /// two captures of one generation merged twice now merges it once.
 #[test]
 fn a_generation_captured_twice_is_merged_once() {
+    let _shared = crate::shared();
     let o = run_one(scenario("restore-running"), 0);
     assert!(o.violations.is_empty(), "{}", o.describe());
     assert!(
@@ -104,6 +109,7 @@ fn a_generation_captured_twice_is_merged_once() {
 /// opener sets it aside instead of replaying it onto the restored file.
 #[test]
 fn a_generation_begun_across_a_restore_is_recorded_and_never_replayed_onto_it() {
+    let _shared = crate::shared();
     let o = run_one(scenario("restore-running"), 44);
     assert!(o.violations.is_empty(), "{}", o.describe());
     assert!(o.known.is_empty(), "{}", o.describe());
@@ -117,6 +123,7 @@ fn a_generation_begun_across_a_restore_is_recorded_and_never_replayed_onto_it() 
 /// another main file, whatever it holds.
 #[test]
 fn an_opener_in_the_writers_process_sets_the_old_files_wal_aside() {
+    let _shared = crate::shared();
     for seed in [291, 680, 1946, 3109, 3111, 3723] {
         let o = run_one(scenario("restore-running"), seed);
         assert!(o.violations.is_empty(), "{}", o.describe());
@@ -131,6 +138,7 @@ fn an_opener_in_the_writers_process_sets_the_old_files_wal_aside() {
 /// every invariant.
 #[test]
 fn a_peers_capture_of_a_generation_healed_by_the_writer_is_merged_zero_times() {
+    let _shared = crate::shared();
     for name in ["peer-loss", "killed-peer"] {
         for seed in [240, 244, 304, 413] {
             let o = run_one(scenario(name), seed);
@@ -147,6 +155,7 @@ fn a_peers_capture_of_a_generation_healed_by_the_writer_is_merged_zero_times() {
 /// it from the kept descriptor (`wal-lost`).
 #[test]
 fn a_wal_taken_away_while_a_peer_is_inside_its_open_is_captured_from_the_closed_writers_pin() {
+    let _shared = crate::shared();
     for (name, seed) in [
         ("peer-loss", 3581),
         ("peer-loss", 3555),
@@ -167,6 +176,7 @@ fn a_wal_taken_away_while_a_peer_is_inside_its_open_is_captured_from_the_closed_
 /// main file: let go, no capture.
 #[test]
 fn a_wal_left_for_an_opener_and_checkpointed_by_another_connection_is_not_captured() {
+    let _shared = crate::shared();
     let o = run_one(scenario("checkpoint-race"), 927);
     assert!(o.violations.is_empty(), "{}", o.describe());
     assert_eq!(o.captures, 0, "{}", o.describe());
@@ -180,6 +190,7 @@ fn a_wal_left_for_an_opener_and_checkpointed_by_another_connection_is_not_captur
 /// the next main-file write judge). The copy is judged overwritten: refused, captured.
 #[test]
 fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
+    let _shared = crate::shared();
     for seed in [18, 78] {
         let o = run_one(scenario("restore-running"), seed);
         assert!(o.violations.is_empty(), "{}", o.describe());
@@ -198,6 +209,7 @@ fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
 /// Without that second judgement these seeds put `r3` and `r4` back.
 #[test]
 fn an_in_place_restore_during_a_wal_reset_is_refused_before_a_frame_from_the_cache() {
+    let _shared = crate::shared();
     refused_from_the_cache("restore-checkpointed", &[44, 84, 97]);
 }
 
@@ -222,6 +234,7 @@ fn refused_from_the_cache(scenario_name: &str, seeds: &[u64]) {
 /// refused before its first frame.
 #[test]
 fn an_in_place_restore_between_generations_is_refused_before_a_frame_from_the_cache() {
+    let _shared = crate::shared();
     refused_from_the_cache("restore-running", &[531, 571, 584, 759]);
 }
 
@@ -235,6 +248,7 @@ fn an_in_place_restore_between_generations_is_refused_before_a_frame_from_the_ca
 /// remove it from `KNOWN` (src/lib.rs) and make this a regression test.
 #[test]
 fn a_commit_in_flight_when_the_shm_goes_is_overwritten_by_another_processs_generation() {
+    let _shared = crate::shared();
     for seed in [61, 179, 795, 1620] {
         let o = run_one(scenario("newer-checkpointed"), seed);
         assert!(o.violations.is_empty(), "{}", o.describe());

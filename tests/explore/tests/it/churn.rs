@@ -2,8 +2,8 @@
 //! guard's `explore-faults` feature) the close judges the main file without `READ(0)` shared and
 //! nothing confirms the frames' progress with the wal-index's salts, and `churn` (nothing taken
 //! away) retires the reader's healthy connection as `main-overwritten` and captures it; with
-//! today's judgement nothing is logged, retired or captured. A test binary of its own: the
-//! switch is process-wide (and handed to the reader's process), so its tests take turns.
+//! today's judgement nothing is logged, retired or captured. The switch is process-wide (and
+//! handed to the reader's process): each test runs alone (`crate::alone`).
 //!
 //! The seeds are PCT seeds of `churn` that fail with the switch on (2 of the first 500; the
 //! enumeration within 1 preemption finds 15 of 2,946), one per kind of RESTART writer: the
@@ -13,11 +13,8 @@
 
 use hermes_guard_explore::{faults, run_one, scenarios, Outcome};
 
-/// The switch is process-wide: one test at a time switches it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn run(seed: u64, fault: bool) -> Outcome {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = crate::alone();
     let sc = scenarios::find("churn").expect("the scenario");
     if fault {
         assert!(faults::switch_on("judgement-unconfirmed"));

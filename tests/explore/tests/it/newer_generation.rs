@@ -2,8 +2,7 @@
 //! fault switch `capture-base-ignored` (the guard's `explore-faults` feature) the delta is
 //! replayed whatever the capture's `base`, and `newer-checkpointed` loses the newer
 //! generation's rows; with the rule (`add-only` when the base is not the capture's own) it does
-//! not. A test binary of its own: the switch is
-//! process-wide (its tests take turns).
+//! not. The switch is process-wide: each test runs alone (`crate::alone`).
 //!
 //! The seeds are PCT seeds of `newer-checkpointed` that fail with the switch on (473 of the
 //! first 2,000 do, 12 of them showing only bug 7; 0 of them without it, bug 7 apart), one per
@@ -12,11 +11,8 @@
 
 use hermes_guard_explore::{faults, run_one, scenarios, Outcome};
 
-/// The switch is process-wide: one test at a time switches it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn run(seed: u64, fault: bool) -> Outcome {
-    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _alone = crate::alone();
     let sc = scenarios::find("newer-checkpointed").expect("the scenario");
     if fault {
         assert!(faults::switch_on("capture-base-ignored"));
