@@ -1,4 +1,4 @@
-//! sqlx 0.9 in the loss scenario: a `SqlitePool` whose connections are opened through the guard
+//! sqlx 0.9 (and 0.8: tests/frameworks-older runs this file too) in the loss scenario: a `SqlitePool` whose connections are opened through the guard
 //! (`SqliteConnectOptions::vfs`), with the guard's three checks in sqlx's hooks on the raw handle
 //! (`lock_handle().as_raw_handle()`, `hermes_guard::raw`): `after_connect` refuses a new
 //! connection that attached to a lost generation (sqlx closes it and connects again after a
