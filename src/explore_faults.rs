@@ -1,19 +1,18 @@
-//! Fault switches for the connection explorer (tests/explore, issue 38), compiled only with the
+//! Fault switches for the connection explorer (tests/explore), compiled only with the
 //! `explore-faults` feature, which only tests/explore enables: each puts back a bug the guard
 //! once had, so that the explorer can show it finds it. All off until switched on.
 //!
-//! - [`set_stale_wal_judged_before_exclusive`]: the stale-WAL gate in its order before issue
-//!   33 — the quick look and "is the `-shm` in use" first, EXCLUSIVE on the main file only
+//! - [`set_stale_wal_judged_before_exclusive`]: the stale-WAL gate in its former order — the quick look and "is the `-shm` in use" first, EXCLUSIVE on the main file only
 //!   after (`src/vfs/stale_wal_gate/old_order.rs`). A `-shm` in use let the WAL be replayed
 //!   without a judgement (a restore under a running app undone), and the time the look took
 //!   was a window in which a stock opener took SHARED first and replayed the WAL (a restore a
 //!   guarded opener saw first undone). The window is a real time span, which one step of the
 //!   explorer does not have: the switch takes a function the gate calls there (the explorer's
 //!   yield point).
-//! - [`set_capture_base_ignored`]: recovery before issue 43 — a capture's delta is replayed
+//! - [`set_capture_base_ignored`]: recovery's former rule — a capture's delta is replayed
 //!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
 //!   rows checkpointed into the captured image read as deleted by the captured generation.
-//! - [`set_judgement_unconfirmed`]: the overwrite judgement before issue 44 — the close judges
+//! - [`set_judgement_unconfirmed`]: the overwrite judgement's former reading — the close judges
 //!   the main file without `READ(0)` shared, and no judgement confirms the frames' progress
 //!   with the wal-index's salts: a checkpoint copying, or a reset starting a generation, under
 //!   the judgement made a healthy connection look overwritten (`main-overwritten`).

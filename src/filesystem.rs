@@ -1,4 +1,4 @@
-//! Issue 33, item 7: the filesystem a database is on, and whether WAL mode is safe there.
+//! The filesystem a database is on, and whether WAL mode is safe there.
 //!
 //! SQLite's documentation (<https://sqlite.org/wal.html>, "WAL does not work over a network
 //! filesystem") says WAL needs every process on one host, with shared memory and POSIX locks

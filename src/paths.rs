@@ -9,8 +9,8 @@
 //! a heal needs it: captures are written relative to it, so one lands beside the database even
 //! after the whole directory was renamed away. One descriptor per directory is shared by every
 //! connection of the process. Read-only when the process may list the directory, else `O_PATH`
-//! (issue 44: a service user's directory it may create in but not list, see
-//! `open_dir_to_write_in` and `sync_dir`).
+//! (a service user's directory it may create in but not list: `open_dir_to_write_in` and
+//! `sync_dir`).
 
 use std::collections::HashMap;
 use std::ffi::OsString;

@@ -1,5 +1,5 @@
-//! Issue 27: the WAL-reset race of SQLite 3.7.0–3.51.2 (sqlite.org/wal.html#walresetbug), and
-//! whether the shim's rule against it is on.
+//! The WAL-reset race of SQLite 3.7.0–3.51.2 (sqlite.org/wal.html#walresetbug), and whether the
+//! shim's rule against it is on.
 //!
 //! The race: a checkpointer holds the checkpoint lock (CKPT) and has read the WAL header; before
 //! it compares `nBackfill` with that header's `mxFrame`, a writer resets the WAL (it needs only

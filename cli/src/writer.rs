@@ -17,11 +17,11 @@
 //!   `backup-from PATH` (the backup API copies PATH over the live database).
 //! - `second`: opens the path, commits `--rows` rows in one transaction, checkpoints (TRUNCATE),
 //!   closes and prints `{"event":"done",...}`.
-//! - `churn-writer` (issue 44): for `--seconds`, commits one row at a time on a small table (the
+//! - `churn-writer`: for `--seconds`, commits one row at a time on a small table (the
 //!   first pages change with every commit) and checkpoints as `--checkpoint` says: `passive` or
 //!   `restart` after every commit, or `auto` (SQLite's automatic checkpoint, every 4 pages);
 //!   prints `{"event":"done",...}` with its counts and the guard's status, then closes.
-//! - `churn-reader` (issue 44): for `--seconds`, opens a connection, reads, and closes it, over
+//! - `churn-reader`: for `--seconds`, opens a connection, reads, and closes it, over
 //!   and over; prints `{"event":"done",...}` with the opens and the failed closes.
 
 use std::io::{self, BufRead, Write};

@@ -1,4 +1,4 @@
-//! Where the guard's events go in a host process (issues 30 and 35): every host's user sees each
+//! Where the guard's events go in a host process: every host's user sees each
 //! event, once.
 //!
 //! - **One route per event, at one level.** [`LOG_ENV`] (`HERMES_GUARD_LOG`) sets the level for

@@ -1,5 +1,5 @@
-//! Where a capture goes when it cannot be written beside its database (issue 30): the fallback
-//! capture directory.
+//! Where a capture goes when it cannot be written beside its database: the fallback capture
+//! directory.
 //!
 //! A capture beside the database that fails for want of permission or space — `EACCES`,
 //! `EPERM`, `EROFS`, `ENOSPC`, `EDQUOT` — is written instead into the orphan capture directory

@@ -1,5 +1,5 @@
-//! `healed.json`: a capture whose generation was healed into the live file at close says so
-//! (issue 26), so that nothing merges its rows a second time.
+//! `healed.json`: a capture whose generation was healed into the live file at close says so, so
+//! that nothing merges its rows a second time.
 //!
 //! The heal (`vfs/state/healing.rs`) writes the record twice, each time durably (a new file,
 //! fsynced, renamed over the name, the capture directory fsynced): `started` before its first

@@ -12,7 +12,7 @@
 //! and its first frame's checksum; SQLite draws new salts whenever it starts the WAL over, and
 //! never rewrites a committed frame until then). So a restore that leaves two captures of one
 //! generation (the replaced main file's, and the stale WAL set aside when the application
-//! reconnected) is merged once, whichever goes first (issue 34). The row says how far it was
+//! reconnected) is merged once, whichever goes first. The row says how far it was
 //! merged (`frames`: the WAL frames up to the last commit SQLite could read), so a later copy
 //! that reaches further (the intact capture after a damaged one) merges only what its later
 //! commits did, and whether a `whole` merge judged the image's rows too (`whole`). Rows written

@@ -3,8 +3,8 @@
 //! A generation can be captured more than once: a peer refused at a write captures it at the
 //! halt, and the writer that held it captures it again at its close — where, if nothing newer
 //! was created, it heals it back into the live file (`healed.json` in *its* capture only). The
-//! peer's capture then holds rows that are live already: merging it would add them twice
-//! (tests/explore's bug 3). So before a merge, the captures of the capture's database are looked
+//! peer's capture then holds rows that are live already: merging it would add them twice.
+//! So before a merge, the captures of the capture's database are looked
 //! through for one of the same generation ([`super::generation_id`], read from its WAL's bytes)
 //! whose heal reached the live file ([`crate::capture::HealState::Healed`]) — the live file the
 //! merge goes into (the record's main file is the live file's inode). Its heal counts as a merge

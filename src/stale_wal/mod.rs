@@ -1,4 +1,4 @@
-//! A WAL left beside a database it was not written on (issue 19): the record that binds a WAL
+//! A WAL left beside a database it was not written on: the record that binds a WAL
 //! generation to the main file it was started on, the judgement made at the open from it, and
 //! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal.rs`) hands it
 //! plain values.

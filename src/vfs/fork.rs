@@ -16,8 +16,8 @@
 //!   has) also accepts an advice that does not exist, which a real kernel refuses.
 //! - **The pid** ([`Origin::current`]): the pid the atfork handler keeps, checked against a
 //!   wipe-on-fork page of the process's own ([`MARK`]: 1 here, 0 in any child, a raw `clone`'s
-//!   included) — no system call (issue 36: a `getpid` beside every lock change of the shield was
-//!   a tenth of a connection's open and close). Where the kernel does not honour the wipe, one
+//!   included) — no system call (a `getpid` beside every lock change of the shield was a tenth of a
+//!   connection's open and close). Where the kernel does not honour the wipe, one
 //!   `getpid` system call, so only on paths that already make system calls (a full check, a lock
 //!   change of the shield), never on the transaction start's fast path.
 //!

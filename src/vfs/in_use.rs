@@ -1,4 +1,4 @@
-//! Issue 33: whether a `-shm` or a WAL is in use, from what this process holds and from the
+//! Whether a `-shm` or a WAL is in use, from what this process holds and from the
 //! kernel's lock table — never from `/proc` text (`/proc/self/maps` names a btrfs file by its
 //! superblock's device where `stat` gives the subvolume's, and `/proc/locks` hides the locks of
 //! processes in other pid namespaces).
@@ -21,7 +21,7 @@
 //! reused by the next test of that file (SQLite's own unix VFS keeps descriptors it cannot close
 //! for the same reason), and closed once a later test, or the process's exit, finds the byte
 //! unlocked by everyone. Between the test and the close, another thread of this process could
-//! open the `-shm` through the unix VFS and take its lock (issue 44): the test, the close and
+//! open the `-shm` through the unix VFS and take its lock: the test, the close and
 //! that open are kept apart by the unix VFS's own mutex (`unixBigLock`,
 //! `SQLITE_MUTEX_STATIC_VFS1`), which `unixOpenSharedMemory` holds from its open of the file to
 //! its lock of the dead-man-switch byte, and which the probe holds from its open to its close.

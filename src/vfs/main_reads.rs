@@ -1,4 +1,4 @@
-//! Issue 34, explorer bug 5's last window: a main file copied over in place (`cp backup.db
+//! A main file copied over in place (`cp backup.db
 //! state.db`, the same inode) while the WAL holds nothing left to checkpoint, under a connection
 //! whose page cache holds the old file's pages.
 //!

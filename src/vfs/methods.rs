@@ -6,9 +6,9 @@ use std::ptr;
 
 use rusqlite::ffi;
 
+use super::boundary::{cstr_path, ffi_guard, VFS_NAME_C};
 use super::file;
 use super::state::may_delete;
-use super::{cstr_path, ffi_guard, VFS_NAME_C};
 
 /// Builds the guard's `sqlite3_vfs` over `sub`.
 pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {

@@ -4,6 +4,7 @@
 //!
 //! All of the crate's `unsafe` lives under this module.
 
+mod boundary;
 mod file;
 mod fork;
 mod in_use;
@@ -20,10 +21,7 @@ pub(crate) mod state;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;
 
-use std::ffi::{c_char, CStr, OsStr};
-use std::os::unix::ffi::OsStrExt;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::ffi::CStr;
 use std::ptr;
 
 use parking_lot::Mutex;
@@ -33,7 +31,6 @@ use crate::error::GuardError;
 
 /// Name under which the VFS is registered.
 pub const VFS_NAME: &str = "hermes-guard";
-const VFS_NAME_C: &CStr = c"hermes-guard";
 
 /// The registered VFS. Leaked on purpose: SQLite keeps pointers to it for the process's life.
 struct Registered(*mut ffi::sqlite3_vfs);
@@ -71,7 +68,7 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
         }
         // SAFETY: `sub` is a registered VFS, valid for the life of the process.
         let sub_name = unsafe { CStr::from_ptr((*sub).zName) };
-        if sub_name == VFS_NAME_C {
+        if sub_name == boundary::VFS_NAME_C {
             return Err(GuardError::Register(
                 "the default VFS is already a hermes-guard from another copy of the library".into(),
             ));
@@ -101,75 +98,8 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
     Ok(())
 }
 
-/// Runs `f`, turning a panic into `on_panic`: unwinding across the FFI boundary would abort.
-fn ffi_guard<R>(on_panic: R, f: impl FnOnce() -> R) -> R {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(r) => r,
-        Err(payload) => {
-            let what = payload
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            log::error!("hermes-guard: internal panic caught at the FFI boundary: {what}");
-            on_panic
-        }
-    }
-}
-
-/// The version of the SQLite the guard runs in, as the library reports it at run time: in an
-/// extension host, the host's (the `SQLITE_VERSION` constant is the one this crate was compiled
-/// against, which is not what a message about the host's structures must name).
-fn running_sqlite_version() -> String {
-    // SAFETY: sqlite3_libversion returns a pointer to a static NUL-terminated string (NULL is
-    // handled by cstr_text).
-    unsafe { cstr_text(ffi::sqlite3_libversion()) }.unwrap_or_else(|| "?".into())
-}
-
-/// Copies `s` into memory from `sqlite3_malloc`, as SQLite expects of file-control answers.
-fn sqlite_string(s: &str) -> *mut c_char {
-    let bytes = s.as_bytes();
-    // SAFETY: plain allocation; checked for NULL below.
-    let p = unsafe { ffi::sqlite3_malloc64(bytes.len() as u64 + 1) } as *mut u8;
-    if p.is_null() {
-        return ptr::null_mut();
-    }
-    // SAFETY: `p` has room for len + 1 bytes and does not overlap `bytes`.
-    unsafe {
-        ptr::copy_nonoverlapping(bytes.as_ptr(), p, bytes.len());
-        *p.add(bytes.len()) = 0;
-    }
-    p as *mut c_char
-}
-
-/// Text for people (a VFS name), never a path: invalid UTF-8 becomes U+FFFD.
-///
-/// # Safety
-/// `p` is NULL or a NUL-terminated string valid for the call.
-unsafe fn cstr_text(p: *const c_char) -> Option<String> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the caller promises a NUL-terminated string.
-    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-}
-
-/// A pathname from SQLite, byte for byte: a Unix path is bytes, and a lossy conversion would
-/// name another file (or none).
-///
-/// # Safety
-/// `p` is NULL or a NUL-terminated string valid for the call.
-unsafe fn cstr_path(p: *const c_char) -> Option<PathBuf> {
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the caller promises a NUL-terminated string.
-    let bytes = unsafe { CStr::from_ptr(p) }.to_bytes();
-    Some(PathBuf::from(OsStr::from_bytes(bytes)))
-}
-
 /// The retired flag of `conn`'s main database, `None` when it is not a file of the guard's
-/// (issue 45: `GuardExt::is_retired`, a pool's `has_broken`). Reads an atomic: no system call,
+/// (`GuardExt::is_retired`, a pool's `has_broken`). Reads an atomic: no system call,
 /// no SQL.
 pub(crate) fn retired_flag(conn: &rusqlite::Connection) -> Option<bool> {
     // SAFETY: `conn` is open, and borrowed here, so no other thread uses it (a rusqlite

@@ -19,7 +19,7 @@ use std::ptr;
 
 use rusqlite::{ffi, Connection};
 
-use super::ffi_guard;
+use super::boundary::ffi_guard;
 
 /// `SQLITE_DIRECTONLY` (SQLite 3.30): not from a schema's triggers or views. A literal: the
 /// prebuilt bindings of the range's oldest libsqlite3-sys predate the constant.

@@ -1,4 +1,4 @@
-//! Issue 19, the shim's side: the WAL-base record written when a guarded writer's WAL starts a
+//! The stale-WAL rule, the shim's side: the WAL-base record written when a guarded writer's WAL starts a
 //! generation (`crate::stale_wal` has the record, the rules and the capture; this file the hooks
 //! and the wal-index reads; `stale_wal_gate.rs` the judgement of an existing WAL before SQLite
 //! opens it).
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, O
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
-use super::ffi_guard;
+use super::boundary::ffi_guard;
 use super::main_reads::{Header, MainReads};
 use super::state::DbState;
 use crate::capture::ImageSource;

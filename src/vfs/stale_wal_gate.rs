@@ -1,4 +1,4 @@
-//! Issue 19's judgement of an existing WAL before SQLite opens it, in issue 33's order: the
+//! The stale-WAL judgement of an existing WAL before SQLite opens it, in this order: the
 //! database file's EXCLUSIVE lock first, the kernel's lock answer on the `-shm` only when it is
 //! refused.
 //!

@@ -9,7 +9,7 @@
 //! The workloads are the wall-clock bench's own sessions (`workloads.rs`), so the statements are
 //! the same: W1 (one-row autocommit INSERT, WAL, synchronous=NORMAL), R1 (point SELECT by
 //! primary key), W2 (1,000-row transactions), and O1/O2 (open + one read + close beside a
-//! long-lived connection, O2 with 1,000 other databases open; issue 36). The workloads and their
+//! long-lived connection, O2 with 1,000 other databases open). The workloads and their
 //! targets: `cost_workloads.rs`.
 
 use std::collections::BTreeMap;

@@ -1,5 +1,5 @@
 //! The workloads of `bench --cost` and their targets: W1, R1, W2 (the wall-clock bench's own
-//! sessions) and O1/O2 (issue 36: connection churn).
+//! sessions) and O1/O2 (connection churn).
 
 use std::path::Path;
 

@@ -1,4 +1,4 @@
-//! O1/O2 (issue 36): connection churn — open a WAL database, read one row, close — while a
+//! O1/O2: connection churn — open a WAL database, read one row, close — while a
 //! long-lived connection of the same process keeps the database open (a web framework's
 //! per-request connection beside its pool, a CLI beside a daemon), and, for O2, with `others`
 //! more WAL databases open in the process (each with its `-shm` mapped).

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use rusqlite::ffi;
 
 use super::*;
-use crate::vfs::ffi_guard;
+use crate::vfs::boundary::ffi_guard;
 use crate::vfs::fork::Origin;
 use crate::vfs::state::MainFile;
 

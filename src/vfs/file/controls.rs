@@ -7,8 +7,8 @@ use rusqlite::ffi;
 
 use super::*;
 use crate::capture::{self, Trigger};
+use crate::vfs::boundary::{cstr_text, ffi_guard, sqlite_string};
 use crate::vfs::state::DbState;
-use crate::vfs::{cstr_text, ffi_guard, sqlite_string};
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
 /// (SQLite sends several per transaction) passes straight down: neither can panic.

@@ -6,7 +6,7 @@ use rusqlite::ffi;
 
 use super::*;
 use crate::stale_wal::RECORDED_PAGES;
-use crate::vfs::ffi_guard;
+use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site};
 
 io_pass_through! {

@@ -1,4 +1,4 @@
-//! Explorer bug 4 (`state/left.rs`): main files whose close left their WAL, pinned, for an opener
+//! Main files whose close left their WAL (`state/left.rs`), pinned, for an opener
 //! of this process inside its open. Held as the retired ones are (`pending.rs`), settled by the
 //! opener's stale-WAL gate, or at any open or close once no opener may come.
 

@@ -35,8 +35,8 @@
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
 //! - `shm.rs`: the shared-memory methods;
-//! - `wal_reset.rs`: issue 27, keeping SQLite's WAL reset and a checkpoint apart (and the
-//!   tripwire at a checkpoint's end).
+//! - `wal_reset.rs`: keeping SQLite's WAL reset and a checkpoint apart (and the tripwire at a
+//!   checkpoint's end).
 
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
@@ -45,7 +45,7 @@ use std::sync::Arc;
 
 use rusqlite::ffi;
 
-use super::ffi_guard;
+use super::boundary::ffi_guard;
 use super::state::{DbState, Gate, WalGate};
 
 /// Declares [`SubMethods`]: one field per io method (named after its slot), and

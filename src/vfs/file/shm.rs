@@ -7,7 +7,7 @@ use rusqlite::ffi;
 
 use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
-use crate::vfs::ffi_guard;
+use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site};
 
 pub(super) unsafe extern "C" fn x_shm_map(

@@ -21,7 +21,7 @@ pub(super) fn check_running_version() {
             "hermes-guard: SQLite {} runs here; the guard's mirrors of its private structures \
              were verified against 3.32.0 to 3.54.1: they are checked at every open, and what \
              does not check out is turned off (the lock shield, moving a held main file)",
-            crate::vfs::running_sqlite_version()
+            crate::vfs::boundary::running_sqlite_version()
         );
     }
 }
@@ -37,7 +37,7 @@ use rusqlite::ffi;
 
 use crate::identity::{identity_of_fd, FileId};
 use crate::status::Backfill;
-use crate::vfs::cstr_text;
+use crate::vfs::boundary::cstr_text;
 use crate::vfs::shield;
 use crate::vfs::state::{DbState, WalIndex};
 
@@ -207,7 +207,7 @@ pub(super) unsafe fn main_descriptor(
         return Err(format!(
             "the unix VFS's file object does not have the layout of SQLite {} (its size, \
              pMethod, pVfs or zPath differ)",
-            crate::vfs::running_sqlite_version()
+            crate::vfs::boundary::running_sqlite_version()
         ));
     };
     let Some(pinned) = state.main_id() else {

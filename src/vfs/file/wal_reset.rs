@@ -1,4 +1,4 @@
-//! Issue 27: SQLite's WAL-reset race (3.7.0–3.51.2), kept clear of by the shim.
+//! SQLite's WAL-reset race (3.7.0–3.51.2), kept clear of by the shim.
 //!
 //! A writer resets the WAL in `walRestartLog` (wal.c) while it holds the WAL write lock: it
 //! asks for the read locks 1–4 exclusively (`xShmLock(4, 4, LOCK|EXCLUSIVE)`), rewrites the
@@ -20,7 +20,7 @@ use std::ffi::{c_int, c_void};
 use rusqlite::ffi;
 
 use super::*;
-use crate::vfs::ffi_guard;
+use crate::vfs::boundary::ffi_guard;
 
 /// `walRestartLog`'s request: `WAL_READ_LOCK(1)`, `WAL_NREADER - 1` locks.
 pub(super) const RESET_OFST: c_int = 4;

@@ -1,5 +1,5 @@
 //! The stale-WAL gate for a WAL that a guarded connection of this very process has open for
-//! another main file (explorer bug 6).
+//! another main file.
 //!
 //! A WAL's path follows from its database's, so a connection of this process holding the WAL at
 //! the path for a main file other than the one now at the path means that file was replaced

@@ -1,4 +1,4 @@
-//! Issue 29: the database's directory, found when a capture or a heal needs it instead of held
+//! The database's directory, found when a capture or a heal needs it instead of held
 //! from the open. A directory descriptor per database (one per directory, and many applications
 //! keep each database in a directory of its own) was the guard's second descriptor beyond
 //! stock's; a live generation needs none.

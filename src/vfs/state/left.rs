@@ -1,4 +1,4 @@
-//! Explorer bug 4: a WAL left with committed frames by a close whose checkpoint could not run,
+//! A WAL left with committed frames by a close whose checkpoint could not run,
 //! while another connection of this process is inside its open.
 //!
 //! SQLite's close checkpoints and deletes the WAL only under EXCLUSIVE on the main file; an
@@ -11,7 +11,7 @@
 //! stale-WAL gate settles them before anything else — the WAL still at the path is the
 //! opener's to replay (the pins are let go), one taken away is captured from the kept
 //! descriptor (reason `wal-lost`). Only for an opener of this process: one in another process
-//! is outside what this process can see (tests/explore/README.md, bug 4).
+//! is outside what this process can see.
 
 use std::collections::HashMap;
 use std::fs::File;

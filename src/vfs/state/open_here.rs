@@ -1,10 +1,10 @@
-//! The guarded main files open in this process, by main inode (issue 30): how many connections
+//! The guarded main files open in this process, by main inode: how many connections
 //! of a retired generation are still open here. The unix VFS shares one `-shm` mapping per inode
 //! in a process, so while any of them is open a new connection to the same file attaches to the
 //! retired generation's wal-index, and the guard refuses it (`shm-lost`); once they have all
 //! closed, a new connection maps the `-shm` at the path afresh and works.
 //!
-//! Issue 36: the same list tells a closing connection whether another connection of this process
+//! The same list tells a closing connection whether another connection of this process
 //! still holds its generation ([`DbState::generation_held_by_sibling`]); its close then owes no
 //! check of its own (see there).
 

@@ -1,11 +1,11 @@
-//! Issue 34: a main file overwritten in place under a running connection (`cp backup.db
+//! A main file overwritten in place under a running connection (`cp backup.db
 //! state.db`: the same inode, so the pins see nothing) is found before a checkpoint writes this
 //! generation's pages into it, and at the close.
 //!
 //! In WAL mode only checkpoints write the main file, and a checkpoint writes, for each page, the
 //! last version of it among the frames it copies. So between two checkpoints each page of the
 //! main file is either what it was when the WAL generation began — the WAL-base record the guard
-//! keeps on the WAL (issue 19: a hash of the first 16 pages' headers) — or one of the
+//! keeps on the WAL (a hash of the first 16 pages' headers) — or one of the
 //! generation's frames of that page, among those a checkpoint copied or began to copy
 //! (`nBackfillAttempted` in the wal-index). A recorded page that is neither was written by
 //! something else: the file was overwritten. The connection is then retired (reason

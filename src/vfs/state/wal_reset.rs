@@ -1,4 +1,4 @@
-//! Issue 27: a connection's part in keeping SQLite's WAL reset and a checkpoint apart (the rule
+//! A connection's part in keeping SQLite's WAL reset and a checkpoint apart (the rule
 //! is in `src/vfs/file/wal_reset.rs`, the policy in `src/wal_reset.rs`), and the tripwire that
 //! notices the race's damage in the wal-index.
 
