@@ -3,7 +3,7 @@
 //! once had, so that the explorer can show it finds it. All off until switched on.
 //!
 //! - [`set_stale_wal_judged_before_exclusive`]: the stale-WAL gate in its former order — the quick look and "is the `-shm` in use" first, EXCLUSIVE on the main file only
-//!   after (`src/vfs/stale_wal_gate/old_order.rs`). A `-shm` in use let the WAL be replayed
+//!   after (`src/vfs/stale_wal/gate/old_order.rs`). A `-shm` in use let the WAL be replayed
 //!   without a judgement (a restore under a running app undone), and the time the look took
 //!   was a window in which a stock opener took SHARED first and replayed the WAL (a restore a
 //!   guarded opener saw first undone). The window is a real time span, which one step of the

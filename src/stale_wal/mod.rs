@@ -1,6 +1,6 @@
 //! A WAL left beside a database it was not written on: the record that binds a WAL
 //! generation to the main file it was started on, the judgement made at the open from it, and
-//! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal.rs`) hands it
+//! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal/`) hands it
 //! plain values.
 //!
 //! **The record.** When a guarded writer sees its WAL start a new generation (the salts in the

@@ -16,7 +16,6 @@ mod retry;
 mod shield;
 pub mod sql_functions;
 mod stale_wal;
-mod stale_wal_gate;
 pub(crate) mod state;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;

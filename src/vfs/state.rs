@@ -187,7 +187,7 @@ struct Inner {
     /// `EROFS`, `ENOSPC`, ...): if the fallback directory fails too, the heal at close does not
     /// wait for a capture (`state/healing.rs`).
     unwritable_beside: bool,
-    /// A WAL-base record waits for the WAL header this transaction writes (`vfs/stale_wal.rs`):
+    /// A WAL-base record waits for the WAL header this transaction writes (`vfs/stale_wal/`):
     /// the WAL's gate stays closed until then.
     header_record: bool,
     /// Explorer bug 4 (`state/left.rs`): the close's checkpoint could not run and left committed
@@ -391,7 +391,7 @@ impl DbState {
         &self.db_path
     }
 
-    /// Issue 19's slot (`stale_wal.rs`).
+    /// The stale-WAL slot (`vfs/stale_wal/`).
     pub(crate) fn stale_wal(&self) -> &StaleWalSlot {
         &self.stale_wal
     }
@@ -429,7 +429,7 @@ impl DbState {
     }
 
     /// Closes (`true`) the WAL's write gate until a WAL-base record's header is written, or
-    /// opens it again as the rest of the state allows (issue 34, `vfs/stale_wal.rs`).
+    /// opens it again as the rest of the state allows (issue 34, `vfs/stale_wal/`).
     pub(crate) fn hold_wal_gate_for_header(&self, hold: bool) {
         let mut inner = self.inner.lock();
         inner.header_record = hold;
@@ -532,5 +532,39 @@ pub(crate) fn may_delete(path: &Path) -> bool {
                 false
             }
         }
+    }
+}
+
+impl super::stale_wal::Holder for DbState {
+    fn db_path(&self) -> &Path {
+        DbState::db_path(self)
+    }
+
+    fn main_id(&self) -> Option<FileId> {
+        DbState::main_id(self)
+    }
+
+    fn is_retired(&self) -> bool {
+        DbState::is_retired(self)
+    }
+
+    fn hold_wal_gate_for_header(&self, hold: bool) {
+        DbState::hold_wal_gate_for_header(self, hold)
+    }
+
+    fn overwritten_under_cache(&self, detail: &str) {
+        DbState::overwritten_under_cache(self, detail)
+    }
+
+    fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R> {
+        DbState::with_pinned_wal(self, f)
+    }
+
+    fn slot(&self) -> &StaleWalSlot {
+        DbState::stale_wal(self)
+    }
+
+    fn wal_seen_before_open(&self, id: Option<FileId>) {
+        DbState::wal_seen_before_open(self, id)
     }
 }

@@ -128,10 +128,10 @@ unsafe extern "C" fn write_gated_slow(
     }
     if t.kind == Kind::Wal && ofst == 0 && amt >= 32 {
         // Issue 34: the WAL header of a new generation, which a WAL-base record may wait for
-        // (the gate is closed for it; `vfs/stale_wal.rs`).
+        // (the gate is closed for it; `vfs/stale_wal/`).
         // SAFETY: SQLite passes `amt` readable bytes at `buf`.
         let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 32) };
-        ffi_guard((), || state.stale_wal().at_wal_header(state, header));
+        ffi_guard((), || state.stale_wal().at_wal_header(&**state, header));
     }
     // Issue 34: a checkpoint's first write judges the main file first, once the pins were
     // checked (a file taken away is retired for that, not as overwritten): an overwrite in

@@ -291,7 +291,7 @@ pub(crate) unsafe fn retired_flag(db: *mut ffi::sqlite3) -> Option<bool> {
     unsafe { guard_state(f) }.map(|state| state.is_retired())
 }
 
-/// Issue 19's judgement of an existing WAL, before SQLite opens it (`stale_wal.rs`).
+/// The stale-WAL judgement of an existing WAL, before SQLite opens it (`vfs/stale_wal/gate.rs`).
 ///
 /// # Safety
 /// `z_name` is the name SQLite passes to `xOpen` for a WAL.
@@ -334,14 +334,14 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
     let Some(path) = (unsafe { cstr_path(z_name) }) else {
         return ffi::SQLITE_OK;
     };
-    crate::vfs::stale_wal_gate::before_wal_open(&state, &MainImage(sub), &OwnLocks(main), &path)
+    crate::vfs::stale_wal::before_wal_open(&*state, &MainImage(sub), &OwnLocks(main), &path)
 }
 
 /// The main file's locks through the guard's own table, as SQLite calls them (the shield and
 /// the state follow the level, as for SQLite's own calls).
 struct OwnLocks(*mut ffi::sqlite3_file);
 
-impl crate::vfs::stale_wal_gate::MainLocks for OwnLocks {
+impl crate::vfs::stale_wal::MainLocks for OwnLocks {
     fn lock(&self, level: c_int) -> c_int {
         // SAFETY: the pointer is SQLite's open main file object, one of ours (it has a state),
         // whose table is the guard's; SQLite holds SHARED on it while its WAL opens.

@@ -1,7 +1,8 @@
-//! The stale-WAL rule, the shim's side: the WAL-base record written when a guarded writer's WAL starts a
-//! generation (`crate::stale_wal` has the record, the rules and the capture; this file the hooks
-//! and the wal-index reads; `stale_wal_gate.rs` the judgement of an existing WAL before SQLite
-//! opens it).
+//! The stale-WAL rule, the shim's side, in one room: the WAL-base record written when a guarded
+//! writer's WAL starts a generation (this file: the hooks and the wal-index reads), and the
+//! judgement of an existing WAL before SQLite opens it (`gate.rs`). `crate::stale_wal` has the
+//! record's format, the rules and the capture. The room sits below the connection's state: it
+//! reaches the connection through [`Holder`], which `DbState` implements.
 //!
 //! When: a generation's record is written before its first frame — at the release of the read
 //! locks a reset takes (the new salts are in the wal-index then), or, for a generation begun on
@@ -21,16 +22,38 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, O
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
+mod gate;
+
+pub(crate) use gate::{before_wal_open, MainLocks};
+
 use super::boundary::ffi_guard;
 use super::main_reads::{Header, MainReads};
-use super::state::DbState;
 use crate::capture::ImageSource;
-use crate::identity::identity_of_fd;
+use crate::identity::{identity_of_fd, FileId, PinnedWal};
 use crate::paths::path_display;
 use crate::stale_wal::{
     encode_record, read_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
 };
 use crate::status::{StaleWalAction, StaleWalStatus};
+
+/// What the record's hooks and the gate need of the connection (its `DbState`, which holds the
+/// slot and hands itself to each hook): this room sits below the connection's state and names
+/// none of its types.
+pub(crate) trait Holder {
+    fn db_path(&self) -> &Path;
+    fn main_id(&self) -> Option<FileId>;
+    fn is_retired(&self) -> bool;
+    /// Closes (`true`) the WAL's write gate until the record's header is written, or opens it.
+    fn hold_wal_gate_for_header(&self, hold: bool);
+    /// Retires the connection: the main file is no longer what its kept pages were read from.
+    fn overwritten_under_cache(&self, detail: &str);
+    /// `f` on the pinned WAL, `None` when none is pinned.
+    fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R>;
+    /// The connection's slot.
+    fn slot(&self) -> &StaleWalSlot;
+    /// Notes what `<db>-wal` named just before SQLite opened it.
+    fn wal_seen_before_open(&self, id: Option<FileId>);
+}
 
 /// The least size of a record's buffer: above glibc's default mmap threshold (128 KiB).
 const OFF_HEAP: usize = 256 * 1024;
@@ -138,7 +161,7 @@ impl StaleWalSlot {
     /// (`main-overwritten`) when the file is no longer what they were read from. Whether it was.
     fn judge_main_reads(
         &self,
-        state: &DbState,
+        state: &impl Holder,
         header: Option<&Header>,
         main: &dyn ImageSource,
     ) -> bool {
@@ -169,7 +192,7 @@ impl StaleWalSlot {
     /// restart back indefinitely; the generation then goes on and its record stands).
     #[inline(never)]
     #[cold]
-    pub(crate) fn at_write_lock(&self, rc: c_int, state: &DbState, main: &dyn ImageSource) {
+    pub(crate) fn at_write_lock(&self, rc: c_int, state: &impl Holder, main: &dyn ImageSource) {
         if rc != ffi::SQLITE_OK {
             return;
         }
@@ -189,7 +212,7 @@ impl StaleWalSlot {
     }
 
     /// [`Self::at_write_lock`]'s record.
-    fn at_write_lock_record(&self, state: &DbState, main: &dyn ImageSource) {
+    fn at_write_lock_record(&self, state: &impl Holder, main: &dyn ImageSource) {
         let p = self.region0.load(Ordering::Acquire);
         if p.is_null() {
             return;
@@ -240,7 +263,7 @@ impl StaleWalSlot {
     /// new salts) costs one load and a compare.
     #[inline(never)]
     #[cold]
-    pub(crate) fn at_wal_reset(&self, state: &DbState, main: &dyn ImageSource) {
+    pub(crate) fn at_wal_reset(&self, state: &impl Holder, main: &dyn ImageSource) {
         let p = self.region0.load(Ordering::Acquire);
         if p.is_null() {
             return;
@@ -271,7 +294,7 @@ impl StaleWalSlot {
     /// The record of the generation about to start on an empty WAL, salts to come: kept, and
     /// the WAL's write gate closed until its header is written ([`Self::at_wal_header`]).
     #[cold]
-    fn prepare_for_header(&self, state: &DbState, p: *const u8, main: &dyn ImageSource) {
+    fn prepare_for_header(&self, state: &impl Holder, p: *const u8, main: &dyn ImageSource) {
         if state.is_retired() {
             return;
         }
@@ -297,7 +320,7 @@ impl StaleWalSlot {
     }
 
     /// Forgets a record made for a header that never came, and opens the gate it closed.
-    fn drop_pending(&self, state: &DbState) {
+    fn drop_pending(&self, state: &impl Holder) {
         if self.pending.lock().take().is_some() {
             state.hold_wal_gate_for_header(false);
         }
@@ -309,7 +332,7 @@ impl StaleWalSlot {
     /// locking mode, or this wait): nothing on the open gate's path.
     #[inline(never)]
     #[cold]
-    pub(crate) fn at_wal_header(&self, state: &DbState, header: &[u8]) {
+    pub(crate) fn at_wal_header(&self, state: &impl Holder, header: &[u8]) {
         let Some(Pending {
             mut encoded,
             len,
@@ -351,7 +374,7 @@ impl StaleWalSlot {
     #[cold]
     fn record(
         &self,
-        state: &DbState,
+        state: &impl Holder,
         p: *const u8,
         word: u64,
         main: &dyn ImageSource,
@@ -384,7 +407,7 @@ impl StaleWalSlot {
     /// The record of generation `salts` on the main file as it is now (`None`: unreadable).
     fn encode(
         &self,
-        state: &DbState,
+        state: &impl Holder,
         salts: [u32; 2],
         page_size: u32,
         main: &dyn ImageSource,
@@ -415,7 +438,7 @@ impl StaleWalSlot {
     }
 
     /// Writes an encoded record of generation `salts` on the pinned WAL.
-    fn write(&self, state: &DbState, salts: [u32; 2], encoded: &[u8]) {
+    fn write(&self, state: &impl Holder, salts: [u32; 2], encoded: &[u8]) {
         match state.with_pinned_wal(|wal| write_record(wal.file().as_fd(), encoded)) {
             Some(Err(e)) => log::debug!(
                 "hermes-guard: cannot record the main file {}-wal was started on ({e}): a WAL \

@@ -13,12 +13,12 @@ use super::{
 };
 use crate::capture::{sidecar, ImageSource};
 use crate::stale_wal::Verdict;
-use crate::vfs::state::DbState;
+use crate::vfs::stale_wal::Holder;
 
 /// As `before_wal_open` was before issue 33; `window` is called between the judgement and the
 /// EXCLUSIVE attempt (the time the look and the `-shm` probe took).
 pub(super) fn before_wal_open(
-    state: &DbState,
+    state: &impl Holder,
     main: &dyn ImageSource,
     locks: &dyn MainLocks,
     wal_path: &Path,

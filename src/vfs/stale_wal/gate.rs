@@ -22,8 +22,7 @@ use std::path::Path;
 use parking_lot::Mutex;
 use rusqlite::ffi;
 
-use super::in_use::{self, ShmUse};
-use super::state::DbState;
+use super::Holder;
 use crate::capture::{sidecar, ImageSource};
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
 use crate::stale_wal::{
@@ -31,6 +30,7 @@ use crate::stale_wal::{
     set_aside, stale_wal_policy, Mismatch, StaleWalPolicy, Verdict,
 };
 use crate::status::StaleWalAction;
+use crate::vfs::in_use::{self, ShmUse};
 use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
 /// The order before issue 33, for the connection explorer only (`explore-faults`).
@@ -40,7 +40,7 @@ mod replaced_here;
 
 /// The connection's main file through its own methods (the guard's table, as SQLite calls it):
 /// SQLite's locks, seen by every process and by the unix VFS's bookkeeping in this one.
-pub(super) trait MainLocks {
+pub(crate) trait MainLocks {
     /// `xLock(level)`: an SQLite result code.
     fn lock(&self, level: c_int) -> c_int;
     /// `xUnlock(level)`: an SQLite result code.
@@ -54,8 +54,8 @@ pub(super) trait MainLocks {
 /// the busy handler (another opener is between its SHARED lock and its use of the WAL);
 /// otherwise the open fails with the code returned (the strict mode, or a stale WAL that could
 /// not be set aside).
-pub(super) fn before_wal_open(
-    state: &DbState,
+pub(crate) fn before_wal_open(
+    state: &impl Holder,
     main: &dyn ImageSource,
     locks: &dyn MainLocks,
     wal_path: &Path,
@@ -170,7 +170,7 @@ fn no_exclusive(db: &Path, wal_path: &Path, rc: c_int) -> c_int {
 /// file; one that was written on another — by its pages, or because a connection that does not
 /// hold this file still uses it — is set aside (or the open refused, in the strict mode).
 fn under_exclusive(
-    state: &DbState,
+    state: &impl Holder,
     main: &dyn ImageSource,
     locks: &dyn MainLocks,
     wal_path: &Path,
@@ -197,14 +197,14 @@ fn under_exclusive(
 /// Under EXCLUSIVE, a WAL judged not written on the file at the path: set aside (a capture of
 /// reason `stale-wal`, the `-shm` with it) or, in the strict mode, the open refused.
 fn set_aside_or_refuse(
-    state: &DbState,
+    state: &impl Holder,
     main: &dyn ImageSource,
     wal: File,
     wal_path: &Path,
     m: &Mismatch,
 ) -> c_int {
     let db = state.db_path();
-    let slot = state.stale_wal();
+    let slot = state.slot();
     match stale_wal_policy() {
         StaleWalPolicy::Refuse => {
             log::error!(
@@ -252,7 +252,11 @@ fn set_aside_or_refuse(
 /// and its record names another file. That is a file replaced while a connection kept the old
 /// one open: its WAL (and the checkpoint progress in its `-shm`) belongs to the old inode, and a
 /// replay here would mix two histories. `None`: nothing says so.
-fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Option<Box<Mismatch>> {
+fn live_on_another_file(
+    state: &impl Holder,
+    wal: &File,
+    verdict: &Verdict,
+) -> Option<Box<Mismatch>> {
     let db = state.db_path();
     let main_now = state.main_id()?;
     let held = || {
@@ -313,7 +317,7 @@ fn live_on_another_file(state: &DbState, wal: &File, verdict: &Verdict) -> Optio
 /// restore: then at WARN; a WAL that continues the file (a checkpoint changed its first pages)
 /// is said at DEBUG only.
 fn in_use_by_its_holder(
-    state: &DbState,
+    state: &impl Holder,
     main: &dyn ImageSource,
     wal: &File,
     wal_path: &Path,

@@ -22,16 +22,17 @@ use std::path::Path;
 use rusqlite::ffi;
 
 use super::{exclusive, jitter, no_exclusive, open_wal, set_aside_or_refuse, BackToShared, Turn};
-use super::{DbState, ImageSource, MainLocks};
+use super::{ImageSource, MainLocks};
 use crate::identity::{identity_of_fd, FileId};
 use crate::stale_wal::{look_at_wal, read_record, Mismatch, WalBaseRecord};
+use crate::vfs::stale_wal::Holder;
 
 /// Before SQLite opens `wal_path`, which a guarded connection of this process has open for the
 /// main file `other` (not the one now at the path): the WAL set aside (or the open refused in
 /// the strict mode, or `SQLITE_BUSY` while another thread of this process sets it aside or the
 /// new file is held).
 pub(super) fn wal_of_a_replaced_file(
-    state: &DbState,
+    state: &impl Holder,
     main: &dyn ImageSource,
     locks: &dyn MainLocks,
     wal_path: &Path,
