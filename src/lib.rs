@@ -86,10 +86,10 @@ pub mod paths;
 pub mod pool;
 pub mod recover;
 mod sqlite_log;
-mod stale_wal;
 mod status;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
+mod wal_base;
 mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 use unsupported as vfs;
@@ -110,14 +110,14 @@ pub use filesystem::{
     of_dir as filesystem_of_dir, unsafe_fs_policy, Filesystem, UnsafeFsPolicy, UNSAFE_FS_ENV,
 };
 pub use identity::{identity_of_path, FileId};
-pub use stale_wal::{
-    set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
-};
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 #[cfg(target_os = "linux")]
 pub use vfs::{raw, sql_functions};
 pub use vfs::{register, register_as_default, set_orphan_capture_dir, ORPHAN_DIR_ENV, VFS_NAME};
 pub use wal_at_path::{judge_wal_at_path, WalAtPath};
+pub use wal_base::{
+    set_stale_wal_policy, stale_wal_policy, StaleWalPolicy, POLICY_ENV as STALE_WAL_ENV,
+};
 pub use wal_reset::{
     set_wal_reset_guard, sqlite_has_wal_reset_race, wal_reset_guard, wal_reset_guard_on,
     WalResetGuard, WAL_RESET_GUARD_ENV,
@@ -131,7 +131,7 @@ pub mod manifest {
         heal_state, HealPhase, HealRecord, HealState, ImageMode, MainEntry, Manifest,
         ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry, HEALED_NAME,
     };
-    pub use crate::stale_wal::{Mismatch as StaleWalMismatch, WalBaseRecord};
+    pub use crate::wal_base::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};
 }
 

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use crate::identity::identity_of_path;
 use crate::paths::sidecar;
-use crate::stale_wal::{
+use crate::wal_base::{
     fragment_len, hex16, judge_generation, judge_pages, look_at_wal, page_hash, read_record,
     Mismatch, Verdict,
 };

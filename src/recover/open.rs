@@ -92,7 +92,7 @@ impl Capture {
         let copy = work.path().join(COPY_NAME);
         match (manifest.main.mode, main) {
             (ImageMode::Absent, Some(main)) => {
-                crate::stale_wal::check_main_for_capture(&dir, &manifest, main, &copy)?
+                crate::wal_base::check_main_for_capture(&dir, &manifest, main, &copy)?
             }
             (ImageMode::Absent, None) => {
                 return Err(RecoverError::NotACapture {

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use parking_lot::Mutex;
 
 use crate::capture::ImageSource;
-use crate::stale_wal::{fragment_len, hex16, page_hash, RECORDED_PAGES};
+use crate::wal_base::{fragment_len, hex16, page_hash, RECORDED_PAGES};
 
 /// The wal-index header as the guard compares it: both copies of `WalIndexHdr` (12 words each).
 pub(crate) type Header = [u32; 24];

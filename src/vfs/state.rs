@@ -33,12 +33,12 @@ pub(in crate::vfs) mod overwrite;
 mod pins;
 #[cfg(test)]
 mod tests;
-mod wal_reset;
+mod tripwire;
 
+pub(crate) use crate::wal_reset::slot::WalResetSlot;
 use dir::DirSlot;
 pub(crate) use healing::MainFile;
 pub(crate) use left::LeftWal;
-pub(crate) use wal_reset::WalResetSlot;
 
 const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
@@ -134,7 +134,7 @@ pub(crate) struct DbState {
     shield: Shield,
     /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
     stale_wal: StaleWalSlot,
-    /// Issue 27: the WAL-reset rule's state for this connection (`state/wal_reset.rs`).
+    /// The WAL-reset rule's state for this connection (`crate::wal_reset::slot`).
     wal_reset: WalResetSlot,
     inner: Mutex<Inner>,
     /// Issue 33: the filesystem the database is on (found once per mount).
@@ -190,7 +190,7 @@ struct Inner {
     /// A WAL-base record waits for the WAL header this transaction writes (`vfs/stale_wal/`):
     /// the WAL's gate stays closed until then.
     header_record: bool,
-    /// Explorer bug 4 (`state/left.rs`): the close's checkpoint could not run and left committed
+    /// A WAL left for an opener (`state/left.rs`): the close's checkpoint could not run and left committed
     /// frames past `nBackfill` (set as the `-shm` is unmapped).
     frames_left: bool,
     /// This close left its WAL, pinned, for the opener of this process inside its open.
@@ -429,7 +429,7 @@ impl DbState {
     }
 
     /// Closes (`true`) the WAL's write gate until a WAL-base record's header is written, or
-    /// opens it again as the rest of the state allows (issue 34, `vfs/stale_wal/`).
+    /// opens it again as the rest of the state allows (`vfs/stale_wal/`).
     pub(crate) fn hold_wal_gate_for_header(&self, hold: bool) {
         let mut inner = self.inner.lock();
         inner.header_record = hold;

@@ -66,13 +66,13 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                     }
                 }
             }
-            // Explorer bug 4: its WAL, with frames no checkpoint copied, left for an opener of
+            // Its WAL, with frames no checkpoint copied, left for an opener of
             // this process inside its open (`state/left.rs`): the main file is kept with it.
             (Kind::Main, Some(state)) if state.left_behind() => {
                 // SAFETY: `f` is the open file SQLite is closing, this table's.
                 match unsafe { keep_main(&t, f, sub, heap, state) } {
                     Ok(held) => {
-                        left::leave(state.clone(), held);
+                        held_for_opener::leave(state.clone(), held);
                         ffi::SQLITE_OK
                     }
                     Err(why) => {

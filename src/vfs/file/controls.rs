@@ -148,7 +148,7 @@ fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbSta
         return;
     }
     let shared = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_SHARED;
-    let rc = super::wal_reset::lock_without_waiting(t, sub, READ0, shared);
+    let rc = super::reset_lock::lock_without_waiting(t, sub, READ0, shared);
     if rc != ffi::SQLITE_OK {
         log::debug!(
             "hermes-guard: the close's judgement of {} is deferred (a checkpoint is copying \

@@ -5,9 +5,9 @@ use std::ffi::{c_int, c_void};
 use rusqlite::ffi;
 
 use super::*;
-use crate::stale_wal::RECORDED_PAGES;
 use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site};
+use crate::wal_base::RECORDED_PAGES;
 
 io_pass_through! {
     x_read => xRead(buf: *mut c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;

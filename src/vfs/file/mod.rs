@@ -35,8 +35,8 @@
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
 //! - `shm.rs`: the shared-memory methods;
-//! - `wal_reset.rs`: keeping SQLite's WAL reset and a checkpoint apart (and the tripwire at a
-//!   checkpoint's end).
+//! - `reset_lock.rs`: the WAL-reset rule's `xShmLock` callbacks, keeping SQLite's WAL reset and
+//!   a checkpoint apart (and the tripwire at a checkpoint's end).
 
 use std::alloc::Layout;
 use std::cell::UnsafeCell;
@@ -106,17 +106,17 @@ macro_rules! io_pass_through {
 
 mod close;
 mod controls;
+mod held_for_opener;
 mod hot;
 mod layout;
-mod left;
 mod open;
 mod pending;
+mod reset_lock;
 mod shm;
 mod sqlite_private;
-mod wal_reset;
 
+pub(crate) use self::held_for_opener::settle_for_opener;
 pub(super) use self::layout::os_file_size;
-pub(crate) use self::left::settle_for_opener;
 pub(super) use self::open::{open, retired_flag};
 pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
 use self::{

@@ -54,10 +54,10 @@ pub(super) fn single_threaded_sqlite() -> bool {
 /// not counted.
 pub(crate) fn retry_pending_captures(caller: Caller) -> usize {
     let close_now = caller == Caller::Sqlite || !single_threaded_sqlite();
-    // WALs left for an opener that can no longer come (`left.rs`): settled from SQLite's
+    // WALs left for an opener that can no longer come (`held_for_opener.rs`): settled from SQLite's
     // thread (their main file objects may be closed).
     if caller == Caller::Sqlite || !single_threaded_sqlite() {
-        super::left::settle_unawaited();
+        super::held_for_opener::settle_unawaited();
     }
     if close_now && CLOSE_LATER_COUNT.load(Ordering::Acquire) > 0 {
         let parked = std::mem::take(&mut *CLOSE_LATER.lock());
@@ -128,7 +128,7 @@ pub(crate) extern "C" fn at_exit() {
     // Issue 33: probe descriptors of `-shm`s nobody holds any more are closed.
     let _ = catch_unwind(crate::vfs::in_use::release_idle_probes);
     // Explorer bug 4: a WAL left for an opener and taken away since.
-    let _ = catch_unwind(super::left::at_exit);
+    let _ = catch_unwind(super::held_for_opener::at_exit);
     let _ = catch_unwind(|| {
         if PENDING_COUNT.load(Ordering::Acquire) == 0 {
             return;

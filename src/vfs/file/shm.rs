@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 
 use rusqlite::ffi;
 
-use super::wal_reset::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
+use super::reset_lock::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site};

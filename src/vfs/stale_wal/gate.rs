@@ -25,12 +25,12 @@ use rusqlite::ffi;
 use super::Holder;
 use crate::capture::{sidecar, ImageSource};
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
-use crate::stale_wal::{
+use crate::status::StaleWalAction;
+use crate::vfs::in_use::{self, ShmUse};
+use crate::wal_base::{
     fragment_len, hex16, judge_generation, judge_pages, look_at_wal, page_hash, read_record,
     set_aside, stale_wal_policy, Mismatch, StaleWalPolicy, Verdict,
 };
-use crate::status::StaleWalAction;
-use crate::vfs::in_use::{self, ShmUse};
 use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
 /// The order before issue 33, for the connection explorer only (`explore-faults`).
@@ -215,7 +215,7 @@ fn set_aside_or_refuse(
                 db.display(),
                 wal_path.display(),
                 m.detail,
-                crate::stale_wal::POLICY_ENV,
+                crate::wal_base::POLICY_ENV,
                 wal_path.display(),
                 db.display()
             );

@@ -1,6 +1,6 @@
 //! The stale-WAL rule, the shim's side, in one room: the WAL-base record written when a guarded
 //! writer's WAL starts a generation (this file: the hooks and the wal-index reads), and the
-//! judgement of an existing WAL before SQLite opens it (`gate.rs`). `crate::stale_wal` has the
+//! judgement of an existing WAL before SQLite opens it (`gate.rs`). `crate::wal_base` has the
 //! record's format, the rules and the capture. The room sits below the connection's state: it
 //! reaches the connection through [`Holder`], which `DbState` implements.
 //!
@@ -31,10 +31,10 @@ use super::main_reads::{Header, MainReads};
 use crate::capture::ImageSource;
 use crate::identity::{identity_of_fd, FileId, PinnedWal};
 use crate::paths::path_display;
-use crate::stale_wal::{
+use crate::status::{StaleWalAction, StaleWalStatus};
+use crate::wal_base::{
     encode_record, read_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
 };
-use crate::status::{StaleWalAction, StaleWalStatus};
 
 /// What the record's hooks and the gate need of the connection (its `DbState`, which holds the
 /// slot and hands itself to each hook): this room sits below the connection's state and names

@@ -29,10 +29,10 @@ use parking_lot::Mutex;
 
 use super::{DbState, Inner};
 use crate::capture::ImageSource;
-use crate::stale_wal::{
+use crate::status::RetireReason;
+use crate::wal_base::{
     fragment_len, hex16, page_hash, recorded_span, ENCODED_MAX, RECORDED_PAGES, RECORD_XATTR,
 };
-use crate::status::RetireReason;
 use crate::walfile::{parse_wal_header, WalHeader, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
 /// The recorded pages' read: one buffer per process (allocated at the first judgement), kept off

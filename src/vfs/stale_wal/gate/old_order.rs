@@ -12,8 +12,8 @@ use super::{
     exclusive, in_use, jitter, judge, no_exclusive, open_wal, say, under_exclusive, MainLocks, Turn,
 };
 use crate::capture::{sidecar, ImageSource};
-use crate::stale_wal::Verdict;
 use crate::vfs::stale_wal::Holder;
+use crate::wal_base::Verdict;
 
 /// As `before_wal_open` was before issue 33; `window` is called between the judgement and the
 /// EXCLUSIVE attempt (the time the look and the `-shm` probe took).

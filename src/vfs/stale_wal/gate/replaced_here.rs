@@ -24,8 +24,8 @@ use rusqlite::ffi;
 use super::{exclusive, jitter, no_exclusive, open_wal, set_aside_or_refuse, BackToShared, Turn};
 use super::{ImageSource, MainLocks};
 use crate::identity::{identity_of_fd, FileId};
-use crate::stale_wal::{look_at_wal, read_record, Mismatch, WalBaseRecord};
 use crate::vfs::stale_wal::Holder;
+use crate::wal_base::{look_at_wal, read_record, Mismatch, WalBaseRecord};
 
 /// Before SQLite opens `wal_path`, which a guarded connection of this process has open for the
 /// main file `other` (not the one now at the path): the WAL set aside (or the open refused in

@@ -1,7 +1,8 @@
-//! A WAL left beside a database it was not written on: the record that binds a WAL
-//! generation to the main file it was started on, the judgement made at the open from it, and
-//! the capture that sets a stale WAL aside. Safe code; the shim (`vfs/stale_wal/`) hands it
-//! plain values.
+//! The WAL-base record and what is judged from it, platform-independent: the record that binds
+//! a WAL generation to the main file it was started on, the judgement of a WAL left beside a
+//! database it was not written on (a stale WAL), and the capture that sets a stale WAL aside.
+//! Safe code; the shim's side of the stale-WAL rule (`vfs/stale_wal/`: the hooks that write the
+//! record, the gate at the WAL's open) hands it plain values.
 //!
 //! **The record.** When a guarded writer sees its WAL start a new generation (the salts in the
 //! wal-index header differ from the ones it recorded last), it writes, as the extended attribute

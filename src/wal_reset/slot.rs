@@ -1,10 +1,9 @@
-//! A connection's part in keeping SQLite's WAL reset and a checkpoint apart (the rule
-//! is in `src/vfs/file/wal_reset.rs`, the policy in `src/wal_reset.rs`), and the tripwire that
-//! notices the race's damage in the wal-index.
+//! A connection's part in the WAL-reset rule: on or off, whether SQLite holds the checkpoint
+//! lock through it, the counters its status reports; and what counts as the race's damage in
+//! the wal-index. Plain atomics, set only from inside the connection's own calls.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::DbState;
 use crate::status::Backfill;
 
 /// One connection's state of the rule: plain atomics, set only from inside the connection's own
@@ -30,7 +29,7 @@ pub(crate) struct WalResetSlot {
 impl WalResetSlot {
     pub(crate) fn new() -> WalResetSlot {
         WalResetSlot {
-            on: AtomicBool::new(crate::wal_reset::wal_reset_guard_on()),
+            on: AtomicBool::new(super::wal_reset_guard_on()),
             holds_ckpt: AtomicBool::new(false),
             took_ckpt: AtomicBool::new(false),
             deferred: AtomicU64::new(0),
@@ -93,6 +92,11 @@ impl WalResetSlot {
     pub(crate) fn alarms(&self) -> u64 {
         self.alarms.load(Ordering::Relaxed)
     }
+
+    /// The tripwire saw the damage: the count, this one included.
+    pub(crate) fn alarm(&self) -> u64 {
+        self.alarms.fetch_add(1, Ordering::Relaxed) + 1
+    }
 }
 
 /// Whether the wal-index shows the race's damage: `nBackfill` past `mxFrame`, with `mxFrame` not
@@ -102,48 +106,6 @@ impl WalResetSlot {
 /// writes the header (`mxFrame` 0) before it zeroes `nBackfill` — so `mxFrame` reads 0 there.
 pub(crate) fn shows_damage(b: &Backfill) -> bool {
     b.frames > 0 && b.backfilled > b.frames
-}
-
-impl DbState {
-    /// Issue 27's rule and counters for this connection.
-    pub(crate) fn wal_reset(&self) -> &WalResetSlot {
-        &self.wal_reset
-    }
-
-    /// The tripwire, at the end of this connection's checkpoint (the checkpoint lock still
-    /// held): `nBackfill > mxFrame` in the wal-index, seen twice, is logged at ERROR (the first
-    /// time for this connection; every time at debug), counted in the status and sent to
-    /// `sqlite3_log`. No syscall: two reads of the mapping.
-    pub(crate) fn wal_index_tripwire(&self) {
-        let read = || {
-            let inner = self.inner.lock();
-            inner.wal_index.as_ref().and_then(|index| index.backfill())
-        };
-        let Some(first) = read().filter(shows_damage) else {
-            return;
-        };
-        let Some(again) = read().filter(shows_damage) else {
-            return;
-        };
-        let n = self.wal_reset.alarms.fetch_add(1, Ordering::Relaxed) + 1;
-        let message = format!(
-            "hermes-guard: the wal-index of {} says {} WAL frames were checkpointed but the WAL \
-             holds {} (first read: {} of {}): SQLite's WAL-reset race (fixed in 3.51.3) or \
-             another process's damage; committed transactions may be invisible or lost — run \
-             PRAGMA integrity_check and see docs/architecture.md (\"The WAL-reset race\")",
-            self.db_path.display(),
-            again.backfilled,
-            again.frames,
-            first.backfilled,
-            first.frames
-        );
-        if n == 1 {
-            log::error!("{message}");
-            crate::sqlite_log::wal_index_alarm(&message);
-        } else {
-            log::debug!("{message} (alarm {n} of this connection)");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,16 +1,21 @@
-//! The WAL-reset race of SQLite 3.7.0–3.51.2 (sqlite.org/wal.html#walresetbug), and whether the
-//! shim's rule against it is on.
+//! The WAL-reset rule's room: the race of SQLite 3.7.0–3.51.2 (sqlite.org/wal.html#walresetbug),
+//! whether the shim's rule against it is on (this file: the setting, public), and a connection's
+//! part in it (`slot.rs`). The rule's `xShmLock` callbacks are the shim's
+//! (`src/vfs/file/reset_lock.rs`), its tripwire the connection's (`src/vfs/state/tripwire.rs`).
 //!
 //! The race: a checkpointer holds the checkpoint lock (CKPT) and has read the WAL header; before
 //! it compares `nBackfill` with that header's `mxFrame`, a writer resets the WAL (it needs only
 //! the read locks 1–4) and commits; the checkpointer then backfills by its stale header and
 //! leaves `nBackfill` past the new `mxFrame`, so committed frames are skipped and later lost.
-//! The rule (`src/vfs/file/wal_reset.rs`): a connection that does not hold CKPT and asks for the
+//! The rule (`src/vfs/file/reset_lock.rs`): a connection that does not hold CKPT and asks for the
 //! read locks 1–4 exclusively — SQLite's WAL reset — gets them only with CKPT taken first, by the
 //! shim, without waiting; if CKPT is busy the answer is `SQLITE_BUSY`, and SQLite appends to the
 //! WAL instead of resetting it. docs/architecture.md ("The WAL-reset race") has the reasoning.
 
 use std::sync::atomic::{AtomicU8, Ordering};
+
+#[cfg(target_os = "linux")]
+pub(crate) mod slot;
 
 /// SQLite versions with the race, as `sqlite3_libversion_number()` gives them: 3.7.0 (WAL mode)
 /// up to 3.51.2, except the fixed backports 3.50.7+ (of 3.50.x) and 3.44.6+ (of 3.44.x).

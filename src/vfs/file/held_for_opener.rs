@@ -1,6 +1,7 @@
-//! Main files whose close left their WAL (`state/left.rs`), pinned, for an opener
-//! of this process inside its open. Held as the retired ones are (`pending.rs`), settled by the
-//! opener's stale-WAL gate, or at any open or close once no opener may come.
+//! The main files held for an opener: a close that left its WAL for an opener of this process
+//! inside its open (`state/left.rs`) keeps its main file here, pinned. Held as the retired ones
+//! are (`pending.rs`), settled by the opener's stale-WAL gate, or at any open or close once no
+//! opener may come.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,5 @@
-//! SQLite's WAL-reset race (3.7.0–3.51.2), kept clear of by the shim.
+//! The WAL-reset rule's `xShmLock` callbacks: SQLite's WAL-reset race (3.7.0–3.51.2), kept clear
+//! of by the shim (the setting and the connection's slot: `crate::wal_reset`).
 //!
 //! A writer resets the WAL in `walRestartLog` (wal.c) while it holds the WAL write lock: it
 //! asks for the read locks 1–4 exclusively (`xShmLock(4, 4, LOCK|EXCLUSIVE)`), rewrites the
