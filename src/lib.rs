@@ -290,7 +290,9 @@ pub mod test_hooks {
 /// The connection explorer's fault switches (the `explore-faults` feature); not part of the API.
 #[cfg(feature = "explore-faults")]
 #[doc(hidden)]
-pub mod explore_faults;
+pub use testing::explore_faults;
+#[cfg(feature = "explore-faults")]
+mod testing;
 
 /// The README's code blocks, compiled by `cargo test` so its example keeps up with the API.
 #[cfg(doctest)]
