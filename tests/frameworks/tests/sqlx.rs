@@ -51,6 +51,10 @@ async fn an_sqlx_pool_lets_go_of_a_lost_generation_and_every_refused_write_lands
     let pool = SqlitePoolOptions::new()
         .max_connections(POOL as u32)
         .acquire_timeout(Duration::from_secs(30))
+        // sqlx connects inside the acquire that found an idle connection retired, so idle
+        // connections of the lost generation nobody checks out (they keep its -shm mapping, which
+        // every new connection would join) are let go by the reaper: after 2 s idle.
+        .idle_timeout(Duration::from_secs(2))
         .after_connect(|conn, _| {
             Box::pin(async move { on_handle(conn, raw::check_new).await?.map_err(refused) })
         })
