@@ -19,9 +19,9 @@ use crate::{ErrorClass, GuardError, GuardExt, GuardStatus};
 ///
 /// # Safety
 /// As the module says: an open handle of this SQLite library, not used elsewhere meanwhile.
-unsafe fn borrowed(db: *mut ffi::sqlite3) -> Result<Connection, GuardError> {
+unsafe fn borrowed(db: *mut ffi::sqlite3) -> rusqlite::Result<Connection> {
     // SAFETY: as the caller promises; `from_handle` does not take ownership.
-    Ok(unsafe { Connection::from_handle(db) }?)
+    unsafe { Connection::from_handle(db) }
 }
 
 /// The guard's status of the handle's `main` database, after the retirement check
@@ -81,7 +81,7 @@ pub unsafe fn classify(db: *mut ffi::sqlite3, extended_code: c_int) -> ErrorClas
 /// As for [`status`].
 pub unsafe fn check_new(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
     // SAFETY: as the caller promises.
-    crate::pool::check_new(&unsafe { borrowed_sqlite(db) }?)
+    crate::pool::check_new(&unsafe { borrowed(db) }?)
 }
 
 /// The checkout test for a pool's hook ([`crate::pool::check_out`]): `Err` (the refusal, 1032)
@@ -91,14 +91,5 @@ pub unsafe fn check_new(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
 /// As for [`status`].
 pub unsafe fn check_out(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
     // SAFETY: as the caller promises.
-    crate::pool::check_out(&unsafe { borrowed_sqlite(db) }?)
-}
-
-/// [`borrowed`], its error the SQLite one.
-///
-/// # Safety
-/// As for [`borrowed`].
-unsafe fn borrowed_sqlite(db: *mut ffi::sqlite3) -> rusqlite::Result<Connection> {
-    // SAFETY: as the caller promises; `from_handle` does not take ownership.
-    unsafe { Connection::from_handle(db) }
+    crate::pool::check_out(&unsafe { borrowed(db) }?)
 }

@@ -44,8 +44,7 @@ pub enum Write {
 
 /// One run of the scenario: a database in a temporary directory and what the writers saw.
 pub struct Scenario {
-    _dir: tempfile::TempDir,
-    pub dir: PathBuf,
+    dir: tempfile::TempDir,
     pub db: PathBuf,
     written: AtomicUsize,
     acknowledged: Mutex<Vec<String>>,
@@ -73,8 +72,7 @@ impl Scenario {
             .unwrap();
         drop(conn);
         Scenario {
-            dir: dir.path().to_path_buf(),
-            _dir: dir,
+            dir,
             db,
             written: AtomicUsize::new(0),
             acknowledged: Mutex::new(Vec::new()),
@@ -111,7 +109,7 @@ impl Scenario {
     pub fn assert_every_row_kept(&self, framework: &str) {
         let acknowledged = self.acknowledged.lock().unwrap().clone();
         let refused = self.refused_then_landed.load(Ordering::SeqCst);
-        let captures = captures(&self.dir);
+        let captures = captures(self.dir.path());
         eprintln!(
             "{framework}: {} rows acknowledged, {refused} refused once and landed on retry, {} \
              capture(s)",
