@@ -113,6 +113,9 @@ pub struct ChildArgs {
     /// Operations of the cost workload.
     #[arg(long, default_value_t = 0)]
     ops: u64,
+    /// The other databases O2 holds open (a smoke run's parent asks for fewer than 1,000).
+    #[arg(long)]
+    others: Option<u64>,
 }
 
 pub fn child(args: ChildArgs) -> Result<()> {
@@ -122,7 +125,7 @@ pub fn child(args: ChildArgs) -> Result<()> {
         ChildRole::Recovery => recovery::child(&args.db)?,
         ChildRole::Cost => {
             let workload = args.workload.ok_or("--role cost needs --workload")?;
-            cost::child(workload, args.vfs, &args.db, args.ops)?
+            cost::child(workload, args.vfs, &args.db, args.ops, args.others)?
         }
     }
     Ok(())

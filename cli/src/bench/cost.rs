@@ -18,7 +18,7 @@ use std::process::Command;
 
 pub use super::cost_workloads::{child, selected, CostWorkload};
 use super::cost_workloads::{
-    CHECKPOINT_SYSCALLS, OVERWRITE_JUDGE_SYSCALLS, READ_ROWS, WAL_RESET_RULE_SYSCALLS,
+    o2_others, CHECKPOINT_SYSCALLS, OVERWRITE_JUDGE_SYSCALLS, READ_ROWS, WAL_RESET_RULE_SYSCALLS,
     WAL_RESTART_SYSCALLS,
 };
 use super::Result;
@@ -97,7 +97,10 @@ pub fn run(exe: &Path, dir: &Path, workloads: &[CostWorkload], smoke: bool) -> R
     println!("hermes-guard bench --cost: syscalls (strace -c -f) and user-space instructions");
     println!("(valgrind --tool=callgrind) per operation, from the difference of two run lengths");
     if smoke {
-        println!("  SMOKE RUN: tiny run lengths, the numbers mean nothing");
+        println!(
+            "  SMOKE RUN: tiny run lengths (and O2 beside {} other databases, not 1,000), the numbers mean nothing",
+            o2_others(true)
+        );
     }
     let mut rows = Vec::new();
     for &w in workloads {
@@ -114,6 +117,7 @@ pub fn run(exe: &Path, dir: &Path, workloads: &[CostWorkload], smoke: bool) -> R
                 workload: w,
                 vfs,
                 place: &place,
+                smoke,
             };
             let s1 = child.syscalls(n1)?;
             let s2 = child.syscalls(n2)?;
@@ -264,6 +268,7 @@ struct ChildRun<'a> {
     workload: CostWorkload,
     vfs: Vfs,
     place: &'a Path,
+    smoke: bool,
 }
 
 impl ChildRun<'_> {
@@ -284,6 +289,10 @@ impl ChildRun<'_> {
         args.push(ops.to_string().into());
         args.push("--db".into());
         args.push(self.place.into());
+        if self.workload == CostWorkload::O2 {
+            args.push("--others".into());
+            args.push(o2_others(self.smoke).to_string().into());
+        }
         args
     }
 

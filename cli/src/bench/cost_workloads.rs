@@ -40,6 +40,9 @@ pub enum CostWorkload {
 
 /// The other databases O2 holds open.
 const O2_OTHERS: u64 = 1_000;
+/// The same in a smoke run, whose numbers mean nothing: opening 1,000 databases under callgrind
+/// took four of a smoke run's five minutes.
+const O2_OTHERS_SMOKE: u64 = 20;
 
 const W2_ROWS: u64 = 1000;
 /// Rows of the database R1 reads.
@@ -139,14 +142,30 @@ pub fn selected(only: &[String]) -> Option<Vec<CostWorkload>> {
     (!picked.is_empty()).then_some(picked)
 }
 
+/// The other databases O2 holds open in a run, smoke or not.
+pub(super) fn o2_others(smoke: bool) -> u64 {
+    if smoke {
+        O2_OTHERS_SMOKE
+    } else {
+        O2_OTHERS
+    }
+}
+
 /// The child's side: set up `workload` through `vfs` (untimed), run `ops` operations, close.
-/// `place` is the directory W1/W2/O1/O2 make their databases in, or R1's database.
-pub fn child(workload: CostWorkload, vfs: Vfs, place: &Path, ops: u64) -> Result<()> {
+/// `place` is the directory W1/W2/O1/O2 make their databases in, or R1's database; `others`
+/// overrides O2's 1,000 other databases.
+pub fn child(
+    workload: CostWorkload,
+    vfs: Vfs,
+    place: &Path,
+    ops: u64,
+    others: Option<u64>,
+) -> Result<()> {
     let mut session = match workload {
         CostWorkload::W1 => workloads::Inserts::open(vfs, place, Synchronous::Normal, 1)?,
         CostWorkload::W2 => workloads::Inserts::open(vfs, place, Synchronous::Normal, W2_ROWS)?,
         CostWorkload::O1 => workloads::Churn::open(vfs, place, 0)?,
-        CostWorkload::O2 => workloads::Churn::open(vfs, place, O2_OTHERS)?,
+        CostWorkload::O2 => workloads::Churn::open(vfs, place, others.unwrap_or(O2_OTHERS))?,
         CostWorkload::R1 => {
             // The parent built it with READ_ROWS rows, or fewer for a smoke run.
             let rows: i64 = rusqlite::Connection::open(place)

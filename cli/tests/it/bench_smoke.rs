@@ -133,7 +133,7 @@ fn the_cost_mode_judges_every_workload_and_names_its_extra_syscalls() {
         "bench --cost --smoke failed: {}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for id in ["W1", "R1", "W2"] {
+    for id in ["W1", "R1", "W2", "O1", "O2"] {
         let judged = stdout.lines().any(|l| {
             l.split_whitespace().next() == Some(id) && (l.ends_with("PASS") || l.ends_with("MISS"))
         });
