@@ -37,6 +37,15 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# The wall-clock time of each stage, printed before the last line (`cargo test`, before this
+# script, is not among them).
+stage_names=() stage_secs=() stage_name="checks and rustdoc" stage_start=$SECONDS
+stage() { # stage <name>: the previous stage ends here
+    stage_names+=("$stage_name")
+    stage_secs+=($((SECONDS - stage_start)))
+    stage_name="$1" stage_start=$SECONDS
+}
+
 # The docs cite only identifiers that exist (about a second).
 bash tests/doc-identifiers.sh
 # The README's framework recipes are the code tests/frameworks runs.
@@ -96,6 +105,7 @@ required_skip() { # as skip, but an error in CI
     if [ "$in_ci" = true ]; then echo "CI=true: $1 is required" >&2; exit 1; fi
 }
 
+stage "extension build and unit tests, the test venv"
 echo "== building the extension (cargo build -p hermes-guard-ext)"
 cargo build -p hermes-guard-ext
 ext="$target_dir/debug/libhermes_guard.so"
@@ -135,6 +145,7 @@ build_sqlite() {
     fi
 }
 
+stage "SQLite 3.34 and 3.32 from npm, Python suites (four hosts), sqlite3 shell"
 distro_ok=false
 if [ -x "$distro_python" ] && "$distro_python" -c \
     'import sqlite3; sqlite3.connect(":memory:").enable_load_extension(True)' 2>/dev/null; then
@@ -222,6 +233,7 @@ else
     required_skip "the sqlite3 shell ($shell)" "not installed"
 fi
 
+stage "Node (better-sqlite3)"
 # Node: better-sqlite3 (from npm, compiled here) loads the extension and is guarded; the loss
 # scenario with the command's recovery (tests/node.sh).
 if command -v node >/dev/null && command -v npm >/dev/null; then
@@ -235,32 +247,45 @@ fi
 # The Python package (python/): `pip install ./python` into a fresh venv of the distribution's
 # Python, its wheel into a second one, and its pytest suite (python/run-tests.sh; with CI=true a
 # missing prerequisite fails there too).
+stage "the Python package"
 echo "== the Python package (python/run-tests.sh)"
 HERMES_GUARD_DISTRO_PYTHON="$distro_python" bash python/run-tests.sh
 
+stage "loom"
 echo "== the loom model of the lock-free protocol (tests/loom.sh)"
 bash tests/loom.sh
 
+stage "crash points"
 echo "== power loss: the crash-point tests through the power-loss filesystem (tests/crash-points.sh)"
 bash tests/crash-points.sh
 
+stage "explorer"
 echo "== every interleaving: the deterministic scheduler of connections (tests/explore.sh)"
 bash tests/explore.sh
 
+stage "filesystem matrix"
 echo "== the filesystem and container matrix (tests/fs-matrix.sh: ext4, xfs, btrfs, tmpfs, overlayfs, pid namespaces)"
 bash tests/fs-matrix.sh
 
+stage "system SQLite"
 echo "== the library without bundled SQLite (tests/system-sqlite.sh)"
 bash tests/system-sqlite.sh
 
+stage "oldest rusqlite"
 echo "== the oldest rusqlite of the library's range (tests/rusqlite-range.sh)"
 bash tests/rusqlite-range.sh
 
+stage "crates package"
 echo "== the crates package: cargo publish --dry-run of the library, the store and the CLI (tests/package.sh)"
 bash tests/package.sh
 
+stage "frameworks"
 echo "== the loss scenario through each framework: r2d2_sqlite, deadpool-sqlite, tokio-rusqlite, sqlx, diesel (tests/frameworks.sh)"
 bash tests/frameworks.sh
+
+stage end
+echo "== time per stage (ext/build-and-test.sh, $((SECONDS / 60)) min $((SECONDS % 60)) s in all):"
+for i in "${!stage_names[@]}"; do printf '   %5d s  %s\n' "${stage_secs[$i]}" "${stage_names[$i]}"; done
 
 while IFS= read -r line; do
     [ -n "$line" ] && skipped+=("$line")

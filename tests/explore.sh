@@ -26,7 +26,8 @@
 # user extended attributes, which the stale-WAL record needs, since Linux 6.6 — without them the
 # test that restore-openers sets a WAL aside fails, it does not pass silently); EXPLORE_TMPDIR
 # chooses another. Each run of 500 seeds is its own process (the guard's process-wide state
-# grows with every database it has seen, and slows a long run down).
+# grows with every database it has seen, and slows a long run down); the CI run's processes run
+# EXPLORE_JOBS at once (default: the number of CPUs).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -91,22 +92,70 @@ cargo test -q -p hermes-guard-explore -- --test-threads=2
 
 per="${EXPLORE_SCHEDULES:-4000}"
 chunk=500
+jobs="${EXPLORE_JOBS:-$(nproc)}"
+runs_dir="$(mktemp -d)"
+trap 'rm -rf "$runs_dir"' EXIT
+started=$SECONDS
+
+# Every run below is a process of its own whose schedules each have a temporary directory of their
+# own: they go through one queue, $jobs at a time (EXPLORE_JOBS, default the number of CPUs; a
+# schedule waits on its child processes as much as it computes), each into a file named for it,
+# and are read back in a fixed order, so the output does not depend on which finished first.
+queue() { # queue <name> <explorer arguments...>
+    local name="$1"
+    shift
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    "$explore" "$@" >"$runs_dir/$name" 2>"$runs_dir/$name.err" &
+}
+# result <name>: the run's output, its stderr after it; fails when the run printed no summary (it
+# crashed: its output and stderr are shown).
+result() {
+    cat "$runs_dir/$1" "$runs_dir/$1.err"
+    grep -q ' in all; violations ' "$runs_dir/$1" && return
+    cat "$runs_dir/$1" "$runs_dir/$1.err" >&2
+    echo "the explorer run $1 ended without its summary (its output is above)" >&2
+    exit 1
+}
+scenarios="$("$explore" --list)"
+# The longest runs first: churn's enumeration, then the seeds of every scenario (500 a process:
+# the guard's process-wide state grows with every database it has seen and slows a long run), then
+# the other enumerations and the fault rediscoveries.
+dfs_specs=(churn:1:2 lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1
+    restore-checkpointed:1 newer-checkpointed:1:21)
+queue_dfs() { # queue_dfs <scenario:bound[:variant seeds]>
+    local scenario bound variant_seeds
+    IFS=: read -r scenario bound variant_seeds <<<"$1"
+    queue "dfs-$scenario" --scenario "$scenario" --dfs "$bound" --variant-seeds "${variant_seeds:-8}"
+}
+queue_dfs "${dfs_specs[0]}"
+for scenario in $scenarios; do
+    for ((first = 0; first < per; first += chunk)); do
+        queue "seeds-$scenario-$first" --scenario "$scenario" --first "$first" \
+            --schedules "$((per - first < chunk ? per - first : chunk))"
+    done
+done
+for spec in "${dfs_specs[@]:1}"; do queue_dfs "$spec"; done
+for ((first = 0; first < per; first += chunk)); do
+    queue "fault-order-$first" --fault judged-before-exclusive --scenario restore-openers --first "$first" \
+        --schedules "$((per - first < chunk ? per - first : chunk))"
+done
+queue fault-base --fault capture-base-ignored --scenario newer-checkpointed --first 0 --schedules 500
+queue fault-judgement --fault judgement-unconfirmed --scenario churn --first 0 --schedules 500
+wait
+
+# The seeds of each scenario: the failing schedules' replays, then a line per scenario.
 total=0
 violations=0
-scenarios="$("$explore" --list)"
 for scenario in $scenarios; do
-    start=$SECONDS
     runs=0 failing=0 known=0
     for ((first = 0; first < per; first += chunk)); do
-        n=$((per - first < chunk ? per - first : chunk))
-        out="$("$explore" --scenario "$scenario" --first "$first" --schedules "$n")" || true
-        # The failing schedules' replays, as they come.
+        out="$(result "seeds-$scenario-$first")"
         grep -v -e ': explored ' -e '^explored ' -e 'showed a known guard bug' <<<"$out" || true
-        runs=$((runs + n))
+        runs=$((runs + $(awk '/^explored .* in all; violations / { print $2 }' <<<"$out")))
         failing=$((failing + $(awk '/ in all; violations / { print $NF }' <<<"$out")))
         known=$((known + $(awk '/showed a known guard bug/ { print $1 }' <<<"$out" | head -1 | grep . || echo 0)))
     done
-    echo "$scenario: explored $runs schedules (seeds 0..$per), $failing failing, $known showing a known guard bug only ($((SECONDS - start))s)"
+    echo "$scenario: explored $runs schedules (seeds 0..$per), $failing failing, $known showing a known guard bug only"
     total=$((total + runs))
     violations=$((violations + failing))
 done
@@ -115,17 +164,13 @@ echo "explored $total schedules in all; violations $violations"
 # Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
 # with 1), each variant the seeds 0..K choose (K 8, or the spec's third field: newer-checkpointed's
 # 12 variants come from seeds 0..21; churn's first 2 of its 4, a guarded and a stock RESTART
-# writer: 2,946 schedules, about 50 s); a process per scenario.
+# writer: 2,946 schedules, about 50 s alone); a process per scenario.
 dfs_total=0
-for spec in lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1 restore-checkpointed:1 newer-checkpointed:1:21 churn:1:2; do
-    IFS=: read -r scenario bound variant_seeds <<<"$spec"
-    out="$("$explore" --scenario "$scenario" --dfs "$bound" --variant-seeds "${variant_seeds:-8}")" || true
+for spec in "${dfs_specs[@]}"; do
+    out="$(result "dfs-${spec%%:*}")"
     grep -v '^enumerated ' <<<"$out" | grep -Ev '^ +[0-9]+ +[A-Za-z0-9]+ ' || true
-    n="$(awk '/^enumerated .* in all; violations / { print $2 }' <<<"$out")"
-    v="$(awk '/^enumerated .* in all; violations / { print $NF }' <<<"$out")"
-    [ -n "$n" ] || { echo "$out" >&2; echo "the enumeration of $scenario did not finish" >&2; exit 1; }
-    dfs_total=$((dfs_total + n))
-    violations=$((violations + v))
+    dfs_total=$((dfs_total + $(awk '/^enumerated .* in all; violations / { print $2 }' <<<"$out")))
+    violations=$((violations + $(awk '/^enumerated .* in all; violations / { print $NF }' <<<"$out")))
 done
 echo "enumerated $dfs_total schedules in all; violations $violations"
 
@@ -133,9 +178,7 @@ echo "enumerated $dfs_total schedules in all; violations $violations"
 # seeds of restore-openers find a guarded opener's restore undone by a stock opener.
 found=""
 for ((first = 0; first < per; first += chunk)); do
-    n=$((per - first < chunk ? per - first : chunk))
-    out="$("$explore" --fault judged-before-exclusive --scenario restore-openers --first "$first" --schedules "$n")" || true
-    found+="$( (grep -o 'failing seed [0-9]*' <<<"$out" || true) | awk '{ printf " %s", $3 }')"
+    found+="$( (grep -o 'failing seed [0-9]*' "$runs_dir/fault-order-$first" || true) | awk '{ printf " %s", $3 }')"
 done
 if [ -z "$found" ]; then
     echo "with the stale-WAL gate's old order, restore-openers seeds 0..$per found nothing" >&2
@@ -147,11 +190,11 @@ echo "the old stale-WAL gate order (--fault judged-before-exclusive): restore-op
 # delta replayed whatever its base): newer-checkpointed's first 500 seeds find the newer
 # generation's rows deleted by the retired writer's recovery (its seeds' tests:
 # tests/explore/tests/it/newer_generation.rs).
-out="$("$explore" --fault capture-base-ignored --scenario newer-checkpointed --first 0 --schedules 500)" || true
+out="$(cat "$runs_dir/fault-base")"
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"
 newer="$(grep -c 'VIOLATION: after recover --apply, row n[0-9]* is live 0 times' <<<"$out" || true)"
 if [ "$newer" -eq 0 ]; then
-    echo "$out" >&2
+    cat "$runs_dir/fault-base" "$runs_dir/fault-base.err" >&2
     echo "with the capture's base ignored, newer-checkpointed seeds 0..500 lost no newer row" >&2
     exit 1
 fi
@@ -161,14 +204,15 @@ echo "recovery ignoring the capture's base (--fault capture-base-ignored): newer
 # close judges without READ(0), no confirmation with the wal-index's salts): churn's first 500
 # seeds find a healthy reader retired and captured with nothing taken away (its seeds' tests:
 # tests/explore/tests/it/churn.rs).
-out="$("$explore" --fault judgement-unconfirmed --scenario churn --first 0 --schedules 500)" || true
+out="$(cat "$runs_dir/fault-judgement")"
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"
 if ! grep -q 'was overwritten in place under this connection' <<<"$out"; then
-    echo "$out" >&2
+    cat "$runs_dir/fault-judgement" "$runs_dir/fault-judgement.err" >&2
     echo "with the unconfirmed overwrite judgement, churn seeds 0..500 retired no reader" >&2
     exit 1
 fi
 echo "the overwrite judgement unconfirmed (--fault judgement-unconfirmed): churn fails at $found of seeds 0..500, a healthy reader retired (today's judgement: none, the runs above)"
+echo "the runs above: $((SECONDS - started))s, $jobs at once"
 
 # Rediscovery 2: the WAL-reset race on SQLite 3.50.2, with the rule off and on.
 build_sqlite_3_50

@@ -21,6 +21,10 @@ fi
 # links it anyway (`-lsqlite3`); what the guard and rusqlite 0.43's paths it uses call exists since
 # SQLite 3.32 (sqlite3_database_file_object).
 build=(cargo test -p hermes-guard-cli --no-default-features --test it)
+# The unusual SQLite builds (gcc, a few minutes) compile while the tests below build and run.
+mkdir -p "$target_dir/unusual-sqlite"
+bash tests/unusual-sqlite-builds.sh --build >"$target_dir/unusual-sqlite/build.log" 2>&1 &
+unusual_builds=$!
 echo "== ${build[*]}: the system SQLite $system, not the bundled one"
 "${build[@]}" --no-run 2>&1 | tee "$target_dir/system-sqlite-build.log" | grep -v "^warning: libsqlite3-sys" >&2 || true
 binary="$(grep -o "(target/debug/deps/it-[0-9a-f]*)\|($target_dir/debug/deps/it-[0-9a-f]*)" \
@@ -37,5 +41,7 @@ export HERMES_GUARD_EXPECT_SQLITE="$system"
 "${build[@]}"
 
 # The same binary on SQLite builds the distribution does not ship (SQLITE_SHM_DIRECTORY,
-# SQLITE_THREADSAFE=0), compiled here.
+# SQLITE_THREADSAFE=0, 3.50.2), compiled here.
+wait "$unusual_builds" || { cat "$target_dir/unusual-sqlite/build.log" >&2; exit 1; }
+cat "$target_dir/unusual-sqlite/build.log"
 bash tests/unusual-sqlite-builds.sh "$binary"
