@@ -98,9 +98,9 @@ trap 'rm -rf "$runs_dir"' EXIT
 started=$SECONDS
 
 # Every run below is a process of its own whose schedules each have a temporary directory of their
-# own: they go through one queue, $jobs at a time (EXPLORE_JOBS, default the number of CPUs; a
-# schedule waits on its child processes as much as it computes), each into a file named for it,
-# and are read back in a fixed order, so the output does not depend on which finished first.
+# own: they go through one queue, $jobs at a time (EXPLORE_JOBS, default the number of CPUs), each
+# into a file named for it, and are read back in a fixed order, so the output does not depend on
+# which finished first.
 queue() { # queue <name> <explorer arguments...>
     local name="$1"
     shift
