@@ -5,7 +5,8 @@
 # tests/node/*.test.js with `node --test`: the extension loaded with the entry point that makes
 # the guard the default VFS, and the loss scenario (refused with SQLITE_READONLY_DBMOVED,
 # captured, recovered with the command); then packs the npm package (node/pack.sh), installs the
-# tarball into a fresh project and runs the same tests through it (issue 46).
+# tarball into a fresh project and runs the same tests through it (issue 46), and node/README.md's
+# example as written.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ext="$1" cli="$2"
@@ -44,3 +45,12 @@ test -x "$project/node_modules/.bin/hermes-guard" \
 echo "   the npm package: $(basename "$tarball") ($(du -k "$tarball" | cut -f1) KiB), installed into a fresh project"
 HERMES_GUARD_NPM="$installed" NODE_PATH="$host/node_modules" \
     node --test "$root"/tests/node/*.test.js
+
+# node/README.md's example as it is written, in the fresh project (a directory of its own for its
+# state.db): it must print its refusal and the capture.
+awk '/^```js$/ { on = 1; next } /^```$/ { if (on) exit } on' "$root/node/README.md" >"$project/readme.js"
+mkdir -p "$project/readme-run"
+out="$(cd "$project/readme-run" && HERMES_GUARD_LOG=off NODE_PATH="$host/node_modules" node ../readme.js)"
+grep -q '^refused; every committed row is in .*/state\.db\.retired-wal-' <<<"$out" \
+    || { echo "node/README.md's example printed: $out" >&2; exit 1; }
+echo "   node/README.md's example, run as written: $out"
