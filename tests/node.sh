@@ -12,6 +12,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ext="$1" cli="$2"
 target_dir="${CARGO_TARGET_DIR:-$root/target}"
 host="$target_dir/node-host"
+# node-gyp compiles against Node's headers: the distribution's (/usr/include/node) when there,
+# not a download from nodejs.org (which a machine without that address, or a user without
+# root's ~/.npmrc, would otherwise need).
+if [ -z "${npm_config_nodedir:-}" ] && [ -f /usr/include/node/common.gypi ]; then
+    export npm_config_nodedir=/usr
+fi
 stamp="$(sha256sum "$root/tests/node/package-lock.json" | cut -d' ' -f1) $(node --version)"
 if [ "$(cat "$host/.stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "   installing better-sqlite3 into $host (npm ci: compiles SQLite and the addon)"

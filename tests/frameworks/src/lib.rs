@@ -90,11 +90,22 @@ impl Scenario {
         while self.written.load(Ordering::SeqCst) < WRITERS * BEFORE {
             std::thread::sleep(Duration::from_millis(1));
         }
+        self.lose_sidecars_now();
+    }
+
+    /// Unlinks `-wal` and `-shm`.
+    pub fn lose_sidecars_now(&self) {
         for suffix in ["-wal", "-shm"] {
             let mut side = self.db.clone().into_os_string();
             side.push(suffix);
             fs::remove_file(&side).expect("the sidecar is there to unlink");
         }
+    }
+
+    /// Records a row that was refused once and landed on a fresh checkout.
+    pub fn landed_on_retry(&self, row: String) {
+        self.refused_then_landed.fetch_add(1, Ordering::SeqCst);
+        self.acknowledge(row);
     }
 
     /// Records a row the application was told was committed.
