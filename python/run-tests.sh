@@ -39,7 +39,7 @@ pip_flags=(--quiet --disable-pip-version-check)
 
 skip() { # ext/build-and-test.sh names it again in its last line
     echo "!! SKIPPED: $1" >&2
-    [ -z "${HERMES_GUARD_SKIPS:-}" ] || echo "the Python package (python/run-tests.sh): $1" >>"$HERMES_GUARD_SKIPS"
+    [ -z "${HERMES_GUARD_SKIPS:-}" ] || echo "part of the Python package's tests (python/run-tests.sh): $1" >>"$HERMES_GUARD_SKIPS"
 }
 required() { # a prerequisite: an error in CI, a skip elsewhere
     if [ "$in_ci" = true ]; then echo "CI=true: $1" >&2; exit 1; fi
