@@ -98,8 +98,9 @@ pub fn run(exe: &Path, dir: &Path, workloads: &[CostWorkload], smoke: bool) -> R
     println!("(valgrind --tool=callgrind) per operation, from the difference of two run lengths");
     if smoke {
         println!(
-            "  SMOKE RUN: tiny run lengths (and O2 beside {} other databases, not 1,000), the numbers mean nothing",
-            o2_others(true)
+            "  SMOKE RUN: tiny run lengths (and O2 beside {} other databases, not {}), the numbers mean nothing",
+            o2_others(true),
+            o2_others(false)
         );
     }
     let mut rows = Vec::new();
