@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 pub use crash::Crash;
 pub use model::{Data, Model, Names, ALL_MODES};
@@ -124,7 +125,7 @@ impl LazyFs {
     }
 
     /// Cuts the power: unmounts (the caller has stopped every program using the mount and closed
-    /// its own files there, or the unmount fails with EBUSY) and
+    /// its own files there, or the unmount fails with EBUSY after two seconds) and
     /// returns what the disk holds, to be written out with [`Crash::write_image`].
     pub fn power_cut(mut self) -> io::Result<Crash> {
         self.unmount()?;
@@ -153,10 +154,16 @@ impl LazyFs {
 
     /// Unmounts; when the mount is busy (a file still open there), detaches it lazily so that no
     /// mount outlives the test, and says so.
+    ///
+    /// A mount that is busy for a moment is waited out first: a process another thread forks
+    /// holds a copy of every descriptor open at the fork until its exec closes them, so a file
+    /// the caller has closed can keep the mount busy for as long as that exec takes (CI saw
+    /// EBUSY once on a 2-core machine under load).
     fn unmount(&mut self) -> io::Result<()> {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        self.wait_until_unused();
         session.umount_and_join().map_err(|e| {
             let detach =
                 rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH);
@@ -174,6 +181,25 @@ impl LazyFs {
         })
     }
 }
+
+impl LazyFs {
+    /// Returns once nothing holds a file at the mount, or after [`BUSY_GRACE`]. Asks the kernel
+    /// with `umount2(MNT_EXPIRE)`, which never unmounts on a first call: EBUSY while a file is
+    /// open there, EAGAIN (the mount marked for expiry) once none is. The mark is harmless: the
+    /// unmount that follows is an ordinary one. Not root (EPERM): returns at once.
+    fn wait_until_unused(&self) {
+        let started = std::time::Instant::now();
+        while started.elapsed() < BUSY_GRACE {
+            match rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::EXPIRE) {
+                Err(rustix::io::Errno::BUSY) => std::thread::sleep(Duration::from_millis(10)),
+                _ => return,
+            }
+        }
+    }
+}
+
+/// How long [`LazyFs::power_cut`] waits for a busy mount to become unused before it gives up.
+const BUSY_GRACE: Duration = Duration::from_secs(2);
 
 impl Drop for LazyFs {
     fn drop(&mut self) {
