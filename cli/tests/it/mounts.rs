@@ -153,3 +153,33 @@ test_alone! {
         assert!(!status.retired && status.refusals == 0, "{status:?}");
     }
 }
+
+test_alone! {
+    /// The directory watch is on the directory's inode: a mount elsewhere between the
+    /// connection's pin and its capture hides no creation from it, so the capture still shows
+    /// its image is its generation's own and recovery replays the generation's changes.
+    fn a_mount_elsewhere_before_the_capture_keeps_its_base_own() {
+        use hermes_guard::recover::{self, Capture, MergeOptions, MergeRule};
+        let top = tempfile::tempdir().unwrap();
+        let path = top.path().join("state.db");
+        let conn = open_guarded(&path);
+        insert(&conn, "before").unwrap();
+        let Some(tmpfs) = Tmpfs::mount(&top.path().join("elsewhere")) else {
+            return;
+        };
+        insert(&conn, "beside the mount").unwrap();
+        tmpfs.unmount_lazily();
+        lose_sidecars(&path, false);
+        let err = insert(&conn, "after the loss").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+        let artifact = conn.guard_status().unwrap().capture.unwrap();
+        // A restarted application is up before the old connection closes (no heal at close);
+        // this process's own connections would attach to the lost `-shm` until then.
+        let restarted = NewerGenerationOpen::start(&path);
+        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+        drop(restarted);
+        let capture = Capture::open(&artifact).unwrap();
+        let plan = recover::plan(&capture, &path, &MergeOptions::default()).unwrap();
+        assert_eq!(plan.rule, MergeRule::Delta, "{}", plan.rule_reason);
+    }
+}

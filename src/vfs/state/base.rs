@@ -84,9 +84,9 @@ impl DbState {
             ),
             Some(now) if now.blind != at_pin.blind => BaseEntry::new(
                 BaseVerdict::Unknown,
-                "the directory watch may have missed events since the -shm was pinned (a queue \
-                 overflow or a change of the mount table): a newer generation may have \
-                 checkpointed into the image",
+                "the directory watch may have missed events since the -shm was pinned (its queue \
+                 overflowed or could not be read): a newer generation may have checkpointed \
+                 into the image",
             ),
             Some(now) if now.created != at_pin.created => BaseEntry::new(
                 BaseVerdict::Unknown,

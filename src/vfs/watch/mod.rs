@@ -544,9 +544,17 @@ impl Watcher {
     /// on any watched directory. Every generation moves (each connection's next check is a full
     /// one), and a path opened from now on is watched afresh (the kernel returns the existing
     /// watch where the path still names the same directory).
+    ///
+    /// The creation counts are not blinded: an inotify watch is on the directory's inode, and
+    /// the kernel queues a creation in it whichever mount the creating path went through. A
+    /// newer generation that writes this connection's main file creates its `-wal` or `-shm`
+    /// beside that file, in the watched directory, and is counted; one that a mount sends to
+    /// another directory writes another main file, which the capture does not read.
     fn mounts_changed(&mut self) {
         log::debug!("hermes-guard: the mount table changed; full checks at the next transactions");
-        bump_all(&self.by_wd);
+        for (entry, _, _) in self.by_wd.values() {
+            entry.generation.fetch_add(1, Ordering::AcqRel);
+        }
         self.by_dir.clear();
         crate::filesystem::forget_mounts();
     }

@@ -8,8 +8,9 @@
 //! moves a new file in under the database's own name. The kernel queues each creation on the
 //! inotify instance inside the syscall that makes it, so once the queue is drained, a count
 //! that has not moved since a connection pinned its files says that no such name was made in
-//! between. Anything that blinds the watch (a queue overflow, a read error, a change of the
-//! mount table) is counted too: a capture then cannot claim its base.
+//! between. Anything that blinds the watch (a queue overflow, a read error) is counted too: a
+//! capture then cannot claim its base. A change of the mount table does not blind it: the
+//! watch is on the directory's inode, which sees a creation through any mount.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
@@ -28,7 +29,7 @@ const SIDE_SUFFIXES: [&[u8]; 3] = [b"-wal", b"-shm", b"-journal"];
 pub(super) struct Names {
     /// Database file name → creations of it or of its side files.
     created: Mutex<HashMap<Vec<u8>, u64>>,
-    /// Times the watch may have missed an event (overflow, read error, mount-table change).
+    /// Times the watch may have missed an event (a queue overflow, a read error).
     blind: AtomicU64,
 }
 
