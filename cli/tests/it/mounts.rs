@@ -11,7 +11,7 @@ use std::process::Command;
 
 use common::*;
 
-/// A tmpfs mounted at a path under a fresh temp dir, unmounted (lazily) when dropped.
+/// A tmpfs (or a bind mount) at a path under a fresh temp dir, unmounted (lazily) when dropped.
 struct Tmpfs {
     at: PathBuf,
 }
@@ -19,18 +19,26 @@ struct Tmpfs {
 impl Tmpfs {
     /// `None` (with the reason printed) where this process may not mount.
     fn mount(at: &Path) -> Option<Tmpfs> {
+        Tmpfs::run_mount(&["-t", "tmpfs", "-o", "size=16m", "hermes-guard-test"], at)
+    }
+
+    /// The directory `dir` bind-mounted at `at`: the same directory, reached through another
+    /// mount. `None` (with the reason printed) where this process may not mount.
+    fn bind(dir: &Path, at: &Path) -> Option<Tmpfs> {
+        let dir = dir.to_str().expect("a temp dir's path is UTF-8 here");
+        Tmpfs::run_mount(&["--bind", dir], at)
+    }
+
+    fn run_mount(args: &[&str], at: &Path) -> Option<Tmpfs> {
         std::fs::create_dir_all(at).unwrap();
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "size=16m", "hermes-guard-test"])
-            .arg(at)
-            .output();
+        let out = Command::new("mount").args(args).arg(at).output();
         match out {
             Ok(out) if out.status.success() => Some(Tmpfs {
                 at: at.to_path_buf(),
             }),
             Ok(out) => {
                 skip_unless_ci(&format!(
-                    "cannot mount a tmpfs at {} (not root, or no CAP_SYS_ADMIN): {}",
+                    "cannot mount at {} (not root, or no CAP_SYS_ADMIN): {}",
                     at.display(),
                     String::from_utf8_lossy(&out.stderr).trim()
                 ));
@@ -181,5 +189,41 @@ test_alone! {
         let capture = Capture::open(&artifact).unwrap();
         let plan = recover::plan(&capture, &path, &MergeOptions::default()).unwrap();
         assert_eq!(plan.rule, MergeRule::Delta, "{}", plan.rule_reason);
+    }
+}
+
+test_alone! {
+    /// The other half of the rule above: a newer generation that opens the database through a
+    /// bind mount of its directory creates its `-wal` and `-shm` in the same directory inode,
+    /// and the watch counts them though they came through another mount: the capture cannot
+    /// claim its base, and recovery only adds.
+    fn a_newer_generation_through_a_bind_mount_of_the_directory_is_counted() {
+        use hermes_guard::recover::{self, Capture, MergeOptions, MergeRule};
+        let top = tempfile::tempdir().unwrap();
+        let dir = top.path().join("data");
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("state.db");
+        let conn = open_guarded(&path);
+        insert(&conn, "before").unwrap();
+        let Some(bind) = Tmpfs::bind(&dir, &top.path().join("bound")) else {
+            return;
+        };
+        lose_sidecars(&path, false);
+        let newer = NewerGenerationOpen::start(&bind.at.join("state.db"));
+        assert!(sidecar(&path, "-wal").exists(), "made through the bind mount");
+        let err = insert(&conn, "after the loss").unwrap_err();
+        assert!(is_refusal(&err), "{err}");
+        let artifact = conn.guard_status().unwrap().capture.unwrap();
+        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+        drop(newer);
+        let evidence = recover::read_manifest(&artifact)
+            .unwrap()
+            .base_evidence()
+            .to_string();
+        assert!(evidence.contains("was created in its directory"), "{evidence}");
+        let capture = Capture::open(&artifact).unwrap();
+        let plan = recover::plan(&capture, &path, &MergeOptions::default()).unwrap();
+        assert_eq!(plan.rule, MergeRule::AddOnly, "{}", plan.rule_reason);
+        drop(bind);
     }
 }
