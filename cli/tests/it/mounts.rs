@@ -1,6 +1,8 @@
 //! A mount over the database's directory, or a lazy unmount of the mount it was opened through,
 //! changes what its path names without any inotify event: the watch must notice the mount table
-//! changed and send the next transaction to the full check. Needs root (or CAP_SYS_ADMIN); where
+//! changed and send the next transaction to the full check. A mount does not hide a creation
+//! from the watch, which is on the directory's inode: a capture's base survives a mount
+//! elsewhere, and a newer generation made through a bind mount is counted. Needs root (or CAP_SYS_ADMIN); where
 //! mounting is not allowed the tests say so and return. Each runs alone, in a process of its own
 //! (`test_alone!`), and unmounts what it mounted.
 
