@@ -2,40 +2,44 @@
 //! changes what its path names without any inotify event: the watch must notice the mount table
 //! changed and send the next transaction to the full check. A mount does not hide a creation
 //! from the watch, which is on the directory's inode: a capture's base survives a mount
-//! elsewhere, and a newer generation made through a bind mount is counted. Needs root (or CAP_SYS_ADMIN); where
-//! mounting is not allowed the tests say so and return. Each runs alone, in a process of its own
-//! (`test_alone!`), and unmounts what it mounted.
+//! elsewhere, and a newer generation made through a bind mount is counted. Needs root (or
+//! CAP_SYS_ADMIN); where mounting is not allowed the tests say so and return. Each runs alone,
+//! in a process of its own (`test_alone!`), and unmounts what it mounted.
 
 use crate::common;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
+use hermes_guard::recover::{self, Capture, MergeOptions, MergeRule};
 
-/// A tmpfs (or a bind mount) at a path under a fresh temp dir, unmounted (lazily) when dropped.
-struct Tmpfs {
+/// A tmpfs or a bind mount at a path under a fresh temp dir, unmounted (lazily) when dropped.
+struct TestMount {
     at: PathBuf,
 }
 
-impl Tmpfs {
+impl TestMount {
     /// `None` (with the reason printed) where this process may not mount.
-    fn mount(at: &Path) -> Option<Tmpfs> {
-        Tmpfs::run_mount(&["-t", "tmpfs", "-o", "size=16m", "hermes-guard-test"], at)
+    fn tmpfs(at: &Path) -> Option<TestMount> {
+        TestMount::mount(
+            ["-t", "tmpfs", "-o", "size=16m", "hermes-guard-test"].map(OsStr::new),
+            at,
+        )
     }
 
     /// The directory `dir` bind-mounted at `at`: the same directory, reached through another
     /// mount. `None` (with the reason printed) where this process may not mount.
-    fn bind(dir: &Path, at: &Path) -> Option<Tmpfs> {
-        let dir = dir.to_str().expect("a temp dir's path is UTF-8 here");
-        Tmpfs::run_mount(&["--bind", dir], at)
+    fn bind(dir: &Path, at: &Path) -> Option<TestMount> {
+        TestMount::mount([OsStr::new("--bind"), dir.as_os_str()], at)
     }
 
-    fn run_mount(args: &[&str], at: &Path) -> Option<Tmpfs> {
+    fn mount<const N: usize>(args: [&OsStr; N], at: &Path) -> Option<TestMount> {
         std::fs::create_dir_all(at).unwrap();
         let out = Command::new("mount").args(args).arg(at).output();
         match out {
-            Ok(out) if out.status.success() => Some(Tmpfs {
+            Ok(out) if out.status.success() => Some(TestMount {
                 at: at.to_path_buf(),
             }),
             Ok(out) => {
@@ -71,7 +75,7 @@ impl Tmpfs {
     }
 }
 
-impl Drop for Tmpfs {
+impl Drop for TestMount {
     fn drop(&mut self) {
         if self.mounted() {
             let _ = Command::new("umount").arg("-l").arg(&self.at).status();
@@ -92,7 +96,7 @@ test_alone! {
             insert(&conn, &format!("row {i}")).unwrap();
         }
 
-        let Some(tmpfs) = Tmpfs::mount(&dir) else {
+        let Some(tmpfs) = TestMount::tmpfs(&dir) else {
             return;
         };
         let err = insert(&conn, "through the mount").unwrap_err();
@@ -121,7 +125,7 @@ test_alone! {
     fn a_lazy_unmount_of_the_database_mount_refuses_the_next_write() {
         let top = tempfile::tempdir().unwrap();
         let mnt = top.path().join("mnt");
-        let Some(tmpfs) = Tmpfs::mount(&mnt) else {
+        let Some(tmpfs) = TestMount::tmpfs(&mnt) else {
             return;
         };
         let path = mnt.join("state.db");
@@ -151,7 +155,7 @@ test_alone! {
         let path = top.path().join("state.db");
         let conn = open_guarded(&path);
         insert(&conn, "before").unwrap();
-        let Some(tmpfs) = Tmpfs::mount(&top.path().join("elsewhere")) else {
+        let Some(tmpfs) = TestMount::tmpfs(&top.path().join("elsewhere")) else {
             return;
         };
         for i in 0..10 {
@@ -164,17 +168,23 @@ test_alone! {
     }
 }
 
+/// The rule `recover` would merge the capture `artifact` into `path` by, and why.
+fn merge_rule(artifact: &Path, path: &Path) -> (MergeRule, String) {
+    let capture = Capture::open(artifact).unwrap();
+    let plan = recover::plan(&capture, path, &MergeOptions::default()).unwrap();
+    (plan.rule, plan.rule_reason)
+}
+
 test_alone! {
     /// The directory watch is on the directory's inode: a mount elsewhere between the
     /// connection's pin and its capture hides no creation from it, so the capture still shows
     /// its image is its generation's own and recovery replays the generation's changes.
     fn a_mount_elsewhere_before_the_capture_keeps_its_base_own() {
-        use hermes_guard::recover::{self, Capture, MergeOptions, MergeRule};
         let top = tempfile::tempdir().unwrap();
         let path = top.path().join("state.db");
         let conn = open_guarded(&path);
         insert(&conn, "before").unwrap();
-        let Some(tmpfs) = Tmpfs::mount(&top.path().join("elsewhere")) else {
+        let Some(tmpfs) = TestMount::tmpfs(&top.path().join("elsewhere")) else {
             return;
         };
         insert(&conn, "beside the mount").unwrap();
@@ -183,14 +193,9 @@ test_alone! {
         let err = insert(&conn, "after the loss").unwrap_err();
         assert!(is_refusal(&err), "{err}");
         let artifact = conn.guard_status().unwrap().capture.unwrap();
-        // A restarted application is up before the old connection closes (no heal at close);
-        // this process's own connections would attach to the lost `-shm` until then.
-        let restarted = NewerGenerationOpen::start(&path);
-        hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
-        drop(restarted);
-        let capture = Capture::open(&artifact).unwrap();
-        let plan = recover::plan(&capture, &path, &MergeOptions::default()).unwrap();
-        assert_eq!(plan.rule, MergeRule::Delta, "{}", plan.rule_reason);
+        close_while_restarted(conn, &path);
+        let (rule, reason) = merge_rule(&artifact, &path);
+        assert_eq!(rule, MergeRule::Delta, "{reason}");
     }
 }
 
@@ -200,14 +205,13 @@ test_alone! {
     /// and the watch counts them though they came through another mount: the capture cannot
     /// claim its base, and recovery only adds.
     fn a_newer_generation_through_a_bind_mount_of_the_directory_is_counted() {
-        use hermes_guard::recover::{self, Capture, MergeOptions, MergeRule};
         let top = tempfile::tempdir().unwrap();
         let dir = top.path().join("data");
         std::fs::create_dir(&dir).unwrap();
         let path = dir.join("state.db");
         let conn = open_guarded(&path);
         insert(&conn, "before").unwrap();
-        let Some(bind) = Tmpfs::bind(&dir, &top.path().join("bound")) else {
+        let Some(bind) = TestMount::bind(&dir, &top.path().join("bound")) else {
             return;
         };
         lose_sidecars(&path, false);
@@ -223,9 +227,8 @@ test_alone! {
             .base_evidence()
             .to_string();
         assert!(evidence.contains("was created in its directory"), "{evidence}");
-        let capture = Capture::open(&artifact).unwrap();
-        let plan = recover::plan(&capture, &path, &MergeOptions::default()).unwrap();
-        assert_eq!(plan.rule, MergeRule::AddOnly, "{}", plan.rule_reason);
+        let (rule, reason) = merge_rule(&artifact, &path);
+        assert_eq!(rule, MergeRule::AddOnly, "{reason}");
         drop(bind);
     }
 }

@@ -552,9 +552,7 @@ impl Watcher {
     /// another directory writes another main file, which the capture does not read.
     fn mounts_changed(&mut self) {
         log::debug!("hermes-guard: the mount table changed; full checks at the next transactions");
-        for (entry, _, _) in self.by_wd.values() {
-            entry.generation.fetch_add(1, Ordering::AcqRel);
-        }
+        move_all(&self.by_wd);
         self.by_dir.clear();
         crate::filesystem::forget_mounts();
     }
@@ -612,9 +610,18 @@ impl Watcher {
     }
 }
 
+/// The watch may have missed events: every directory's creation counts are blinded, and every
+/// generation moves.
 fn bump_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
     for (entry, _, _) in by_wd.values() {
         entry.names.blinded();
+    }
+    move_all(by_wd);
+}
+
+/// Every generation moves: each connection's next transaction does the full check.
+fn move_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
+    for (entry, _, _) in by_wd.values() {
         entry.generation.fetch_add(1, Ordering::AcqRel);
     }
 }

@@ -157,8 +157,7 @@ impl LazyFs {
     ///
     /// A mount that is busy for a moment is waited out first: a process another thread forks
     /// holds a copy of every descriptor open at the fork until its exec closes them, so a file
-    /// the caller has closed can keep the mount busy for as long as that exec takes (CI saw
-    /// EBUSY once on a 2-core machine under load).
+    /// the caller has closed can keep the mount busy for as long as that exec takes.
     fn unmount(&mut self) -> io::Result<()> {
         let Some(session) = self.session.take() else {
             return Ok(());
@@ -180,9 +179,7 @@ impl LazyFs {
             )
         })
     }
-}
 
-impl LazyFs {
     /// Returns once nothing holds a file at the mount, or after [`BUSY_GRACE`]. Asks the kernel
     /// with `umount2(MNT_EXPIRE)`, which never unmounts on a first call: EBUSY while a file is
     /// open there, EAGAIN (the mount marked for expiry) once none is. The mark is harmless: the
