@@ -19,7 +19,6 @@ if ! cargo publish --dry-run --allow-dirty "${crates[@]}" >"$log" 2>&1; then
     echo "cargo publish --dry-run failed (the output above, kept in $log)" >&2
     exit 1
 fi
+# Cargo's own lines give each crate's size ("Packaged N files, ... (... compressed)"): the
+# dry run leaves its .crate files in target/package/tmp-crate, not where `cargo package` would.
 grep -E '^ *(Packaged|Verifying)' "$log" | sed 's/^ */   /'
-for crate in "${CARGO_TARGET_DIR:-target}"/package/hermes-guard*-0*.crate; do
-    echo "   $(basename "$crate"): $(du -k "$crate" | cut -f1) KiB"
-done
