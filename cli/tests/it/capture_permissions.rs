@@ -238,3 +238,52 @@ test_alone! {
         assert_as_private_as(&capture, wal);
     }
 }
+
+test_alone! {
+    fn a_torn_database_rebuilt_keeps_its_permissions_and_its_torn_copy_is_kept_as_privately() {
+        set_umask(0o022);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let owner = is_root().then_some(NOBODY);
+        empty_database(&path, 0o600, owner);
+        // A loss while a reader held the checkpoint back: the main file is torn.
+        let conn = open_guarded(&path);
+        conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        for i in 0..10 {
+            insert(&conn, &format!("before the reader {i}")).unwrap();
+        }
+        let reader = open_stock(&path);
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))
+            .unwrap();
+        for i in 0..10 {
+            insert(&conn, &format!("after the reader {i}")).unwrap();
+        }
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .unwrap();
+        let database = made(&path);
+        lose_sidecars(&path, false);
+        assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
+        assert!(conn.guard_status().unwrap().main_torn);
+        let artifact = conn.guard_status().unwrap().capture.unwrap();
+        drop(reader);
+        close_while_restarted(conn, &path);
+
+        let capture = hermes_guard::recover::Capture::open(&artifact).unwrap();
+        let report = hermes_guard::recover::rebuild_torn(
+            &capture,
+            &path,
+            &hermes_guard::recover::MergeOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(made(&path), database, "the rebuilt file replaces the database");
+        assert_eq!(
+            made(&report.kept),
+            Made { mode: 0o700, ..database },
+            "the directory keeping the torn file"
+        );
+    }
+}
