@@ -1,7 +1,8 @@
 //! A capture is as private as its database: every directory and file the guard makes for a
 //! database (the capture, its files, `healed.json`, a set-aside WAL's capture, a capture in the
-//! fallback directory) has the permissions SQLite gives the database's own `-wal` — its bits
-//! (a directory's plus search where read is allowed) and, for a root process, its owner.
+//! fallback directory, a rebuild's new file and kept directory) has the permissions SQLite gives
+//! the database's own `-wal` — its bits (a directory's plus search where read is allowed) and,
+//! for a root process, its owner.
 //!
 //! The umask is process-wide: each test runs alone in a process of its own (`test_alone!`) and
 //! sets the umask there; a child it starts inherits it.
