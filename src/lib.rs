@@ -83,6 +83,7 @@ mod error;
 mod filesystem;
 mod identity;
 pub mod paths;
+mod permissions;
 pub mod pool;
 pub mod recover;
 mod sqlite_log;

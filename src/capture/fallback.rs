@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 /// permission, a read-only filesystem, no space or quota.
 pub(crate) fn wants_fallback(e: &io::Error) -> bool {
     use rustix::io::Errno;
-    let Some(code) = e.raw_os_error() else {
+    // Through a creation's typed error (`src/permissions.rs`) too.
+    let Some(code) = crate::permissions::os_error(e) else {
         return false;
     };
     [

@@ -348,12 +348,17 @@ fn database_places(dir: &Path, database: &Path) -> Vec<PathBuf> {
 }
 
 /// Writes `record` as the capture's `healed.json` (in the capture directory `dir`), durably: a
-/// new file, fsynced, renamed over the name, the directory fsynced.
-pub(crate) fn write_record(dir: BorrowedFd<'_>, record: &HealRecord) -> io::Result<()> {
+/// new file with the database's `permissions`, fsynced, renamed over the name, the directory
+/// fsynced.
+pub(crate) fn write_record(
+    dir: BorrowedFd<'_>,
+    record: &HealRecord,
+    permissions: &crate::permissions::Permissions,
+) -> io::Result<()> {
     let json = serde_json::to_vec_pretty(record).map_err(io::Error::other)?;
     let tmp = format!("{HEALED_NAME}.{}.tmp", std::process::id());
     let _ = rustix::fs::unlinkat(dir, tmp.as_str(), rustix::fs::AtFlags::empty());
-    super::write_synced(dir, &tmp, |f: &mut File| f.write_all(&json))?;
+    super::write_synced(dir, &tmp, permissions, |f: &mut File| f.write_all(&json))?;
     rustix::fs::renameat(dir, tmp.as_str(), dir, HEALED_NAME)?;
     rustix::fs::fsync(dir.as_fd())?;
     Ok(())

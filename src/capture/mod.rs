@@ -16,6 +16,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 use crate::digest::{sha256_stream, ReadAt};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::paths::{open_dir, open_dir_to_write_in, path_display, path_hex, sync_dir, DirHandle};
+use crate::permissions::Permissions;
 use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -101,6 +102,9 @@ pub struct CaptureInput<'a> {
     /// Issue 43: judges, once the image has been read, whether it is the file the WAL
     /// generation was written on (`None`: nothing to judge by, recorded as unknown).
     pub base: Option<&'a dyn Fn() -> BaseEntry>,
+    /// The database's permissions, which the capture's directory and files get
+    /// (`src/permissions.rs`), wherever the capture is written.
+    pub(crate) permissions: Permissions,
 }
 
 /// The database's directory (`.` for a bare file name) and its file name; an error naming the
@@ -167,7 +171,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         crate::sqlite_log::captured(database, &existing);
         return Ok(Captured { dir: existing, wal });
     }
-    let (final_name, staging_name) = reserve_staging(dir_fd, &stem)
+    let (final_name, staging_name) = reserve_staging(dir_fd, &stem, &input.permissions)
         .map_err(|(staging, e)| io_err(&dir_path.join(staging), e))?;
     let final_dir = dir_path.join(&final_name);
     let staging_dir = dir_path.join(&staging_name);
@@ -178,7 +182,9 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         let staging = staging_fd.insert(staging);
         let manifest = fill_staging(input, staging.as_fd(), &file_name)?;
         let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
-        write_synced(staging.as_fd(), MANIFEST_NAME, |f| f.write_all(&json))?;
+        write_synced(staging.as_fd(), MANIFEST_NAME, &input.permissions, |f| {
+            f.write_all(&json)
+        })?;
         rustix::fs::fsync(&*staging)?;
         // Never over anything: a name taken meanwhile fails the capture (retried), it is not
         // replaced.
@@ -342,18 +348,15 @@ fn sha256_of(file: &File, len: u64) -> io::Result<String> {
     Ok(sha256_stream(from_start, |_| Ok(()))?.0)
 }
 
-/// Creates `name` in the directory `dir` (it must not exist), fills it and fsyncs it.
+/// Creates `name` in the directory `dir` (it must not exist) with `permissions`, fills it and
+/// fsyncs it.
 pub(crate) fn write_synced(
     dir: BorrowedFd<'_>,
     name: &str,
+    permissions: &Permissions,
     body: impl FnOnce(&mut File) -> io::Result<()>,
 ) -> io::Result<()> {
-    let fd = rustix::fs::openat(
-        dir,
-        name,
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o644),
-    )?;
+    let fd = permissions.create_file(dir, name, OFlags::WRONLY)?;
     let mut f = File::from(fd);
     body(&mut f)?;
     f.sync_all()
@@ -368,7 +371,7 @@ fn fill_staging(
 
     let mut scanner = WalScanner::new();
     let mut wal_digest = (String::new(), 0u64);
-    write_synced(staging, &wal_name, |out| {
+    write_synced(staging, &wal_name, &input.permissions, |out| {
         let src = ReadAt {
             file: input.wal.file(),
             pos: 0,
@@ -385,7 +388,7 @@ fn fill_staging(
     let main_size = input.main.size()?;
     let mut main_digest = (String::new(), 0u64);
     let mut header_bytes = Vec::with_capacity(100);
-    write_synced(staging, name, |out| {
+    write_synced(staging, name, &input.permissions, |out| {
         let image = ImageReader {
             source: input.main,
             pos: 0,

@@ -7,11 +7,12 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
-use rustix::fs::{AtFlags, Mode};
+use rustix::fs::AtFlags;
 use sha2::{Digest, Sha256};
 
 use super::{ARTIFACT_MARKER, STAGING_SUFFIX};
 use crate::paths;
+use crate::permissions::Permissions;
 
 /// The longest file name Linux filesystems accept, in bytes.
 pub const NAME_MAX: usize = 255;
@@ -79,10 +80,12 @@ pub fn capture_file_name(name: &OsStr) -> String {
 }
 
 /// Picks the first free `<stem>.retired-wal-<UTC>-<pid>[-n]` in `dir` and creates its
-/// `.partial` staging directory; returns (final name, staging name).
+/// `.partial` staging directory, with `permissions` from its `mkdirat` on; returns (final name,
+/// staging name).
 pub(crate) fn reserve_staging(
     dir: BorrowedFd<'_>,
     stem: &str,
+    permissions: &Permissions,
 ) -> Result<(String, String), (String, io::Error)> {
     let stamp = utc_stamp(SystemTime::now());
     let base = format!("{stem}{ARTIFACT_MARKER}{stamp}-{}", std::process::id());
@@ -98,9 +101,9 @@ pub(crate) fn reserve_staging(
             Err(rustix::io::Errno::NOENT) => {}
             Err(e) => return Err((staging, e.into())),
         }
-        match rustix::fs::mkdirat(dir, &staging, Mode::from_raw_mode(0o755)) {
-            Ok(()) => return Ok((candidate, staging)),
-            Err(rustix::io::Errno::EXIST) => continue,
+        match permissions.create_dir(dir, &staging) {
+            Ok(_) => return Ok((candidate, staging)),
+            Err(e) if e.errno() == rustix::io::Errno::EXIST => continue,
             Err(e) => return Err((staging, e.into())),
         }
     }

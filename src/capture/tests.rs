@@ -21,15 +21,17 @@ fn hex_is_lowercase_two_digits_per_byte() {
 fn artifact_names_do_not_collide() {
     let dir = tempfile::tempdir().unwrap();
     let fd = open_dir(rustix::fs::CWD, dir.path()).unwrap();
-    let (first, first_staging) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    let (first, first_staging) =
+        reserve_staging(fd.as_fd(), "state.db", &Permissions::most_private()).unwrap();
     assert!(first.starts_with("state.db.retired-wal-"));
     assert_eq!(first_staging, format!("{first}.partial"));
     // A staging directory in progress holds its name...
-    let (second, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    let (second, _) =
+        reserve_staging(fd.as_fd(), "state.db", &Permissions::most_private()).unwrap();
     assert_ne!(first, second);
     // ...and so does a finished one.
     std::fs::rename(dir.path().join(&first_staging), dir.path().join(&first)).unwrap();
-    let (third, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    let (third, _) = reserve_staging(fd.as_fd(), "state.db", &Permissions::most_private()).unwrap();
     assert!(third != first && third != second);
 }
 
@@ -46,9 +48,11 @@ fn artifact_names_are_reserved_through_a_descriptor_that_cannot_list() {
     )
     .unwrap();
     assert!(crate::paths::is_path_only(fd.as_fd()));
-    let (first, staging) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    let (first, staging) =
+        reserve_staging(fd.as_fd(), "state.db", &Permissions::most_private()).unwrap();
     assert!(dir.path().join(&staging).is_dir());
-    let (second, _) = reserve_staging(fd.as_fd(), "state.db").unwrap();
+    let (second, _) =
+        reserve_staging(fd.as_fd(), "state.db", &Permissions::most_private()).unwrap();
     assert_ne!(first, second);
 }
 

@@ -2,6 +2,7 @@
 //! generation, plus every row the live generation added, swapped in while nobody holds the file.
 
 use std::ffi::OsStr;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use rusqlite::config::DbConfig;
@@ -13,6 +14,7 @@ use super::open::integrity_check;
 use super::report::{MergeOptions, MergeReport, MergeRule};
 use super::{check_target, Capture, RecoverError};
 use crate::capture::{fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
+use crate::permissions::{create_dir_at_path, create_file_at_path, Permissions};
 
 /// What [`rebuild_torn`] did.
 #[derive(Debug, Clone, Serialize)]
@@ -101,6 +103,12 @@ pub fn rebuild_torn(
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let _ = std::fs::remove_file(crate::capture::sidecar(&new, suffix));
     }
+    // The new file becomes the database: made empty with the database's permissions (bits, and
+    // owner for a root process) before SQLite fills it, so it is never more open than the file
+    // it replaces (SQLite gives its own -wal and -journal of it the same).
+    let permissions = Permissions::of_database(database);
+    create_file_at_path(&permissions, &new)
+        .map_err(|e| RecoverError::io(&new, "create", io::Error::from(e)))?;
     let built = build(capture, &holder, database, &new, options);
     let from_live = match built {
         Ok(report) => report,
@@ -128,7 +136,8 @@ pub fn rebuild_torn(
         let p = p.to_path_buf();
         move |e| RecoverError::io(p, what, e)
     };
-    std::fs::create_dir(&kept).map_err(io(&kept, "create"))?;
+    create_dir_at_path(&permissions, &kept)
+        .map_err(|e| RecoverError::io(&kept, "create", io::Error::from(e)))?;
     let file = fitted_name(name, FILE_STEM_MAX);
     std::fs::hard_link(database, kept.join(&file)).map_err(io(database, "keep the torn file"))?;
     for suffix in ["-wal", "-shm"] {

@@ -16,6 +16,7 @@ use crate::capture::{
 use crate::digest::sha256_stream;
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
 use crate::paths::{open_dir, open_dir_to_write_in, path_display, path_hex, sync_dir};
+use crate::permissions::Permissions;
 use crate::status::RetireReason;
 use crate::walfile::{parse_main_header, WalScanner};
 
@@ -128,7 +129,10 @@ pub(crate) fn set_aside(
     let stem = capture::capture_dir_stem(name);
     let file_name = capture::capture_file_name(name);
     let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));
-    let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem)
+    // The database's permissions, for the capture's directory and manifest (the WAL and -shm
+    // moved in keep SQLite's, which are the database's).
+    let permissions = Permissions::of_database_in(dir.as_fd(), database);
+    let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem, &permissions)
         .map_err(|(staging, e)| io_err(&parent.join(staging), e))?;
     let staging_path = parent.join(&staging_name);
     let final_path = parent.join(&final_name);
@@ -182,7 +186,7 @@ pub(crate) fn set_aside(
         )?;
         also_in = same_generation_with_image(&dir, &stem, &final_name, &manifest.wal);
         let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
-        capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, |f| {
+        capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, &permissions, |f| {
             io::Write::write_all(f, &json)
         })?;
         rustix::fs::fsync(&staging)?;

@@ -50,6 +50,7 @@ mod common;
 
 mod bench_smoke;
 mod capture_identity;
+mod capture_permissions;
 mod capture_pool;
 mod churn_beside_checkpoints;
 mod churn_siblings;

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::{DbState, GenerationCapture, GenerationKey, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, Trigger};
+use crate::permissions::Permissions;
 use crate::vfs::retry::{self, Attempt};
 
 impl DbState {
@@ -238,6 +239,12 @@ impl DbState {
             });
         }
         let (at_pin, reason) = (inner.creations_at_pin, inner.reason);
+        // The database's own permissions, read in its directory (wherever that is now), whether
+        // the capture goes beside it or elsewhere; the most private when it cannot be read.
+        let permissions = match dir.as_deref() {
+            Some(d) if !deleted => Permissions::of_database_in(d.fd(), &self.db_path),
+            _ => Permissions::of_database(&self.db_path),
+        };
         let input = CaptureInput {
             database: &self.db_path,
             dir: orphan_dir.as_deref().or(dir.as_deref()),
@@ -249,6 +256,7 @@ impl DbState {
             reason: inner.reason,
             backfill_at_loss: inner.backfill_at_loss,
             base: Some(&|| self.judge_base(at_pin, reason)),
+            permissions,
         };
         let captured = match capture::write_capture(&input) {
             Err(CaptureError::Io { source, .. })

@@ -40,13 +40,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use rusqlite::ffi;
-use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags};
+use rustix::fs::{AtFlags, OFlags, RenameFlags};
 
 use super::{DbState, Inner};
 use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::paths::{sync_dir, DirHandle};
+use crate::permissions::Permissions;
 use crate::status::RetireReason;
 use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
@@ -332,6 +333,12 @@ fn put_back_and_checkpoint(
         }
         None => None,
     };
+    // The database's permissions: the staged WAL (the database's `-wal` once renamed into
+    // place) and the heal record get them, as SQLite's own `-wal` does.
+    let permissions = match dir.as_ref() {
+        Some(d) => Permissions::of_database_in(d.fd(), &state.db_path),
+        None => Permissions::of_database(&state.db_path),
+    };
     let prefix = committed_prefix(wal)?;
     let pinned = inner.wal.as_ref().map(PinnedWal::id);
     let mut record = HealRecord {
@@ -359,7 +366,7 @@ fn put_back_and_checkpoint(
             );
             None
         }
-        Some(dir) => match stage(dir, &name, wal, prefix.bytes(), &state.db_path) {
+        Some(dir) => match stage(dir, &name, wal, prefix.bytes(), &permissions) {
             Ok(staged) => Some(staged),
             // Nothing can be written beside the database, and no copy of the generation exists:
             // healed in place, as stock SQLite's close does (not crash-safe, never worse).
@@ -387,7 +394,7 @@ fn put_back_and_checkpoint(
         });
     }
     let recorded = match &record_in {
-        Some((capture, d)) => write_record(d.as_fd(), &record)
+        Some((capture, d)) => write_record(d.as_fd(), &record, &permissions)
             .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display())),
         None => Ok(()),
     };
@@ -456,7 +463,7 @@ fn put_back_and_checkpoint(
     record.phase = HealPhase::Done;
     record.at = now();
     if let Some((capture, d)) = &record_in {
-        if let Err(e) = write_record(d.as_fd(), &record) {
+        if let Err(e) = write_record(d.as_fd(), &record, &permissions) {
             // The `started` record with the staging file gone already reads as healed.
             log::warn!(
                 "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); \
@@ -551,27 +558,20 @@ impl Staged {
 }
 
 /// Writes the first `len` bytes of `wal` to a new file in `dir` named after `name` (the WAL's
-/// name) and this process, with the database file's permission bits, and fsyncs it and `dir`.
+/// name) and this process, with the database's `permissions` (its bits, its owner for a root
+/// process: what SQLite gives its `-wal`), and fsyncs it and `dir`.
 fn stage(
     handle: &Arc<DirHandle>,
     name: &OsStr,
     wal: &File,
     len: u64,
-    database: &Path,
+    permissions: &Permissions,
 ) -> io::Result<Staged> {
-    let mode = rustix::fs::stat(database)
-        .map(|st| Mode::from_raw_mode(st.st_mode & 0o777))
-        .unwrap_or(Mode::from_raw_mode(0o644));
     let dir = handle.fd();
     let suffix = format!(".hermes-guard-heal-{}", std::process::id());
     let mut staging = name.to_owned();
     staging.push(&suffix);
-    let fd = rustix::fs::openat(
-        dir,
-        staging.as_os_str(),
-        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
-        mode,
-    )?;
+    let fd = permissions.create_file(dir, &staging, OFlags::WRONLY)?;
     let file = File::from(fd);
     let copied = (|| -> io::Result<(FileId, String)> {
         use sha2::Digest;
