@@ -79,11 +79,7 @@ fn peer_capture_and_healed_close(db: &Path) -> PathBuf {
     assert!(closed["error"].is_null(), "{closed}");
     assert!(gateway.quit().success());
     let found = artifacts(db.parent().unwrap());
-    assert_eq!(
-        found,
-        std::slice::from_ref(&halt),
-        "one capture of the generation"
-    );
+    assert_eq!(found, [halt.clone()], "one capture of the generation");
     assert!(
         heal_state(&halt, db).unwrap().is_healed(),
         "healed at close"
