@@ -264,10 +264,14 @@ impl FileTable {
         }
     }
 
-    /// The `xWrite` of a WAL whose write gate is open: the frame rule around the wrapped
-    /// file's own (`hot::write_wal`).
+    /// The `xWrite` of a WAL whose write gate is open: the wrapped file's own (or, on the heap,
+    /// the pass-through to it).
     fn open_write(&self) -> WriteFn {
-        write_wal
+        if self.heap.is_null() {
+            self.sub.xWrite
+        } else {
+            x_write
+        }
     }
 
     /// The wrapped file object of the guarded file `f`.
