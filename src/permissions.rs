@@ -18,6 +18,7 @@
 //! of the creation mode, as SQLite's `robust_open` also finds — `fchmod` to the exact mode. The
 //! umask only ever removes bits, so the object is never more open than the database at any point.
 
+use std::ffi::OsStr;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -254,18 +255,7 @@ pub(crate) fn create_dir_at_path(
     permissions: &Permissions,
     path: &Path,
 ) -> Result<OwnedFd, PermissionsError> {
-    let parent = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path.file_name().unwrap_or(path.as_os_str());
-    let dir = crate::paths::open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| {
-        PermissionsError::Create {
-            path: path.to_path_buf(),
-            mode: permissions.dir_mode(),
-            source: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
-        }
-    })?;
+    let (dir, name) = parent_of(path, permissions.dir_mode())?;
     permissions.create_dir(dir.as_fd(), name)
 }
 
@@ -274,6 +264,13 @@ pub(crate) fn create_file_at_path(
     permissions: &Permissions,
     path: &Path,
 ) -> Result<OwnedFd, PermissionsError> {
+    let (dir, name) = parent_of(path, permissions.file_mode())?;
+    permissions.create_file(dir.as_fd(), name, OFlags::WRONLY)
+}
+
+/// `path`'s parent directory (`.` for a bare name), opened to create in, and the name to create
+/// there; a failure is the creation's of `path` with `mode`.
+fn parent_of(path: &Path, mode: u32) -> Result<(OwnedFd, &OsStr), PermissionsError> {
     let parent = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -282,11 +279,11 @@ pub(crate) fn create_file_at_path(
     let dir = crate::paths::open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| {
         PermissionsError::Create {
             path: path.to_path_buf(),
-            mode: permissions.file_mode(),
+            mode,
             source: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
         }
     })?;
-    permissions.create_file(dir.as_fd(), name, OFlags::WRONLY)
+    Ok((dir, name))
 }
 
 #[cfg(test)]

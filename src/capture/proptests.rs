@@ -300,7 +300,9 @@ proptest! {
         for raw in &names {
             let stem = capture_dir_stem(OsStr::from_bytes(raw));
             for _ in 0..per_stem {
-                let (name, staging) = reserve_staging(fd.as_fd(), &stem, &crate::permissions::Permissions::most_private()).expect("reserve");
+                let private = crate::permissions::Permissions::most_private();
+                let (name, staging) =
+                    reserve_staging(fd.as_fd(), &stem, &private).expect("reserve");
                 prop_assert!(staging.len() <= NAME_MAX, "{:?}", staging);
                 prop_assert_eq!(&staging, &format!("{name}{STAGING_SUFFIX}"));
                 let prefix = format!("{stem}{ARTIFACT_MARKER}");

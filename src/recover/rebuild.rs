@@ -2,7 +2,6 @@
 //! generation, plus every row the live generation added, swapped in while nobody holds the file.
 
 use std::ffi::OsStr;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use rusqlite::config::DbConfig;
@@ -108,7 +107,7 @@ pub fn rebuild_torn(
     // it replaces (SQLite gives its own -wal and -journal of it the same).
     let permissions = Permissions::of_database(database);
     create_file_at_path(&permissions, &new)
-        .map_err(|e| RecoverError::io(&new, "create", io::Error::from(e)))?;
+        .map_err(|e| RecoverError::io(&new, "create", std::io::Error::from(e)))?;
     let built = build(capture, &holder, database, &new, options);
     let from_live = match built {
         Ok(report) => report,
@@ -137,7 +136,8 @@ pub fn rebuild_torn(
         move |e| RecoverError::io(p, what, e)
     };
     create_dir_at_path(&permissions, &kept)
-        .map_err(|e| RecoverError::io(&kept, "create", io::Error::from(e)))?;
+        .map_err(std::io::Error::from)
+        .map_err(io(&kept, "create"))?;
     let file = fitted_name(name, FILE_STEM_MAX);
     std::fs::hard_link(database, kept.join(&file)).map_err(io(database, "keep the torn file"))?;
     for suffix in ["-wal", "-shm"] {

@@ -4,35 +4,6 @@
 use crate::common;
 
 use common::*;
-use rusqlite::Connection;
-
-/// Commits `n` rows of history, then holds a reader at that snapshot, commits `n` more, and runs
-/// a PASSIVE checkpoint that the reader holds back to the first half. Returns the reader (still
-/// in its read transaction) and the checkpoint's (log frames, checkpointed frames).
-fn partly_checkpointed(
-    conn: &Connection,
-    path: &std::path::Path,
-    n: usize,
-) -> (Connection, (i64, i64)) {
-    conn.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
-    for i in 0..n {
-        insert(conn, &format!("before the reader {i}")).unwrap();
-    }
-    let reader = open_stock(path);
-    reader.execute_batch("BEGIN").unwrap();
-    let _: i64 = reader
-        .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))
-        .unwrap();
-    for i in 0..n {
-        insert(conn, &format!("after the reader {i}")).unwrap();
-    }
-    let (log, done): (i64, i64) = conn
-        .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-            Ok((r.get(1)?, r.get(2)?))
-        })
-        .unwrap();
-    (reader, (log, done))
-}
 
 #[test]
 fn a_wal_lost_while_partly_checkpointed_is_reported_as_a_torn_main() {
