@@ -2,8 +2,12 @@
 //! on — two writers (`wal_autocheckpoint` small, so their commits reset the WAL often; one also
 //! runs PASSIVE checkpoints of its own) and two checkpointers (one cycling PASSIVE, FULL,
 //! RESTART and TRUNCATE, one PASSIVE only, the mode the race needs). Every committed row must be
-//! there at the end, `integrity_check` ok, no tripwire alarm, the WAL bounded. Short (a few
-//! seconds): it runs in every `cargo test`, and on the system SQLite 3.40.1 in
+//! there at the end, `integrity_check` ok, no tripwire alarm. The WAL's final size is printed,
+//! not asserted: whether commits ever find the WAL wholly checkpointed depends on how the four
+//! processes are scheduled (on a loaded 2-core machine none may, and the WAL grows as it does in
+//! stock SQLite). That a deferred reset happens at the next commit with no checkpoint running is
+//! `wal_reset::a_checkpoint_lock_held_elsewhere_defers_the_reset_and_the_commit_appends`. Short
+//! (a few seconds): it runs in every `cargo test`, and on the system SQLite 3.40.1 in
 //! tests/system-sqlite.sh. A longer run: `HERMES_GUARD_SOAK_ROWS=20000`.
 //!
 //! The processes are this test binary, re-executed to run the ignored `child` test with
@@ -24,9 +28,6 @@ const ROWS: &str = "WAL_SOAK_ROWS";
 const TAG: &str = "WAL-SOAK-STATUS ";
 /// Rows per writer in an ordinary run.
 const DEFAULT_ROWS: i64 = 1_000;
-/// The largest the WAL may end up: `wal_autocheckpoint` is 8 pages, and a deferred reset only
-/// appends until the next commit that finds no checkpoint running.
-const WAL_BOUND: u64 = 8 << 20;
 
 fn open(path: &Path) -> Connection {
     hermes_guard::register().unwrap();
@@ -185,5 +186,4 @@ fn four_processes_with_the_rule_lose_nothing() {
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .unwrap();
     assert_eq!(integrity, "ok");
-    assert!(wal <= WAL_BOUND, "the WAL grew to {wal} bytes");
 }
