@@ -25,6 +25,7 @@ use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 mod base;
 mod capturing;
 mod dir;
+mod frames;
 mod gates;
 mod healing;
 mod left;
@@ -90,10 +91,9 @@ pub(crate) struct DbState {
     /// its end is one store:
     ///
     /// - [`LOCK_CHECKED`]: the WAL write lock is held, its check passed and the generation is
-    ///   not retired: every WAL write until its release belongs to a checked transaction.
-    ///   Cleared at the release, at the commit and at the retirement (see
-    ///   [`DbState::write_lock`]). What the WAL's write gate tests first while it is closed
-    ///   (see [`WalGate`]).
+    ///   not retired: every WAL write until its release follows the frame rule, checked again
+    ///   before each frame and after each commit (`state/frames.rs`). Cleared at the release, at the
+    ///   commit and at the retirement (see [`DbState::write_lock`]).
     /// - [`WAL_CHECKED`]: without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks),
     ///   a check passed for the WAL writes of the current transaction.
     /// - [`MAIN_CHECKED`]: a check passed for the current checkpoint (main-file writes).
@@ -105,6 +105,9 @@ pub(crate) struct DbState {
     /// earlier one is a new transaction after a rollback (or a rewrite within one, which only
     /// costs an extra check).
     last_wal_offset: AtomicI64,
+    /// The current write transaction's frames: which WAL write is checked before it and which
+    /// after it (`state/frames.rs`).
+    frames: frames::Frames,
     refusals: AtomicU64,
     /// This connection may have written the main file since `main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
@@ -368,6 +371,7 @@ impl DbState {
             main_above_shared: AtomicBool::new(false),
             tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
+            frames: frames::Frames::default(),
             refusals: AtomicU64::new(0),
             main_judge_due: AtomicBool::new(false),
             main_written: AtomicBool::new(true),
@@ -413,6 +417,11 @@ impl DbState {
     /// The pinned `-shm`, once region 0 is mapped.
     pub(crate) fn shm_id(&self) -> Option<FileId> {
         self.inner.lock().shm_id
+    }
+
+    /// The current write transaction's frames (`state/frames.rs`).
+    pub(crate) fn frames(&self) -> &frames::Frames {
+        &self.frames
     }
 
     pub(crate) fn is_retired(&self) -> bool {

@@ -59,6 +59,7 @@ mod close_capture;
 mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
+mod commit_in_flight;
 mod descriptors;
 mod directory_deleted;
 mod directory_moved;

@@ -115,6 +115,10 @@ unsafe extern "C" fn write_gated_slow(
     let Some(state) = &t.state else {
         return sub_call!(t, sub, xWrite, buf, amt, ofst);
     };
+    if t.kind == Kind::Wal && state.write_lock_held() {
+        // SAFETY: as the caller promises.
+        return unsafe { write_framed(t, state, sub, buf, amt, ofst, true) };
+    }
     let gate = match t.kind {
         Kind::Wal => state.wal_write_gate(ofst),
         // In WAL mode the main file is written only by checkpoints; in rollback mode the
@@ -126,12 +130,9 @@ unsafe extern "C" fn write_gated_slow(
     if rc != ffi::SQLITE_OK {
         return rc;
     }
-    if t.kind == Kind::Wal && ofst == 0 && amt >= 32 {
-        // Issue 34: the WAL header of a new generation, which a WAL-base record may wait for
-        // (the gate is closed for it; `vfs/stale_wal/`).
-        // SAFETY: SQLite passes `amt` readable bytes at `buf`.
-        let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 32) };
-        ffi_guard((), || state.stale_wal().at_wal_header(&**state, header));
+    if t.kind == Kind::Wal {
+        // SAFETY: as the caller promises.
+        unsafe { at_wal_header(state, buf, amt, ofst) };
     }
     // Issue 34: a checkpoint's first write judges the main file first, once the pins were
     // checked (a file taken away is retired for that, not as overwritten): an overwrite in
@@ -145,6 +146,96 @@ unsafe extern "C" fn write_gated_slow(
     sub_call!(t, sub, xWrite, buf, amt, ofst)
 }
 
+/// The `xWrite` of a WAL while its write gate is open (the write lock held, the generation not
+/// retired, the main file not above SHARED): the frame rule around the wrapped write.
+pub(super) unsafe extern "C" fn write_wal(
+    f: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    // SAFETY: SQLite calls our methods only on our live files.
+    let t = unsafe { table(f) };
+    let sub = t.sub_object(f);
+    match &t.state {
+        // SAFETY: SQLite passes `amt` readable bytes at `buf`.
+        Some(state) => unsafe { write_framed(t, state, sub, buf, amt, ofst, false) },
+        None => sub_call!(t, sub, xWrite, buf, amt, ofst),
+    }
+}
+
+/// A WAL write under the write lock, by the frame rule (`state/frames.rs`): the files checked
+/// before it unless it is the page of the frame header checked just before; the write (after
+/// the WAL-base record's look at a new WAL header, when `header_hook`); and, when it makes a
+/// commit frame whole, the files checked again — a commit whose files changed meanwhile fails
+/// (`SQLITE_READONLY_DBMOVED`), never acknowledged.
+///
+/// # Safety
+/// `t` is the table of the live WAL file whose wrapped object is `sub`; `buf` holds `amt`
+/// readable bytes.
+#[inline(always)]
+unsafe fn write_framed(
+    t: &FileTable,
+    state: &DbState,
+    sub: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amt: c_int,
+    ofst: ffi::sqlite3_int64,
+    header_hook: bool,
+) -> c_int {
+    let Ok(len) = usize::try_from(amt) else {
+        return sub_call!(t, sub, xWrite, buf, amt, ofst);
+    };
+    // SAFETY: as the caller promises.
+    let bytes = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
+    let plan = state.frames().plan(bytes, ofst);
+    if plan.check_before {
+        let gate = if state.is_retired() {
+            Gate::Refuse
+        } else {
+            Gate::Check(Site::WalWrite)
+        };
+        let rc = verdict(state, gate, ffi::SQLITE_IOERR_WRITE);
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
+    if header_hook {
+        // SAFETY: as the caller promises.
+        unsafe { at_wal_header(state, buf, amt, ofst) };
+    }
+    let rc = sub_call!(t, sub, xWrite, buf, amt, ofst);
+    if rc == ffi::SQLITE_OK && plan.check_after && !state.check_fast(Site::WalWrite) {
+        return commit_refused(state, ofst);
+    }
+    rc
+}
+
+/// A commit frame made whole while the check after it could not vouch: the full check, and, if
+/// the files changed, the commit failed with the reason said.
+#[cold]
+#[inline(never)]
+fn commit_refused(state: &DbState, ofst: ffi::sqlite3_int64) -> c_int {
+    let rc = verdict_slow(state, Gate::Check(Site::WalWrite), ffi::SQLITE_IOERR_WRITE);
+    if rc != ffi::SQLITE_OK {
+        ffi_guard((), || state.commit_not_acknowledged(ofst));
+    }
+    rc
+}
+
+/// Issue 34's hook: the WAL header of a new generation, which a WAL-base record may wait for
+/// (the gate is closed for it; `vfs/stale_wal/`).
+///
+/// # Safety
+/// `buf` holds `amt` readable bytes.
+unsafe fn at_wal_header(state: &DbState, buf: *const c_void, amt: c_int, ofst: ffi::sqlite3_int64) {
+    if ofst == 0 && amt >= 32 {
+        // SAFETY: as the caller promises.
+        let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 32) };
+        ffi_guard((), || state.stale_wal().at_wal_header(state, header));
+    }
+}
+
 pub(super) unsafe extern "C" fn x_truncate(
     f: *mut ffi::sqlite3_file,
     size: ffi::sqlite3_int64,
@@ -155,8 +246,13 @@ pub(super) unsafe extern "C" fn x_truncate(
         let sub = t.sub_object(f);
         if let Some(state) = &t.state {
             let gate = if t.kind == Kind::Wal {
-                // Below any write: a truncate outside a checked transaction always checks.
-                state.wal_write_gate(i64::MIN)
+                // A truncate of the WAL always checks: the file may hold a newer generation's
+                // frames past this connection's.
+                if state.is_retired() {
+                    Gate::Refuse
+                } else {
+                    Gate::Check(Site::WalWrite)
+                }
             } else {
                 state.main_write_gate()
             };

@@ -264,14 +264,10 @@ impl FileTable {
         }
     }
 
-    /// The `xWrite` of a WAL whose write gate is open: the wrapped file's own (or, on the heap,
-    /// the pass-through to it).
+    /// The `xWrite` of a WAL whose write gate is open: the frame rule around the wrapped
+    /// file's own (`hot::write_wal`).
     fn open_write(&self) -> WriteFn {
-        if self.heap.is_null() {
-            self.sub.xWrite
-        } else {
-            x_write
-        }
+        write_wal
     }
 
     /// The wrapped file object of the guarded file `f`.

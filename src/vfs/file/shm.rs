@@ -179,8 +179,15 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
     } else {
         Site::CheckpointLock
     };
-    if !state.vouched_fast() {
-        let rc = verdict_slow(state, Gate::Check(site), ffi::SQLITE_IOERR_SHMLOCK);
+    // Both locks check: a write transaction's reads and its first frame rest on it (its frames
+    // are checked again, each before it and its commit after it: `state/frames.rs`).
+    let gate = if state.vouched_fast() {
+        Gate::Go
+    } else {
+        Gate::Check(site)
+    };
+    if gate != Gate::Go {
+        let rc = verdict_slow(state, gate, ffi::SQLITE_IOERR_SHMLOCK);
         if rc != ffi::SQLITE_OK {
             return rc;
         }

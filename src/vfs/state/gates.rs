@@ -37,18 +37,22 @@ impl DbState {
             && !self.main_judge_due.load(Ordering::Relaxed)
     }
 
-    /// Whether a WAL write (or truncate) at `offset` may go ahead: the shim carries the gate out
-    /// with `file::verdict`. Panic-free (atomics only), so the
-    /// shim calls it outside `catch_unwind`.
+    /// Whether this connection holds the WAL write lock, taken while its generation was not
+    /// retired: its WAL writes then follow the frame rule (`state/frames.rs`).
+    #[inline(always)]
+    pub(crate) fn write_lock_held(&self) -> bool {
+        self.tx.load(Ordering::Acquire) & LOCK_CHECKED != 0
+    }
+
+    /// Whether a WAL write at `offset` without the write lock may go ahead (the write lock's are
+    /// the frame rule's, `state/frames.rs`): the shim carries the gate out with `file::verdict`.
+    /// Panic-free (atomics only), so the shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
         if self.is_retired() {
             return Gate::Refuse;
         }
         let tx = self.tx.load(Ordering::Acquire);
-        if tx & LOCK_CHECKED != 0 {
-            return Gate::Go;
-        }
         // No write lock (exclusive locking mode): the first write of a transaction checks. A
         // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
         // the next transaction writes at or below where the last write was.
@@ -181,6 +185,7 @@ impl DbState {
     #[inline]
     pub(crate) fn write_lock(&self, held: bool) {
         if held {
+            self.frames.begin();
             self.tx
                 .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
             if self.retired.load(Ordering::SeqCst) {
@@ -221,6 +226,22 @@ impl DbState {
         if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
             self.tx.fetch_and(!MAIN_CHECKED, Ordering::AcqRel);
         }
+    }
+
+    /// A commit frame was made whole after this generation's files changed (the check after it
+    /// retired the generation): SQLite is told the commit failed. Said at ERROR, with what may
+    /// have become of its frames.
+    pub(crate) fn commit_not_acknowledged(&self, frame_offset: i64) {
+        log::error!(
+            "hermes-guard: a commit to {} was failed, not acknowledged: its files changed while \
+             its frames were written (the WAL's frame at byte {frame_offset}), so the application \
+             gets SQLITE_READONLY_DBMOVED for it. A newer generation shares that WAL file: if it \
+             read the WAL after these frames, their rows are live there; otherwise it writes \
+             over them. Retry the transaction on a new connection once its rows are checked \
+             (`hermes-guard captures {}`)",
+            self.db_path.display(),
+            self.db_path.display()
+        );
     }
 
     /// Compares each pinned identity with what its pathname resolves to now; at the first

@@ -185,22 +185,22 @@ fn without_a_pinned_wal_the_main_lock_level_leaves_the_gate_alone() {
 }
 
 #[test]
-fn the_wal_write_gate_goes_under_the_write_lock_and_checks_each_new_transaction() {
+fn under_the_write_lock_wal_writes_follow_the_frame_rule_until_its_release() {
     let f = Fixture::with_a_frame();
     let s = &f.state;
+    assert!(!s.write_lock_held(), "fresh");
     assert_eq!(s.wal_write_gate(0), Gate::Check(Site::WalWrite), "fresh");
 
     s.write_lock(true);
     assert_eq!(f.tx(), LOCK_CHECKED | WAL_CHECKED);
-    assert_eq!(s.wal_write_gate(0), Gate::Go);
-    assert_eq!(
-        s.wal_write_gate(0),
-        Gate::Go,
-        "the lock vouches whatever the offset"
+    assert!(
+        s.write_lock_held(),
+        "its writes: the frame rule (state/frames.rs)"
     );
 
     s.write_lock(false); // released: the transaction ended
     assert_eq!(f.tx(), 0);
+    assert!(!s.write_lock_held());
     assert_eq!(s.wal_write_gate(8192), Gate::Check(Site::WalWrite));
 }
 

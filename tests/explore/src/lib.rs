@@ -346,27 +346,8 @@ fn guard_first(run: &Run) -> bool {
 /// Guard bugs the explorer found and reported, not fixed yet (tests/explore/README.md, "Found"):
 /// (scenario, what the violation says, the bug). A schedule that shows only these passes; each
 /// gets a rediscovery test (tests/explore/tests/it/explore.rs) that fails once it is fixed. Bugs 1
-/// to 6 are fixed, each seed a regression test; bug 7 is not: W's commit in flight when the
-/// `-shm` is unlinked (the WAL left at the path), its frame written over or truncated by another
-/// process's newer generation in that WAL. Only W's `w3`/`w4` lost match it, so a lost row of
-/// the newer generation (issue 43) is never taken for it.
-pub const KNOWN: &[(&str, &str, &str)] = &[
-    (NEWER, "row w3 is neither live nor in a capture", BUG_7),
-    (NEWER, "row w4 is neither live nor in a capture", BUG_7),
-    (
-        NEWER,
-        "after recover --apply, row w3 is live 0 times",
-        BUG_7,
-    ),
-    (
-        NEWER,
-        "after recover --apply, row w4 is live 0 times",
-        BUG_7,
-    ),
-];
-
-const NEWER: &str = "newer-checkpointed";
-const BUG_7: &str = "bug 7: a commit in flight when the -shm goes, overwritten by another process";
+/// to 7 are fixed, each seed a regression test: the list is empty.
+pub const KNOWN: &[(&str, &str, &str)] = &[];
 
 fn known_bug(scenario: &str, violation: &str) -> Option<&'static str> {
     KNOWN
