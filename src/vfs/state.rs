@@ -38,6 +38,7 @@ mod tripwire;
 
 pub(crate) use crate::wal_reset::slot::WalResetSlot;
 use dir::DirSlot;
+pub(crate) use frames::FRAME_HEADER;
 pub(crate) use healing::MainFile;
 pub(crate) use left::LeftWal;
 

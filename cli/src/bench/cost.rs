@@ -253,7 +253,7 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
          extra: guard - stock, syscalls without the allocator's (brk, mmap, munmap, mremap,\n\
          madvise), which are judged on their own: within 0.1 per operation of stock's (the heap\n\
          top's position moves them by a few calls per run; listed by name above);\n\
-         target: the most the guard may add: its one syscall per write transaction, seven per\n\
+         target: the most the guard may add: two syscalls per write transaction, seven per\n\
          checkpoint (its check, the judgement of the main file before its first write: the\n\
          record's fgetxattr and two preads, the main file's stamp after it, and the WAL-base\n\
          record's pread and fsetxattr at the WAL restart that follows; with the WAL-reset rule on,\n\

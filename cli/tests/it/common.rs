@@ -42,6 +42,26 @@ pub fn open_guarded(path: &Path) -> Connection {
     conn
 }
 
+/// [`open_guarded`] with the WAL's device not promising powersafe overwrite (`psow=0`) and
+/// `synchronous=FULL`: SQLite then pads each commit to a sector boundary, and may sync between
+/// a padding frame's header and its page.
+pub fn open_guarded_without_psow(path: &Path) -> Connection {
+    hermes_guard::register().unwrap();
+    let uri = format!(
+        "file:{}?psow=0",
+        path.to_str().expect("a UTF-8 temporary path")
+    );
+    let conn = Connection::open_with_flags_and_vfs(
+        uri,
+        OpenFlags::default() | OpenFlags::SQLITE_OPEN_URI,
+        hermes_guard::VFS_NAME,
+    )
+    .unwrap();
+    prepare(&conn);
+    conn.execute_batch("PRAGMA synchronous=FULL").unwrap();
+    conn
+}
+
 /// The same, through the stock unix VFS.
 pub fn open_stock(path: &Path) -> Connection {
     let conn = Connection::open(path).unwrap();

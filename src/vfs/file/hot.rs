@@ -6,7 +6,7 @@ use rusqlite::ffi;
 
 use super::*;
 use crate::vfs::boundary::ffi_guard;
-use crate::vfs::state::{DbState, Gate, Site};
+use crate::vfs::state::{DbState, Gate, Site, FRAME_HEADER};
 use crate::wal_base::RECORDED_PAGES;
 
 io_pass_through! {
@@ -164,11 +164,12 @@ pub(super) unsafe extern "C" fn write_wal(
     }
 }
 
-/// A WAL write under the write lock, by the frame rule (`state/frames.rs`): the files checked
-/// before it unless it is the page of the frame header checked just before; the write (after
-/// the WAL-base record's look at a new WAL header, when `header_hook`); and, when it makes a
-/// commit frame whole, the files checked again — a commit whose files changed meanwhile fails
-/// (`SQLITE_READONLY_DBMOVED`), never acknowledged.
+/// A WAL write under the write lock, by the frame rule (`state/frames.rs`): a new frame's
+/// header held, to go down with its page as one write; any other write checked before it (a
+/// header held before it written first, or with it when it is that header's page); the write
+/// (after the WAL-base record's look at a new WAL header, when `header_hook`); and, when it
+/// makes a commit frame whole, the files checked again — a commit whose files changed meanwhile
+/// fails (`SQLITE_READONLY_DBMOVED`), never acknowledged.
 ///
 /// # Safety
 /// `t` is the table of the live WAL file whose wrapped object is `sub`; `buf` holds `amt`
@@ -188,24 +189,43 @@ unsafe fn write_framed(
     };
     // SAFETY: as the caller promises.
     let bytes = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
-    let plan = state.frames().plan(bytes, ofst);
-    if plan.check_before {
-        let gate = if state.is_retired() {
-            Gate::Refuse
-        } else {
-            Gate::Check(Site::WalWrite)
-        };
-        let rc = verdict(state, gate, ffi::SQLITE_IOERR_WRITE);
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
+    let powersafe = amt == FRAME_HEADER
+        && sub_call!(t, sub, xDeviceCharacteristics) & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
+    let next = state.frames().next(bytes, ofst, powersafe);
+    if next.hold && next.held_at < 0 {
+        // Checked and written with its page, the next write.
+        return ffi::SQLITE_OK;
+    }
+    let gate = if state.is_retired() {
+        Gate::Refuse
+    } else {
+        Gate::Check(Site::WalWrite)
+    };
+    let rc = verdict(state, gate, ffi::SQLITE_IOERR_WRITE);
+    if rc != ffi::SQLITE_OK {
+        return rc;
     }
     if header_hook {
         // SAFETY: as the caller promises.
         unsafe { at_wal_header(state, buf, amt, ofst) };
     }
-    let rc = sub_call!(t, sub, xWrite, buf, amt, ofst);
-    if rc == ffi::SQLITE_OK && plan.check_after && !state.check_fast(Site::WalWrite) {
+    let rc = match next.held_at {
+        at if at >= 0 && !next.hold && at + i64::from(FRAME_HEADER) == ofst => {
+            let header = state.frames().held_header();
+            // SAFETY: as the caller promises; `bytes` is SQLite's page.
+            unsafe { frame_write::write_frame(t, sub, &header, bytes, at) }
+        }
+        at if at >= 0 => {
+            let header = state.frames().held_header();
+            let rc = sub_call!(t, sub, xWrite, header.as_ptr().cast(), FRAME_HEADER, at);
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+            sub_call!(t, sub, xWrite, buf, amt, ofst)
+        }
+        _ => sub_call!(t, sub, xWrite, buf, amt, ofst),
+    };
+    if rc == ffi::SQLITE_OK && next.completes_commit && !state.check_fast(Site::WalWrite) {
         return commit_refused(state, ofst);
     }
     rc

@@ -34,6 +34,7 @@
 //! - `open.rs` and `close.rs`: `xOpen` and `xClose`;
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
+//! - `frame_write.rs`: a WAL frame's header and page written as one (the frame rule);
 //! - `shm.rs`: the shared-memory methods;
 //! - `reset_lock.rs`: the WAL-reset rule's `xShmLock` callbacks, keeping SQLite's WAL reset and
 //!   a checkpoint apart (and the tripwire at a checkpoint's end).
@@ -106,6 +107,7 @@ macro_rules! io_pass_through {
 
 mod close;
 mod controls;
+mod frame_write;
 mod held_for_opener;
 mod hot;
 mod layout;

@@ -300,3 +300,22 @@ pub(super) fn shm_descriptor(
     }
     Ok((fd, now))
 }
+
+/// A `unixFile`'s descriptor (`h`).
+///
+/// # Safety
+/// `sub` is a live file object that starts as a `unixFile` (checked at its open:
+/// [`unix_prefix`]).
+pub(super) unsafe fn unix_descriptor(sub: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: as the caller promises.
+    unsafe { (*(sub as *const UnixFilePrefix)).h }
+}
+
+/// Sets a `unixFile`'s `lastErrno`, as the unix VFS's `unixWrite` does after a write.
+///
+/// # Safety
+/// As for [`unix_descriptor`]; SQLite is inside a call on this file (it serialises them).
+pub(super) unsafe fn set_last_errno(sub: *mut ffi::sqlite3_file, errno: c_int) {
+    // SAFETY: as the caller promises.
+    unsafe { (*(sub as *mut UnixFilePrefix)).last_errno = errno };
+}

@@ -1,28 +1,38 @@
-//! The frame rule: which WAL writes of a write transaction are checked before their first byte,
-//! and which commit is checked again after its last.
+//! The frame rule: every WAL write of a write transaction is checked before its first byte,
+//! and the write that makes a commit frame whole is checked again after its last.
 //!
 //! SQLite writes a WAL frame as two writes: its 24-byte header, then its page at the header's
 //! offset + 24 (`walWriteOneFrame`). A newer generation that shares the WAL file (the `-shm`
 //! replaced, the `-wal` left at the path) cannot see this connection's locks, so it may write
 //! its own frames at the offsets this one is writing, or truncate the file, at any moment after
-//! the replacement. So:
+//! the replacement — between a frame's header and its page too (the explorer's
+//! `newer-checkpointed` seed 61 wrote a page over the newer generation's first frame there when
+//! only the header was checked). So:
 //!
-//! - **before** every frame header, and every other WAL write that is not the page of the
-//!   header checked just before it (the WAL header at offset 0, a page rewritten in place after a
-//!   spill, a header rewritten with its checksum), the files are checked: nothing lands once the
-//!   replacement can be seen;
+//! - **before** every WAL write (the WAL header, each frame header, each page, a page rewritten
+//!   in place after a spill, a header rewritten with its checksum) the files are checked:
+//!   nothing lands once the replacement can be seen;
 //! - **after** the write that makes a commit frame whole (the page after a header whose
 //!   "database size" field is set, or such a header rewritten over a page written before it),
 //!   they are checked again: a commit written while its files changed is failed to the
 //!   application, never acknowledged.
 //!
-//! What is left between a check and the write it vouches for is the residual window
-//! (docs/architecture.md, "A commit checked at its frames").
+//! A new frame's header is *held* rather than written when the WAL's device promises powersafe
+//! overwrite (SQLite's default): SQLite then writes the frame's page next, always
+//! (`walWriteOneFrame`; without that promise it may sync between the two, to pad a commit to a
+//! sector), and the guard writes header and page as one write, checked once, at the page. So a
+//! frame costs one check and one write, as SQLite's two writes cost two, and there is no moment
+//! at which the header is down and the page not.
+//!
+//! This file tells which write to hold, which held header goes down with which write, and which
+//! write completes a commit; `vfs/file/hot.rs` runs the checks and the writes. What is left
+//! between a check and the write it vouches for is the residual window (docs/architecture.md,
+//! "A commit checked at its frames").
 //!
 //! Only the connection's own calls use it, and SQLite serialises them: relaxed atomics, for the
 //! `Sync` the state needs, not for ordering.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
 
 /// A WAL frame header's size (`WAL_FRAME_HDRSIZE`).
 pub(crate) const FRAME_HEADER: i32 = 24;
@@ -30,21 +40,28 @@ pub(crate) const FRAME_HEADER: i32 = 24;
 /// Where the current write transaction is in its frames.
 #[derive(Debug)]
 pub(crate) struct Frames {
-    /// The offset of the page whose header was checked just now (-1: none).
+    /// The offset of the page whose header was written just now (-1: none).
     page_at: AtomicI64,
     /// That header marks a commit frame.
     commit: AtomicBool,
     /// The end of the furthest write of this transaction: a header below it is a rewrite.
     furthest: AtomicI64,
+    /// The offset of a new frame's header held until its page comes (-1: none), and its bytes.
+    held_at: AtomicI64,
+    held: [AtomicU64; 3],
 }
 
-/// What a write needs, told before it.
+/// What to do with a WAL write, told before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
-    /// Check the files before the write.
-    pub(crate) check_before: bool,
-    /// Check them again after it: it makes a commit frame whole.
-    pub(crate) check_after: bool,
+pub(crate) struct Next {
+    /// Hold this write (a new frame's header): it goes down with its page.
+    pub(crate) hold: bool,
+    /// The offset of a header held before this write (-1: none), to go down first: with this
+    /// write as one when this is its page (`offset` is the header's + 24), else on its own.
+    /// Its bytes: [`Frames::held_header`].
+    pub(crate) held_at: i64,
+    /// This write makes a commit frame whole: the files are checked again after it.
+    pub(crate) completes_commit: bool,
 }
 
 impl Default for Frames {
@@ -53,6 +70,8 @@ impl Default for Frames {
             page_at: AtomicI64::new(-1),
             commit: AtomicBool::new(false),
             furthest: AtomicI64::new(0),
+            held_at: AtomicI64::new(-1),
+            held: Default::default(),
         }
     }
 }
@@ -63,37 +82,79 @@ impl Frames {
         self.page_at.store(-1, Relaxed);
         self.commit.store(false, Relaxed);
         self.furthest.store(0, Relaxed);
+        // A header still held here never had its page: the frame it began is no frame.
+        self.held_at.store(-1, Relaxed);
     }
 
-    /// The plan for a WAL write of `buf` at `offset`.
-    pub(crate) fn plan(&self, buf: &[u8], offset: i64) -> Plan {
+    /// What to do with a WAL write of `buf` at `offset`, about to be made; `powersafe`: the
+    /// WAL's device promises powersafe overwrite (a new frame's header may be held). Plain
+    /// loads and stores: SQLite serialises a connection's calls.
+    #[inline]
+    pub(crate) fn next(&self, buf: &[u8], offset: i64, powersafe: bool) -> Next {
         let end = offset.saturating_add(buf.len() as i64);
-        let furthest = self.furthest.fetch_max(end, Relaxed);
-        let page_at = self.page_at.swap(-1, Relaxed);
+        let furthest = self.furthest.load(Relaxed);
+        if end > furthest {
+            self.furthest.store(end, Relaxed);
+        }
+        let page_at = self.page_at.load(Relaxed);
+        let held_at = self.held_at.load(Relaxed);
+        if held_at >= 0 {
+            self.held_at.store(-1, Relaxed);
+        }
         if offset == page_at && offset > 0 {
-            // The page of the header checked just before it.
-            return Plan {
-                check_before: false,
-                check_after: self.commit.swap(false, Relaxed),
+            // The page of the header written (or held) just before it.
+            self.page_at.store(-1, Relaxed);
+            return Next {
+                hold: false,
+                held_at,
+                completes_commit: self.commit.load(Relaxed),
             };
         }
-        self.commit.store(false, Relaxed);
-        if buf.len() == FRAME_HEADER as usize && offset > 0 {
-            let commit = buf[4..8] != [0, 0, 0, 0];
+        let mut next = Next {
+            hold: false,
+            held_at,
+            completes_commit: false,
+        };
+        if let (Ok(header), true) = (<&[u8; 24]>::try_from(buf), offset > 0) {
+            let commit = header[4..8] != [0, 0, 0, 0];
             // A header below the furthest write is rewritten over its page (SQLite's checksum
-            // rewrite after a spill): a commit frame is whole once its header lands.
+            // rewrite after a spill): a commit frame is whole once its header lands. No page
+            // follows it, so it is never held.
             let rewrite = end < furthest;
             self.page_at.store(end, Relaxed);
             self.commit.store(commit && !rewrite, Relaxed);
-            return Plan {
-                check_before: true,
-                check_after: commit && rewrite,
-            };
+            next.completes_commit = commit && rewrite;
+            // Never over a header still held (its page never came: it goes down first, alone).
+            if powersafe && !rewrite && held_at < 0 {
+                for (word, i) in self.held.iter().zip([0, 8, 16]) {
+                    let bytes = [
+                        header[i],
+                        header[i + 1],
+                        header[i + 2],
+                        header[i + 3],
+                        header[i + 4],
+                        header[i + 5],
+                        header[i + 6],
+                        header[i + 7],
+                    ];
+                    word.store(u64::from_ne_bytes(bytes), Relaxed);
+                }
+                self.held_at.store(offset, Relaxed);
+                next.hold = true;
+            }
+        } else {
+            self.page_at.store(-1, Relaxed);
         }
-        Plan {
-            check_before: true,
-            check_after: false,
+        next
+    }
+
+    /// The bytes of the header [`Next::held_at`] named, as held.
+    pub(crate) fn held_header(&self) -> [u8; FRAME_HEADER as usize] {
+        let mut header = [0u8; FRAME_HEADER as usize];
+        for (bytes, word) in header.chunks_exact_mut(8).zip(&self.held) {
+            bytes.copy_from_slice(&word.load(Relaxed).to_ne_bytes());
         }
+        header
     }
 }
 
@@ -113,72 +174,129 @@ mod tests {
         h
     }
 
-    fn plan(f: &Frames, buf: &[u8], offset: i64) -> (bool, bool) {
-        let p = f.plan(buf, offset);
-        (p.check_before, p.check_after)
+    /// `next` without powersafe overwrite: nothing held; whether the write completes a commit.
+    fn completes(f: &Frames, buf: &[u8], offset: i64) -> bool {
+        let next = f.next(buf, offset, false);
+        assert!(!next.hold && next.held_at < 0);
+        next.completes_commit
     }
 
     #[test]
-    fn a_one_frame_commit_is_checked_before_its_header_and_after_its_page() {
+    fn a_one_frame_commit_is_whole_after_its_page() {
         let f = Frames::default();
         f.begin();
         let at = 32 + 3 * FRAME;
-        assert_eq!(plan(&f, &header(true), at), (true, false));
-        assert_eq!(plan(&f, &[0; PAGE], at + 24), (false, true));
+        assert!(!completes(&f, &header(true), at));
+        assert!(completes(&f, &[0; PAGE], at + 24));
     }
 
     #[test]
-    fn every_frame_header_is_checked_and_only_the_commit_frame_after() {
+    fn only_the_commit_frames_page_completes_a_commit() {
         let f = Frames::default();
         f.begin();
-        assert_eq!(plan(&f, &[0; 32], 0), (true, false), "the WAL header");
-        assert_eq!(plan(&f, &header(false), 32), (true, false));
-        assert_eq!(plan(&f, &[0; PAGE], 56), (false, false));
-        assert_eq!(plan(&f, &header(true), 32 + FRAME), (true, false));
-        assert_eq!(plan(&f, &[0; PAGE], 56 + FRAME), (false, true));
+        assert!(!completes(&f, &[0; 32], 0), "the WAL header");
+        assert!(!completes(&f, &header(false), 32));
+        assert!(!completes(&f, &[0; PAGE], 56));
+        assert!(!completes(&f, &header(true), 32 + FRAME));
+        assert!(completes(&f, &[0; PAGE], 56 + FRAME));
     }
 
     #[test]
-    fn a_page_rewritten_in_place_is_checked_before_it() {
+    fn a_page_rewritten_in_place_completes_nothing() {
         let f = Frames::default();
         f.begin();
-        plan(&f, &header(false), 32);
-        plan(&f, &[0; PAGE], 56);
-        plan(&f, &header(false), 32 + FRAME);
-        plan(&f, &[0; PAGE], 56 + FRAME);
-        assert_eq!(plan(&f, &[1; PAGE], 56), (true, false));
+        completes(&f, &header(false), 32);
+        completes(&f, &[0; PAGE], 56);
+        completes(&f, &header(false), 32 + FRAME);
+        completes(&f, &[0; PAGE], 56 + FRAME);
+        assert!(!completes(&f, &[1; PAGE], 56));
     }
 
     #[test]
-    fn a_commit_header_rewritten_over_its_page_is_checked_after_it() {
+    fn a_commit_header_rewritten_over_its_page_completes_the_commit() {
         let f = Frames::default();
         f.begin();
-        plan(&f, &header(false), 32);
-        plan(&f, &[0; PAGE], 56);
-        plan(&f, &header(true), 32 + FRAME);
-        assert_eq!(plan(&f, &[0; PAGE], 56 + FRAME), (false, true));
+        completes(&f, &header(false), 32);
+        completes(&f, &[0; PAGE], 56);
+        completes(&f, &header(true), 32 + FRAME);
+        assert!(completes(&f, &[0; PAGE], 56 + FRAME));
         // The checksum rewrite: every header from the first page rewritten, the commit's last.
-        assert_eq!(plan(&f, &header(false), 32), (true, false));
-        assert_eq!(plan(&f, &header(true), 32 + FRAME), (true, true));
+        assert!(!completes(&f, &header(false), 32));
+        assert!(completes(&f, &header(true), 32 + FRAME));
     }
 
     #[test]
-    fn a_page_not_at_its_headers_offset_is_checked_before_it() {
+    fn a_page_not_at_its_headers_offset_completes_nothing() {
         let f = Frames::default();
         f.begin();
-        plan(&f, &header(true), 32);
-        assert_eq!(plan(&f, &[0; PAGE], 32 + 4096), (true, false));
+        completes(&f, &header(true), 32);
+        assert!(!completes(&f, &[0; PAGE], 32 + 4096));
     }
 
     #[test]
     fn a_new_transaction_forgets_the_last_ones_frames() {
         let f = Frames::default();
         f.begin();
-        plan(&f, &header(false), 32 + 5 * FRAME);
-        plan(&f, &[0; PAGE], 56 + 5 * FRAME);
+        completes(&f, &header(false), 32 + 5 * FRAME);
+        completes(&f, &[0; PAGE], 56 + 5 * FRAME);
         // Rolled back; the next transaction writes from the same place, a commit not a rewrite.
         f.begin();
-        assert_eq!(plan(&f, &header(true), 32), (true, false));
-        assert_eq!(plan(&f, &[0; PAGE], 56), (false, true));
+        assert!(!completes(&f, &header(true), 32));
+        assert!(completes(&f, &[0; PAGE], 56));
+    }
+
+    #[test]
+    fn with_powersafe_overwrite_a_new_header_is_held_and_goes_down_with_its_page() {
+        let f = Frames::default();
+        f.begin();
+        let h = header(true);
+        let next = f.next(&h, 32, true);
+        assert!(next.hold && next.held_at < 0);
+        let next = f.next(&[0; PAGE], 56, true);
+        assert!(!next.hold);
+        assert_eq!(next.held_at, 32);
+        assert_eq!(f.held_header().to_vec(), h);
+        assert!(next.completes_commit);
+    }
+
+    #[test]
+    fn a_rewritten_header_is_never_held() {
+        let f = Frames::default();
+        f.begin();
+        f.next(&header(false), 32, true);
+        f.next(&[0; PAGE], 56, true);
+        let next = f.next(&header(false), 32, true);
+        assert!(!next.hold && next.held_at < 0);
+    }
+
+    #[test]
+    fn a_held_header_whose_page_does_not_come_goes_down_before_the_next_write() {
+        let f = Frames::default();
+        f.begin();
+        f.next(&header(false), 32, true);
+        let next = f.next(&[0; 100], 32 + 4096, true);
+        assert_eq!(next.held_at, 32);
+        assert!(!next.hold);
+    }
+
+    #[test]
+    fn a_header_after_a_held_one_whose_page_did_not_come_is_not_held_over_it() {
+        let f = Frames::default();
+        f.begin();
+        let first = header(false);
+        f.next(&first, 32, true);
+        let next = f.next(&header(true), 32 + FRAME, true);
+        assert_eq!(next.held_at, 32);
+        assert!(!next.hold, "written after the held one, not held over it");
+        assert_eq!(f.held_header().to_vec(), first);
+    }
+
+    #[test]
+    fn a_header_held_when_the_transaction_ends_is_dropped() {
+        let f = Frames::default();
+        f.begin();
+        f.next(&header(true), 32, true);
+        f.begin();
+        assert!(f.next(&[0; 32], 0, true).held_at < 0);
     }
 }
