@@ -319,13 +319,12 @@ impl DbState {
             log::error!(
                 "hermes-guard: {} is retired for this connection: {}; its writes are refused \
                  (SQLite says \"attempt to write a readonly database\", SQLITE_READONLY_DBMOVED) \
-                 so that nothing lands on a file nobody will read again. Its committed rows are \
-                 captured beside the database (`hermes-guard captures {}` lists them); close \
-                 every connection of this database in this process (a pool's idle ones too) and \
+                 so that nothing lands on a file nobody will read again. {}; close every \
+                 connection of this database in this process (a pool's idle ones too) and \
                  reopen it",
                 self.db_path.display(),
                 reason.describe(),
-                self.db_path.display()
+                where_the_rows_are(&self.db_path, reason, inner.worth_capturing())
             );
         }
         crate::sqlite_log::retired(&self.db_path, reason);
@@ -348,5 +347,27 @@ impl DbState {
                 );
             }
         }
+    }
+}
+
+/// The retirement line's word on the generation's committed rows: captured (a capture is taken
+/// whenever the retired generation holds anything to save), or where they are when it holds
+/// nothing — its WAL has no frame, so nothing of it is outside the database file.
+fn where_the_rows_are(db: &Path, reason: RetireReason, at_stake: bool) -> String {
+    if at_stake {
+        return format!(
+            "Its committed rows are captured beside the database (`hermes-guard captures {}` \
+             lists them)",
+            db.display()
+        );
+    }
+    match reason {
+        RetireReason::ShmLost => "Nothing is captured: its WAL, left at the path, holds no frame \
+             now, so every row it committed is in the live database (checkpointed, by this \
+             connection or by the newer generation, which read them from that WAL)"
+            .to_owned(),
+        _ => "Nothing is captured: its WAL held no frame when it was lost, so every row it \
+             committed had been checkpointed into the database file"
+            .to_owned(),
     }
 }
