@@ -121,7 +121,7 @@ scenarios="$("$explore" --list)"
 # the guard's process-wide state grows with every database it has seen and slows a long run), then
 # the other enumerations and the fault rediscoveries.
 dfs_specs=(churn:1:2 lone-loss:2 wal-reset:1 restore-openers:1 peer-loss:1 killed-peer:1 restore-running:1
-    restore-checkpointed:1 newer-checkpointed:1:21)
+    restore-checkpointed:1 newer-checkpointed:1:21 in-flight:1:24)
 queue_dfs() { # queue_dfs <scenario:bound[:variant seeds]>
     local scenario bound variant_seeds
     IFS=: read -r scenario bound variant_seeds <<<"$1"
@@ -163,8 +163,8 @@ echo "explored $total schedules in all; violations $violations"
 
 # Every schedule within the bound of each scenario (the smallest with 2 preemptions, the others
 # with 1), each variant the seeds 0..K choose (K 8, or the spec's third field: newer-checkpointed's
-# 12 variants come from seeds 0..21; churn's first 2 of its 4, a guarded and a stock RESTART
-# writer: 2,946 schedules, about 50 s alone); a process per scenario.
+# 12 variants come from seeds 0..21, in-flight's 8 from seeds 0..24; churn's first 2 of its 4, a
+# guarded and a stock RESTART writer: 2,946 schedules, about 50 s alone); a process per scenario.
 dfs_total=0
 for spec in "${dfs_specs[@]}"; do
     out="$(result "dfs-${spec%%:*}")"

@@ -85,6 +85,13 @@ pub const ALL: &[Scenario] = &[
         build: newer_checkpointed,
     },
     Scenario {
+        name: "in-flight",
+        about: "a guarded writer inside a write transaction (2 rows, then COMMIT, close) whose -wal or -shm is removed; then, in other processes, a stock reader opens and counts, and a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) (issue 52: the commit refused or safe, never written over)",
+        horizon: 60,
+        unfetch: false,
+        build: in_flight,
+    },
+    Scenario {
         name: "churn",
         about: "no loss: a guarded reader in another process opening, counting and closing, over and over, beside a guarded writer checkpointing PASSIVE and a guarded or stock one checkpointing RESTART (issue 44: no retirement, no capture, no WARN line)",
         horizon: 160,
@@ -482,6 +489,90 @@ fn newer_checkpointed(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
         variant: format!(
             "{}; N {}, {mode}",
             losses.join(" + "),
+            if guarded { "guarded" } else { "stock" }
+        ),
+    }
+}
+
+/// Issue 52: a loss while a write transaction is open. W (guarded) commits `w1`, `w2` in the
+/// setup; in the schedule it runs `BEGIN IMMEDIATE`, inserts `w3`, `w4` and commits (the two
+/// rows acknowledged at the commit only), then closes. `AN` removes the `-wal` or the `-shm`;
+/// a stock reader R opens in another process and counts (SQLite's recovery of the WAL, by a
+/// connection that holds no lock W can see); then N (guarded or stock, a process of its own)
+/// commits `n1`, `n2`, checkpoints (PASSIVE or TRUNCATE) and closes, and R closes. Wherever the
+/// loss falls in W's transaction, W's commit is refused, or it is whole before anyone else
+/// could write where it wrote.
+fn in_flight(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
+    create(db, &[]);
+    let loss = [Act::UnlinkWal, Act::UnlinkShm][rng.below(2) as usize];
+    let guarded = rng.below(2) == 0;
+    let mode = ["PASSIVE", "TRUNCATE"][rng.below(2) as usize];
+    let conn = crate::world::open(db, true).expect("open the writer's connection");
+    let first = names("w", 2);
+    for v in &first {
+        conn.execute("INSERT INTO t(v) VALUES (?1)", [v]).unwrap();
+    }
+    l.lock().acked.extend(first.into_iter().map(|v| (v, 0)));
+    let (w, n, r) = (Who::new("W", l), Who::new("N", l), Who::new("R", l));
+    let writer = part("W", move || {
+        crate::sched::note(|| "BEGIN IMMEDIATE".into());
+        if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+            w.saw("begin", &e);
+        } else {
+            let mut written = true;
+            for v in ["w3", "w4"] {
+                crate::sched::note(|| format!("insert {v} (in the transaction)"));
+                if let Err(e) = conn.execute("INSERT INTO t(v) VALUES (?1)", [v]) {
+                    w.saw(&format!("insert {v}"), &e);
+                    written = false;
+                    break;
+                }
+            }
+            crate::sched::note(|| "COMMIT".into());
+            let committed = if written {
+                conn.execute_batch("COMMIT")
+                    .map_err(|e| w.saw("commit", &e))
+                    .is_ok()
+            } else {
+                false
+            };
+            if committed {
+                let step = crate::sched::step_number();
+                let mut ledger = w.ledger.lock();
+                ledger
+                    .acked
+                    .extend(["w3", "w4"].map(|v| (v.to_string(), step)));
+            } else if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+        }
+        w.close(conn, true);
+    });
+    let (path, ledger) = (db.to_path_buf(), Arc::clone(l));
+    let newer = part("AN", move || {
+        act(&path, loss, &ledger);
+        let reader = Other::open(&r, &path, false);
+        let mut reader = reader;
+        if let Some(reader) = reader.as_mut() {
+            reader.count();
+        }
+        if let Some(mut conn) = Other::open(&n, &path, guarded) {
+            for v in ["n1", "n2"] {
+                conn.insert(v);
+            }
+            conn.checkpoint(mode);
+            conn.close();
+        }
+        if let Some(reader) = reader {
+            reader.close();
+        }
+    });
+    Built {
+        parts: vec![writer, newer],
+        stale_main: None,
+        variant: format!(
+            "{}; stock reader first; N {}, {mode}",
+            loss.name(),
             if guarded { "guarded" } else { "stock" }
         ),
     }

@@ -4,10 +4,11 @@
 //! generation's rows; with the rule (`add-only` when the base is not the capture's own) it does
 //! not. The switch is process-wide: each test runs alone (`crate::alone`).
 //!
-//! The seeds are PCT seeds of `newer-checkpointed` that fail with the switch on (473 of the
-//! first 2,000 do, 12 of them showing only bug 7; 0 of them without it, bug 7 apart), one per
-//! kind of newer writer and checkpoint, and both places the capture is taken: at the retired
-//! writer's next write, refused, or at its close.
+//! The seeds are PCT seeds of `newer-checkpointed` that fail with the switch on (453 of the
+//! first 2,000 do, every one with both files removed; 0 of them without it), one per kind of
+//! newer writer and checkpoint, and both places the capture is taken: at the retired writer's
+//! next write, refused, or at its close. With only the `-shm` removed, none fails even with the
+//! switch: the frame rule keeps the retired writer from writing into the WAL it now shares.
 
 use hermes_guard_explore::{faults, run_one, scenarios, Outcome};
 
@@ -80,10 +81,44 @@ fn a_newer_generation_checkpointed_before_the_writers_close_is_kept() {
     newer_rows_lost_only_with_the_switch(84, "rm state.db-wal + rm state.db-shm; N stock, PASSIVE");
 }
 
-/// Only the `-shm` unlinked, during W's commit of `w3` (before its frame's header is written):
-/// N recovers W's WAL up to `w2`, commits `n1`, `n2` in it and checkpoints them; W then writes
-/// `w3`'s frame over `n1`'s and is refused at `w4`. The capture's WAL is W's, its image N's file.
+/// Only the `-shm` unlinked, during W's commit of `w3`: N recovers W's WAL up to `w2`, commits
+/// `n1`, `n2` in it and checkpoints them. Before the frame rule W then wrote `w3`'s frame over
+/// `n1`'s, and only the base rule kept N's rows. Now W's commit is refused before a byte of it
+/// lands — at seed 76 the loss comes before `w3`'s frame header, at seed 61 between the header
+/// and its page — so N's rows are kept even with the base rule switched off, and `w3` is never
+/// acknowledged.
 #[test]
-fn a_newer_generation_in_the_same_wal_is_kept() {
-    newer_rows_lost_only_with_the_switch(76, "rm state.db-shm; N guarded, PASSIVE");
+fn a_commit_in_flight_when_only_the_shm_goes_writes_nothing_over_the_newer_generation() {
+    for (seed, loss_before) in [(76, "W xWrite wal@8272"), (61, "W xWrite wal@8296")] {
+        let with = run(seed, true);
+        assert_eq!(
+            with.variant, "rm state.db-shm; N guarded, PASSIVE",
+            "seed {seed} chooses another variant"
+        );
+        assert!(
+            with.describe().contains(&format!("{loss_before}\n"))
+                && with
+                    .losses
+                    .iter()
+                    .any(|(what, _)| what == "rm state.db-shm"),
+            "seed {seed} no longer loses the -shm during w3's commit:\n{}",
+            with.describe()
+        );
+        assert!(
+            with.violations.is_empty() && with.known.is_empty(),
+            "seed {seed}, the base rule switched off:\n{}",
+            with.describe()
+        );
+        assert!(
+            !with.acked.iter().any(|(row, _)| row == "w3"),
+            "seed {seed}: w3 acknowledged:\n{}",
+            with.describe()
+        );
+        let without = run(seed, false);
+        assert!(
+            without.violations.is_empty() && without.known.is_empty(),
+            "{}",
+            without.describe()
+        );
+    }
 }
