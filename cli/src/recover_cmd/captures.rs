@@ -6,6 +6,8 @@ use std::process::ExitCode;
 use hermes_guard::recover::{self, Capture, MergeOptions};
 use serde_json::json;
 
+use crate::database_arg::{self, Accept, DatabaseArgError};
+
 use super::{given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
 
 /// `captures --help`'s exit codes.
@@ -16,7 +18,8 @@ Exit codes:
      capture at all is 0 too)
   1  a capture listed is unreadable (its manifest.json cannot be read: its status says how
      to open its files) or does not verify: see its status; 1 wins over 3
-  2  bad input: a usage error, or a path that does not exist or cannot be listed
+  2  bad input: a usage error, a path that does not exist or cannot be listed, or a file
+     that is not a SQLite database (as for status)
   3  rows of a capture are still missing from the live database: `recover <capture>
      --into <database>` shows them, --apply merges them
 Nothing is ever written.
@@ -218,23 +221,22 @@ fn group_generations(rows: &mut [serde_json::Value]) {
 
 /// `hermes-guard captures <DB|DIR>`.
 pub fn captures(args: CapturesArgs) -> ExitCode {
+    // A file that is not a database, or nothing at all: the words `status` says too.
+    if let Err(e) = database_arg::check(&args.path, Accept::FileOrDirectory) {
+        let message = match e {
+            DatabaseArgError::Missing { .. } | DatabaseArgError::DanglingLink { .. } => format!(
+                "{e}; give the database's path (its captures are beside it) or a directory \
+                 (every capture in it)"
+            ),
+            _ => e.to_string(),
+        };
+        return report_error(args.json, &message, BAD_INPUT, false);
+    }
     let listed = match recover::list_captures(&args.path) {
         Ok(l) => l,
-        // Whatever the cause (no such path, no permission), what was given cannot be listed.
+        // Whatever the cause (no permission, gone since), what was given cannot be listed.
         Err(e) => {
-            let message = if args
-                .path
-                .symlink_metadata()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-            {
-                format!(
-                    "{} does not exist: give the database's path (its captures are beside it) \
-                     or a directory (every capture in it)",
-                    args.path.display()
-                )
-            } else {
-                format!("{} cannot be listed: {e}", args.path.display())
-            };
+            let message = format!("{} cannot be listed: {e}", args.path.display());
             return report_error(args.json, &message, BAD_INPUT, false);
         }
     };

@@ -59,6 +59,7 @@ mod close_capture;
 mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
+mod database_paths;
 mod descriptors;
 mod directory_deleted;
 mod directory_moved;
