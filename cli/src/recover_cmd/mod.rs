@@ -207,6 +207,8 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
         doc["main_torn"] = capture.manifest().main_torn.into();
         doc["missing"] = report.missing().into();
         doc["inserted"] = report.inserted().into();
+        doc["undecided"] = report.undecided().into();
+        doc["added_beside_before"] = report.added_beside_before().into();
         doc["left_over"] = (report.left_over() + wal.unreadable_commits).into();
         wal_json(&mut doc, &capture, &wal);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());

@@ -90,6 +90,7 @@ mod pool_heals;
 mod process_exit_recovery;
 mod raw_handle;
 mod reconnect;
+mod recover_again;
 mod recover_cli;
 mod recover_delta;
 mod recover_exit_codes;
