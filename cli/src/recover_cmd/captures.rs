@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::database_arg::{self, Accept, DatabaseArgError};
 
-use super::{given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
+use super::{base_words, given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
 
 /// `captures --help`'s exit codes.
 pub const CAPTURES_EXIT_CODES: &str = "\
@@ -34,6 +34,10 @@ pub struct CapturesArgs {
     /// One JSON document on stdout: an array with one object per capture.
     #[arg(long)]
     json: bool,
+    /// Also print what each capture recorded as the evidence for its base (whether its main
+    /// image is the file its WAL generation was written on).
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 /// One capture's row: its status, and whether it counts as unreadable for the exit code.
@@ -64,6 +68,7 @@ pub fn row_of(
     row["main_torn"] = m.main_torn.into();
     row["base"] = m.base_verdict().word().into();
     row["base_evidence"] = m.base_evidence().into();
+    row["base_words"] = base_words::captures_line(m, None).into();
     let database = given_db.cloned().unwrap_or_else(|| m.database_path());
     put_path(&mut row, "database", &database);
     let healed = entry.heal.as_ref().is_some_and(|h| h.is_healed());
@@ -140,6 +145,8 @@ pub fn row_of(
             };
             match recover::plan(&capture, &database, &MergeOptions::default()) {
                 Ok(plan) => {
+                    row["base_words"] =
+                        base_words::captures_line(capture.manifest(), Some(plan.rule)).into();
                     row["missing"] = plan.missing().into();
                     row["conflicts"] = plan.conflicts().into();
                     if let Some(by) = &plan.healed_by {
@@ -292,7 +299,10 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
                 ""
             }
         );
-        println!("    base {}: {}", s("base"), s("base_evidence"));
+        println!("    {}", s("base_words"));
+        if args.verbose {
+            println!("    evidence: {}", s("base_evidence"));
+        }
         println!("    {}", s("status"));
         if let Some(same) = row["same_generation_as"].as_array() {
             let names: Vec<&str> = same.iter().filter_map(|v| v.as_str()).collect();

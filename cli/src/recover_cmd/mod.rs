@@ -10,6 +10,7 @@
 //! | 2 | bad input, the same for the three commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn); a database path (`captures`, `recover --into`/`--main`, as `status`) with nothing at it or not a SQLite database file, in the words of [`crate::database_arg`] |
 //! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database |
 
+mod base_words;
 mod captures;
 mod given;
 mod report;
@@ -88,6 +89,10 @@ pub struct RecoverArgs {
     /// row, the captured generation's row (or "deleted") and the live row.
     #[arg(long)]
     undecided: bool,
+    /// Also print what the capture recorded as the evidence for its base (whether its main
+    /// image is the file its WAL generation was written on).
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 /// `30s`, `2m`, `500ms`, `1h 30m` (humantime), or a bare number of seconds.
@@ -213,7 +218,7 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
         wal_json(&mut doc, &capture, &wal);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        report::print_report(&capture, &wal, &report);
+        report::print_report(&capture, &wal, &report, args.verbose);
         if args.undecided {
             report::print_undecided(&report);
         }

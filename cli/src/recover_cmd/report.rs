@@ -58,7 +58,13 @@ pub(crate) fn print_wal_warning(capture: &Capture, wal: &WalFindings) {
     );
 }
 
-pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeReport) {
+/// The report; `verbose` adds the evidence the capture recorded for its base.
+pub(crate) fn print_report(
+    capture: &Capture,
+    wal: &WalFindings,
+    report: &MergeReport,
+    verbose: bool,
+) {
     let m = capture.manifest();
     println!("capture  {}", capture.dir().display());
     println!(
@@ -79,11 +85,10 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         super::label(&report.rule),
         report.rule_reason
     );
-    println!(
-        "base     {}: {}",
-        m.base_verdict().word(),
-        m.base_evidence()
-    );
+    println!("base     {}", super::base_words::image_line(m));
+    if verbose {
+        println!("evidence {}", m.base_evidence());
+    }
     println!("case     {}", case_words(report));
     if let Some(healed) = &report.healed_at_close {
         println!("healed   {healed}");

@@ -48,6 +48,7 @@ macro_rules! test_alone {
 
 mod common;
 
+mod base_words;
 mod bench_smoke;
 mod capture_identity;
 mod capture_permissions;

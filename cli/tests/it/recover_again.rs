@@ -13,7 +13,7 @@ use common::*;
 /// rows and checkpoints them into the main file (rowids 21–30) before the writer's next write,
 /// which is refused and captured. The delta calls rowids 21–24 changed (to the 4 retired rows)
 /// and 25–30 deleted: 10 rows undecided. The database and the capture.
-fn newer_checkpointed_first(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn newer_checkpointed_first(dir: &Path) -> (PathBuf, PathBuf) {
     let path = dir.join("state.db");
     let conn = open_guarded(&path);
     checkpointed_history(&conn);
