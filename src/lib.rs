@@ -129,7 +129,7 @@ pub use manifest::Manifest;
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
     pub use crate::capture::{
-        heal_state, HealPhase, HealRecord, HealState, ImageMode, MainEntry, Manifest,
+        heal_state, BaseVerdict, HealPhase, HealRecord, HealState, ImageMode, MainEntry, Manifest,
         ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry, HEALED_NAME,
     };
     pub use crate::wal_base::{Mismatch as StaleWalMismatch, WalBaseRecord};

@@ -39,6 +39,10 @@ pub struct DemoArgs {
     /// (by default: after it).
     #[arg(long)]
     newer_first: bool,
+    /// Pass --verbose to the operator's `captures` and `recover`: each also prints the evidence
+    /// the capture recorded for its base.
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 const HISTORY_ROWS: i64 = 20;
@@ -365,16 +369,20 @@ fn scenario(dir: &Path, vfs: Vfs, args: &DemoArgs) -> Result<Outcome> {
     let (after_recover, integrity_after_recover, merged) = match &capture {
         Some(artifact) => {
             let db_arg = db.as_os_str().to_owned();
-            operator.push(run_cli(&exe, &["captures".as_ref(), db_arg.as_os_str()])?);
-            operator.push(run_cli(
-                &exe,
-                &[
-                    "recover".as_ref(),
-                    artifact.as_os_str(),
-                    "--into".as_ref(),
-                    db_arg.as_os_str(),
-                ],
-            )?);
+            let verbose: &[&std::ffi::OsStr] = if args.verbose {
+                &["--verbose".as_ref()]
+            } else {
+                &[]
+            };
+            let captures = ["captures".as_ref(), db_arg.as_os_str()];
+            operator.push(run_cli(&exe, &[&captures[..], verbose].concat())?);
+            let recover = [
+                "recover".as_ref(),
+                artifact.as_os_str(),
+                "--into".as_ref(),
+                db_arg.as_os_str(),
+            ];
+            operator.push(run_cli(&exe, &[&recover[..], verbose].concat())?);
             // A merge that fails writes nothing: the demo says so and counts what is live.
             let merged = crate::recover_cmd::merge_quietly(artifact, &db)
                 .map(|report| (report.inserted(), report.changed()))

@@ -2,6 +2,7 @@
 //! roles the tests and benchmarks drive.
 
 mod bench;
+mod database_arg;
 mod demo;
 mod held;
 mod help;

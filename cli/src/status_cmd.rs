@@ -15,8 +15,9 @@ use std::process::ExitCode;
 use hermes_guard::WalAtPath;
 use serde_json::json;
 
+use crate::database_arg::{self, Accept};
 use crate::held::{held_wal, verdict};
-use crate::recover_cmd::{put_path, row_of, BAD_INPUT, DONE, LEFT_OVER};
+use crate::recover_cmd::{put_path, report_error, row_of, BAD_INPUT, DONE, LEFT_OVER};
 
 /// `status --help`'s exit codes.
 pub const STATUS_EXIT_CODES: &str = "\
@@ -49,24 +50,8 @@ fn filesystem_of(db: &Path) -> Option<hermes_guard::Filesystem> {
     hermes_guard::filesystem_of_dir(dir)
 }
 
-/// An empty file (a database nothing was written to yet) or one with SQLite's header.
-fn looks_like_sqlite(db: &Path) -> bool {
-    use std::io::Read;
-    let mut head = Vec::new();
-    std::fs::File::open(db)
-        .and_then(|f| f.take(16).read_to_end(&mut head))
-        .is_ok_and(|n| n == 0 || head == b"SQLite format 3\0")
-}
-
 fn bad_input(json: bool, message: &str) -> ExitCode {
-    if json {
-        println!(
-            "{}",
-            json!({"ok": false, "error": message, "bad_input": true, "exit_code": BAD_INPUT})
-        );
-    }
-    eprintln!("hermes-guard: {message}");
-    ExitCode::from(BAD_INPUT)
+    report_error(json, message, BAD_INPUT, false)
 }
 
 /// The WAL's judgement as JSON and the attention line it asks for.
@@ -106,23 +91,8 @@ fn wal_part(wal: &WalAtPath) -> (serde_json::Value, String, Option<String>) {
 /// `hermes-guard status <db>`.
 pub fn status(args: StatusArgs) -> ExitCode {
     let db = &args.path;
-    match std::fs::metadata(db) {
-        Err(e) => {
-            return bad_input(args.json, &format!("{}: {e}", db.display()));
-        }
-        Ok(m) if !m.is_file() => {
-            return bad_input(
-                args.json,
-                &format!("{} is not a database file", db.display()),
-            );
-        }
-        Ok(_) => {}
-    }
-    if !looks_like_sqlite(db) {
-        return bad_input(
-            args.json,
-            &format!("{} is not a SQLite database file", db.display()),
-        );
+    if let Err(e) = database_arg::check(db, Accept::File) {
+        return bad_input(args.json, &e.to_string());
     }
     let wal = match hermes_guard::judge_wal_at_path(db) {
         Ok(w) => w,

@@ -162,6 +162,14 @@ pub struct TableReport {
     pub undecided: u64,
     /// The first few undecided keys.
     pub undecided_keys: Vec<String>,
+    /// Of the undecided rows, those the captured generation changed whose captured content is
+    /// added beside the live row under a fresh rowid (rowid tables; to be added, in a plan).
+    pub undecided_added_beside: u64,
+    /// [`MergeRule::AddOnly`]: rows the delta says the captured generation changed, which an
+    /// earlier merge of this generation added under a new rowid (beside the live row, when it
+    /// counted them undecided): found there with the captured content now, so counted in
+    /// `already_live`, not in `undecided`. The live row they were added beside is kept.
+    pub added_beside_before: u64,
     /// Every undecided row side by side, when [`MergeOptions::list_undecided`].
     pub undecided_rows: Vec<UndecidedRow>,
     /// Parts of the table the capture could not read.
@@ -300,6 +308,12 @@ impl MergeReport {
     /// Rows the add-only rule kept as they are live (issue 43; see [`TableReport::undecided`]).
     pub fn undecided(&self) -> u64 {
         self.tables.iter().map(|t| t.undecided).sum()
+    }
+
+    /// Rows an earlier merge of this generation added beside the live ones, no longer counted
+    /// undecided (see [`TableReport::added_beside_before`]).
+    pub fn added_beside_before(&self) -> u64 {
+        self.tables.iter().map(|t| t.added_beside_before).sum()
     }
 
     /// Conflicting rows (whether or not they were resolved with the captured row).

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use hermes_guard::recover::{self, Capture, MergeOptions};
 use serde_json::json;
 
-use super::{given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
+use crate::database_arg::{self, Accept, DatabaseArgError};
+
+use super::{base_words, given, put_path, report_error, BAD_INPUT, DONE, FAILED, LEFT_OVER};
 
 /// `captures --help`'s exit codes.
 pub const CAPTURES_EXIT_CODES: &str = "\
@@ -16,7 +18,8 @@ Exit codes:
      capture at all is 0 too)
   1  a capture listed is unreadable (its manifest.json cannot be read: its status says how
      to open its files) or does not verify: see its status; 1 wins over 3
-  2  bad input: a usage error, or a path that does not exist or cannot be listed
+  2  bad input: a usage error, a path that does not exist or cannot be listed, or a file
+     that is not a SQLite database (as for status)
   3  rows of a capture are still missing from the live database: `recover <capture>
      --into <database>` shows them, --apply merges them
 Nothing is ever written.
@@ -31,6 +34,10 @@ pub struct CapturesArgs {
     /// One JSON document on stdout: an array with one object per capture.
     #[arg(long)]
     json: bool,
+    /// Also print what each capture recorded as the evidence for its base (whether its main
+    /// image is the file its WAL generation was written on).
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 /// One capture's row: its status, and whether it counts as unreadable for the exit code.
@@ -61,6 +68,7 @@ pub fn row_of(
     row["main_torn"] = m.main_torn.into();
     row["base"] = m.base_verdict().word().into();
     row["base_evidence"] = m.base_evidence().into();
+    row["base_words"] = base_words::captures_line(m, None).into();
     let database = given_db.cloned().unwrap_or_else(|| m.database_path());
     put_path(&mut row, "database", &database);
     let healed = entry.heal.as_ref().is_some_and(|h| h.is_healed());
@@ -137,6 +145,8 @@ pub fn row_of(
             };
             match recover::plan(&capture, &database, &MergeOptions::default()) {
                 Ok(plan) => {
+                    row["base_words"] =
+                        base_words::captures_line(capture.manifest(), Some(plan.rule)).into();
                     row["missing"] = plan.missing().into();
                     row["conflicts"] = plan.conflicts().into();
                     if let Some(by) = &plan.healed_by {
@@ -218,23 +228,22 @@ fn group_generations(rows: &mut [serde_json::Value]) {
 
 /// `hermes-guard captures <DB|DIR>`.
 pub fn captures(args: CapturesArgs) -> ExitCode {
+    // A file that is not a database, or nothing at all: the words `status` says too.
+    if let Err(e) = database_arg::check(&args.path, Accept::FileOrDirectory) {
+        let message = match e {
+            DatabaseArgError::Missing { .. } | DatabaseArgError::DanglingLink { .. } => format!(
+                "{e}; give the database's path (its captures are beside it) or a directory \
+                 (every capture in it)"
+            ),
+            _ => e.to_string(),
+        };
+        return report_error(args.json, &message, BAD_INPUT, false);
+    }
     let listed = match recover::list_captures(&args.path) {
         Ok(l) => l,
-        // Whatever the cause (no such path, no permission), what was given cannot be listed.
+        // Whatever the cause (no permission, gone since), what was given cannot be listed.
         Err(e) => {
-            let message = if args
-                .path
-                .symlink_metadata()
-                .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
-            {
-                format!(
-                    "{} does not exist: give the database's path (its captures are beside it) \
-                     or a directory (every capture in it)",
-                    args.path.display()
-                )
-            } else {
-                format!("{} cannot be listed: {e}", args.path.display())
-            };
+            let message = format!("{} cannot be listed: {e}", args.path.display());
             return report_error(args.json, &message, BAD_INPUT, false);
         }
     };
@@ -290,7 +299,10 @@ pub fn captures(args: CapturesArgs) -> ExitCode {
                 ""
             }
         );
-        println!("    base {}: {}", s("base"), s("base_evidence"));
+        println!("    {}", s("base_words"));
+        if args.verbose {
+            println!("    evidence: {}", s("base_evidence"));
+        }
         println!("    {}", s("status"));
         if let Some(same) = row["same_generation_as"].as_array() {
             let names: Vec<&str> = same.iter().filter_map(|v| v.as_str()).collect();

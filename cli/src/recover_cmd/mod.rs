@@ -7,9 +7,10 @@
 //! |---|---|
 //! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing with nothing missing, verified) |
 //! | 1 | failed: `verify`: not verified; `captures`: a capture is unreadable or does not verify; `recover`: an error while working (I/O, SQLite, the write lock not taken within `--busy-timeout`, a merge rolled back) — nothing written |
-//! | 2 | bad input, the same for the three commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn) |
+//! | 2 | bad input, the same for the three commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn); a database path (`captures`, `recover --into`/`--main`, as `status`) with nothing at it or not a SQLite database file, in the words of [`crate::database_arg`] |
 //! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database |
 
+mod base_words;
 mod captures;
 mod given;
 mod report;
@@ -23,6 +24,8 @@ use hermes_guard::recover::{
     self, Capture, ConflictPolicy, MergeOptions, MergeReport, RecoverError, WalCheck,
 };
 use serde_json::json;
+
+use crate::database_arg::{self, Accept, DatabaseArgError};
 
 pub use captures::{captures, row_of, CapturesArgs, CAPTURES_EXIT_CODES};
 pub use verify::{verify, VerifyArgs, VERIFY_EXIT_CODES};
@@ -86,6 +89,10 @@ pub struct RecoverArgs {
     /// row, the captured generation's row (or "deleted") and the live row.
     #[arg(long)]
     undecided: bool,
+    /// Also print what the capture recorded as the evidence for its base (whether its main
+    /// image is the file its WAL generation was written on).
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 /// `30s`, `2m`, `500ms`, `1h 30m` (humantime), or a bare number of seconds.
@@ -107,7 +114,7 @@ fn fail(json: bool, e: &RecoverError, capture: &Path) -> ExitCode {
 
 /// An error reported on stderr (and as one JSON document on stdout when asked), exiting `code`;
 /// `wrote_nothing` for a command that could have written (`recover`), to say it did not.
-fn report_error(json: bool, message: &str, code: u8, wrote_nothing: bool) -> ExitCode {
+pub(crate) fn report_error(json: bool, message: &str, code: u8, wrote_nothing: bool) -> ExitCode {
     if json {
         println!(
             "{}",
@@ -146,10 +153,25 @@ fn wal_findings(capture: &Capture) -> Result<WalFindings, RecoverError> {
 
 /// `hermes-guard recover <CAPTURE> --into <DB> [--apply] [--json]`.
 pub fn recover(args: RecoverArgs) -> ExitCode {
+    if let Some(main) = &args.main {
+        if let Err(e) = database_arg::check(main, Accept::File) {
+            return report_error(args.json, &format!("--main: {e}"), BAD_INPUT, true);
+        }
+    }
     let capture = match Capture::open_with_main(&args.capture, args.main.as_deref()) {
         Ok(c) => c,
         Err(e) => return fail(args.json, &e, &args.capture),
     };
+    // The words `status` and `captures` say of the same path.
+    if let Err(e) = database_arg::check(&args.into, Accept::File) {
+        let message = match e {
+            DatabaseArgError::Missing { .. } | DatabaseArgError::DanglingLink { .. } => {
+                format!("{e}; recovery merges into an existing database and never creates one")
+            }
+            _ => e.to_string(),
+        };
+        return report_error(args.json, &message, BAD_INPUT, true);
+    }
     let wal = match wal_findings(&capture) {
         Ok(w) => w,
         Err(e) => return fail(args.json, &e, &args.capture),
@@ -190,11 +212,13 @@ pub fn recover(args: RecoverArgs) -> ExitCode {
         doc["main_torn"] = capture.manifest().main_torn.into();
         doc["missing"] = report.missing().into();
         doc["inserted"] = report.inserted().into();
+        doc["undecided"] = report.undecided().into();
+        doc["added_beside_before"] = report.added_beside_before().into();
         doc["left_over"] = (report.left_over() + wal.unreadable_commits).into();
         wal_json(&mut doc, &capture, &wal);
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
-        report::print_report(&capture, &wal, &report);
+        report::print_report(&capture, &wal, &report, args.verbose);
         if args.undecided {
             report::print_undecided(&report);
         }

@@ -58,7 +58,13 @@ pub(crate) fn print_wal_warning(capture: &Capture, wal: &WalFindings) {
     );
 }
 
-pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeReport) {
+/// The report; `verbose` adds the evidence the capture recorded for its base.
+pub(crate) fn print_report(
+    capture: &Capture,
+    wal: &WalFindings,
+    report: &MergeReport,
+    verbose: bool,
+) {
     let m = capture.manifest();
     println!("capture  {}", capture.dir().display());
     println!(
@@ -79,11 +85,10 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         super::label(&report.rule),
         report.rule_reason
     );
-    println!(
-        "base     {}: {}",
-        m.base_verdict().word(),
-        m.base_evidence()
-    );
+    println!("base     {}", super::base_words::image_line(m));
+    if verbose {
+        println!("evidence {}", m.base_evidence());
+    }
     println!("case     {}", case_words(report));
     if let Some(healed) = &report.healed_at_close {
         println!("healed   {healed}");
@@ -94,13 +99,7 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         return;
     }
     if let Some(at) = &report.merged_before {
-        match &report.merged_from {
-            Some(from) => println!(
-                "merged   this generation was merged from {from} on {at}: its added rows are not \
-                 inserted again"
-            ),
-            None => println!("merged   before, at {at}: its added rows are not inserted again"),
-        }
+        println!("merged   {}", merged_before_words(report, at));
     }
     if let (Some(by), None) = (&report.healed_by, &report.merged_before) {
         println!(
@@ -166,7 +165,7 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
             println!(
                 "    {} row(s) undecided: the capture says its generation changed or deleted \
                  them, but cannot show its image was that generation's own; kept live as they \
-                 are ({}{}); see them side by side: hermes-guard recover {} --into {} \
+                 are ({}{}){}; see them side by side: hermes-guard recover {} --into {} \
                  --undecided",
                 t.undecided,
                 t.undecided_keys.join(", "),
@@ -175,8 +174,18 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
                 } else {
                     ""
                 },
+                added_beside_words(t, report.applied),
                 shell_word(&report.capture),
                 shell_word(&report.database)
+            );
+        }
+        if t.added_beside_before > 0 {
+            println!(
+                "    {} row(s) the captured generation changed are no longer counted undecided: \
+                 the earlier merge added their captured version beside the live rows under new \
+                 rowids, so they count as already live now; the live rows beside them are kept \
+                 as they were",
+                t.added_beside_before
             );
         }
         if t.to_update + t.to_delete > 0 {
@@ -221,7 +230,13 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
         println!("rebuilt the full-text index {f}");
     }
     println!();
-    if report.applied {
+    if report.applied && report.changed() == 0 && report.merged_before.is_some() {
+        println!(
+            "nothing new merged into {}: this capture's generation was merged before (see \
+             `merged` above) and nothing of it is missing now",
+            report.database.display()
+        );
+    } else if report.applied {
         println!(
             "merged {} row(s) into {} in one transaction; foreign_key_check clean",
             report.changed(),
@@ -249,6 +264,43 @@ pub(crate) fn print_report(capture: &Capture, wal: &WalFindings, report: &MergeR
                 String::new()
             }
         );
+    }
+}
+
+/// The `merged` line: this capture's generation is in the ledger of the live database, so its
+/// added rows are not inserted again and the counts are what is left after that merge.
+fn merged_before_words(report: &MergeReport, at: &str) -> String {
+    let same = |from: &str| {
+        let from = std::path::Path::new(from);
+        from == report.capture
+            || std::fs::canonicalize(from)
+                .is_ok_and(|f| std::fs::canonicalize(&report.capture).is_ok_and(|c| c == f))
+    };
+    let by = match report.merged_from.as_deref() {
+        Some(from) if same(from) => "from this capture".to_owned(),
+        Some(from) => format!("from {from}, another capture of it"),
+        None => "from a capture the record does not name".to_owned(),
+    };
+    format!(
+        "this capture's WAL generation was already merged into this database on {at} ({by}, by \
+         an earlier `recover --apply`): its added rows are in and are not inserted again; the \
+         counts below are what is left after that merge"
+    )
+}
+
+/// For an undecided line: how many of the rows were (or are to be) added beside the live ones.
+fn added_beside_words(t: &hermes_guard::recover::TableReport, applied: bool) -> String {
+    match t.undecided_added_beside {
+        0 => String::new(),
+        n => format!(
+            "; the captured version of {n} of them (rows it changed) {} beside the live row \
+             under a new rowid (a later run counts those as already live)",
+            if applied {
+                "was added"
+            } else {
+                "is to be added"
+            }
+        ),
     }
 }
 

@@ -142,11 +142,8 @@ fn print_details(check: &CaptureCheck) {
         check.wal.file, check.wal.bytes, check.wal.sha256
     );
     println!("    {}: {}", check.wal.file, check.wal_check.describe());
-    println!(
-        "    base: {}: {}",
-        m.base_verdict().word(),
-        m.base_evidence()
-    );
+    println!("    base: {}", super::base_words::image_line(m));
+    println!("    base evidence: {}", m.base_evidence());
     println!(
         "    manifest: {} frame(s), {} commit(s){}",
         m.wal.frames,

@@ -48,6 +48,7 @@ macro_rules! test_alone {
 
 mod common;
 
+mod base_words;
 mod bench_smoke;
 mod capture_identity;
 mod capture_permissions;
@@ -60,6 +61,7 @@ mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
 mod commit_in_flight;
+mod database_paths;
 mod descriptors;
 mod directory_deleted;
 mod directory_moved;
@@ -90,6 +92,7 @@ mod pool_heals;
 mod process_exit_recovery;
 mod raw_handle;
 mod reconnect;
+mod recover_again;
 mod recover_cli;
 mod recover_delta;
 mod recover_exit_codes;

@@ -87,12 +87,14 @@ impl TableMerge<'_> {
         let mut before = row.before.unwrap_or_default();
         let mut values = row.values;
         let mut rowid = self.rowid_of(&values, row.rowid);
+        let captured_rowid = rowid;
         if !self.follow_own_move(m, remaps, &mut rowid, &mut [&mut values, &mut before])? {
             return Ok(());
         }
         let orphan = self.translate(m, remaps, &mut values)?;
         if self.add_only {
-            return self.changed_add_only(m, remaps, values, before, rowid, orphan);
+            let moved = rowid != captured_rowid;
+            return self.changed_add_only(m, remaps, values, before, rowid, orphan, moved);
         }
         match self.live_row(m, &values, rowid)? {
             Some(live) if same_row(&live, &values) => self.report.already_live += 1,

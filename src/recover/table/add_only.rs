@@ -14,7 +14,10 @@ use crate::recover::RecoverError;
 const KEYS_SHOWN: usize = 5;
 
 impl TableMerge<'_> {
-    /// A row the delta says the captured generation changed from `before` to `values`.
+    /// A row the delta says the captured generation changed from `before` to `values`;
+    /// `moved`: `rowid` is where an earlier merge of this generation added it (its own was
+    /// taken).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn changed_add_only(
         &mut self,
         m: &Merge<'_>,
@@ -23,10 +26,13 @@ impl TableMerge<'_> {
         before: Vec<Val>,
         rowid: Option<i64>,
         orphan: bool,
+        moved: bool,
     ) -> Result<(), RecoverError> {
         match self.live_row(m, &values, rowid)? {
             Some(live) if same_row(&live, &values) => {
                 self.report.already_live += 1;
+                // Added beside the live row before (undecided then): only the report says so.
+                self.report.added_beside_before += u64::from(moved);
                 Ok(())
             }
             // The live database has no row of that identity: the captured row is added.
@@ -35,6 +41,7 @@ impl TableMerge<'_> {
                 self.undecided(m, &before, Some(&values), Some(&live), rowid);
                 if self.identity == RowIdentity::Rowid {
                     // Its content is added beside the live row, under a fresh rowid.
+                    self.report.undecided_added_beside += 1;
                     self.insert(m, remaps, values, rowid, orphan, true)
                 } else {
                     // A declared key holds one row: the live one stays.
