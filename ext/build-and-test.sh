@@ -51,6 +51,22 @@ bash tests/doc-identifiers.sh
 # The README's framework recipes are the code tests/frameworks runs.
 bash tests/readme-recipes.sh
 
+# A build of the extension beside the bundled SQLite (what `cargo build --workspace` is) would
+# unify rusqlite's loadable_extension into the CLI, which would then panic at its first SQLite
+# call: the library stops such a build with a compile error saying what to run (the
+# `loadable-extension` feature, Cargo.toml). A few seconds: the check reuses `cargo test`'s build.
+echo "== a build of the extension beside the bundled SQLite stops, saying what to run"
+if unified="$(cargo check -q -p hermes-guard --features loadable-extension 2>&1)"; then
+    echo "cargo check -p hermes-guard --features loadable-extension succeeded: nothing stops" \
+        "cargo build --workspace from making a CLI that panics" >&2
+    exit 1
+fi
+grep -q "Build them apart: \`cargo build --release\`" <<<"$unified" || {
+    echo "$unified" >&2
+    echo "the build failed, but not with the message that says what to run" >&2
+    exit 1
+}
+
 # rustdoc with warnings denied, every package (issue 44): a broken or private intra-doc link
 # fails here. The extension is documented on its own (its rusqlite features differ).
 echo "== rustdoc, warnings denied (cargo doc --no-deps)"

@@ -75,6 +75,19 @@
 // Without the shim (not Linux) the capture machinery only the shim drives is unused.
 #![cfg_attr(not(target_os = "linux"), allow(dead_code))]
 
+// The loadable extension and a bundled SQLite in one build: rusqlite's `loadable_extension`
+// (the extension's) is unified into every package, and the CLI, the store and any program of the
+// build panic at their first SQLite call ("SQLite API not initialized"). Stopped here instead.
+#[cfg(all(feature = "loadable-extension", feature = "bundled"))]
+compile_error!(
+    "hermes-guard: the loadable extension (ext/, hermes-guard-ext) cannot be built in one cargo \
+     invocation with the library's bundled SQLite (the CLI, the store, `cargo build --workspace`): \
+     rusqlite's loadable_extension feature would be unified into the CLI, which would then panic at \
+     its first SQLite call. Build them apart: `cargo build --release` (the library, the store and \
+     the CLI: target/release/hermes-guard), then `cargo build --release -p hermes-guard-ext` \
+     (the extension: target/release/libhermes_guard.so)."
+);
+
 // All `unsafe` lives under `src/vfs/`, but for the one `sqlite3_log` call in `src/sqlite_log.rs`
 // (the lints deny an `unsafe` block without a SAFETY line).
 mod capture;
