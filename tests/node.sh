@@ -40,6 +40,20 @@ HERMES_GUARD_EXT="$ext" HERMES_GUARD_CLI="$cli" NODE_PATH="$host/node_modules" \
 # optional peer, here the one above), and the same tests through it.
 npm_dir="$target_dir/npm"
 tarball="$(bash "$root/node/pack.sh" "$ext" "$cli" "$npm_dir")"
+# `npm pack` in a copy of node/ as the repository has it (no native files): it must stop, saying
+# how to make a whole package, and leave no tarball.
+bare="$npm_dir/bare"
+rm -rf "$bare"
+mkdir -p "$bare/out"
+cp "$root"/node/package.json "$root"/node/index.js "$root"/node/index.d.ts "$root"/node/check-native.js "$bare/"
+if refused="$(cd "$bare" && npm pack --silent --pack-destination out 2>&1)"; then
+    echo "npm pack without the native files made a package: $refused" >&2
+    exit 1
+fi
+grep -q 'not packing: native/libhermes_guard.so and native/hermes-guard missing' <<<"$refused" \
+    || { echo "$refused" >&2; echo "npm pack failed, but not with the words that say what to run" >&2; exit 1; }
+[ -z "$(ls "$bare/out")" ] || { echo "npm pack left a tarball: $(ls "$bare/out")" >&2; exit 1; }
+echo "   npm pack without the native files stops and says what to run"
 project="$npm_dir/project"
 rm -rf "$project"
 mkdir -p "$project"
@@ -60,3 +74,13 @@ out="$(cd "$project/readme-run" && HERMES_GUARD_LOG=off NODE_PATH="$host/node_mo
 grep -q '^refused; every committed row is in .*/state\.db\.retired-wal-' <<<"$out" \
     || { echo "node/README.md's example printed: $out" >&2; exit 1; }
 echo "   node/README.md's example, run as written: $out"
+# Its stderr (the guard's lines, on by default) names the command the package installs, not the
+# Python package's call.
+said="$(cd "$project/readme-run" && rm -rf state.db* && NODE_PATH="$host/node_modules" node ../readme.js 2>&1 >/dev/null)"
+grep -q 'run `hermes-guard recover .*/state\.db\.retired-wal-[^ ]* --into .*state\.db --apply`' <<<"$said" \
+    || { echo "$said" >&2; echo "the capture's line does not name hermes-guard recover" >&2; exit 1; }
+if grep -q 'hermes_guard\.' <<<"$said"; then
+    echo "$said" >&2; echo "a line in Node names the Python package's calls" >&2; exit 1
+fi
+echo "   in Node the guard's lines name the hermes-guard command"
+
