@@ -94,6 +94,7 @@ mod capture;
 pub mod digest;
 mod error;
 mod filesystem;
+mod host;
 mod identity;
 pub mod paths;
 mod permissions;
@@ -123,6 +124,7 @@ pub use error::GuardError;
 pub use filesystem::{
     of_dir as filesystem_of_dir, unsafe_fs_policy, Filesystem, UnsafeFsPolicy, UNSAFE_FS_ENV,
 };
+pub use host::set_python_host;
 pub use identity::{identity_of_path, FileId};
 pub use status::{Backfill, ErrorClass, GuardStatus, RetireReason, StaleWalAction, StaleWalStatus};
 #[cfg(target_os = "linux")]

@@ -145,6 +145,9 @@ unsafe fn init(
         guard::register()
     };
     registered.map_err(|e| e.to_string())?;
+    if in_python() {
+        guard::set_python_host();
+    }
 
     // SAFETY: `db` is the connection loading us, open for this call; the Connection made from it
     // does not own it and is dropped before we return.
@@ -174,6 +177,15 @@ fn claim_host(p_api: *mut ffi::sqlite3_api_routines) -> Result<(), String> {
                 .into(),
         ),
     }
+}
+
+/// Whether this process is a Python interpreter: its C API is in the process's symbol table
+/// (CPython exports it for its extension modules). The guard's messages then name the
+/// `hermes_guard` package's calls.
+fn in_python() -> bool {
+    // SAFETY: a lookup in the process's global symbol table by a NUL-terminated name; nothing is
+    // called through the result.
+    !unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"Py_IsInitialized".as_ptr()) }.is_null()
 }
 
 /// Whether the environment asks for the guard to be the default VFS.

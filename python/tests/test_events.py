@@ -39,6 +39,8 @@ def test_a_loss_with_only_enable_prints_the_capture_and_the_next_command_on_stde
     assert captured, done.stderr
     assert capture in captured[0], captured[0]
     assert f"hermes-guard recover {capture} --into {db} --apply" in captured[0], captured[0]
+    # In a Python process the package's own call comes first.
+    assert f'hermes_guard.recover("{capture}", "{db}", apply=True)' in captured[0], captured[0]
 
 
 def test_with_logging_configured_the_events_reach_the_hermes_guard_logger(tmp_path):

@@ -51,6 +51,10 @@ def runbook_block(runbook: str, after: str) -> list:
 
 
 def as_in_the_runbook(text: str, database: str) -> list:
+    # The runbook shows the line a program outside Python logs (the command alone); in Python the
+    # package's call comes first, as the runbook says under the block.
+    text = re.sub(r'`hermes_guard\.recover\("[^"]*", "[^"]*", apply=True\)` \(or the command: (`[^`]*`)\)',
+                  r"\1", text)
     text = text.replace(database, "/srv/state.db")
     text = re.sub(r"retired-wal-\d{8}-\d{6}-\d+", "retired-wal-20261129-031502-4242", text)
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", "2026-11-29T03:15:02Z", text)

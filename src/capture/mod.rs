@@ -209,14 +209,11 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
             log::warn!(
                 "hermes-guard: captured the retired generation of {} into {} (trigger {:?}): \
                  every row it committed is there. Unless this connection's close says it healed \
-                 them back, run `hermes-guard recover {} --into {} --apply` (Python: \
-                 hermes_guard.recover(capture, database, apply=True)) once the database is \
-                 reopened",
+                 them back, run {} once the database is reopened",
                 database.display(),
                 final_dir.display(),
                 input.trigger,
-                final_dir.display(),
-                database.display()
+                crate::host::recover_hint(&final_dir, database)
             );
             crate::sqlite_log::captured(database, &final_dir);
             Ok(Captured {

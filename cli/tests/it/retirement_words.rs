@@ -33,6 +33,17 @@ fn retirement_line(db: &Path) -> String {
     lines[0].clone()
 }
 
+/// The WARN line that names `what`.
+fn warn_line_naming(what: &Path) -> String {
+    let what = what.display().to_string();
+    LOGS.lock()
+        .unwrap()
+        .iter()
+        .find(|(level, line)| *level == Level::Warn && line.contains(&what))
+        .map(|(_, line)| line.clone())
+        .unwrap_or_else(|| panic!("no WARN line names {what}"))
+}
+
 fn remove(path: &Path, suffix: &str) {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
@@ -61,7 +72,18 @@ fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
         line.contains("Its committed rows are captured beside the database"),
         "{line}"
     );
-    assert_eq!(artifacts(dir.path()).len(), 1, "one capture");
+    let [capture] = &artifacts(dir.path())[..] else {
+        panic!("one capture: {:?}", artifacts(dir.path()));
+    };
+    // Outside Python the capture's line names the command alone.
+    let said = warn_line_naming(capture);
+    let command = format!(
+        "run `hermes-guard recover {} --into {} --apply`",
+        capture.display(),
+        path.display()
+    );
+    assert!(said.contains(&command), "{said}");
+    assert!(!said.contains("hermes_guard."), "{said}");
 }
 
 #[test]

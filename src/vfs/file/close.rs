@@ -39,11 +39,10 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                         log::error!(
                             "hermes-guard: {} closed with its retired generation uncaptured; its \
                              descriptors are held and the capture is retried at the next open or \
-                             close in this process, at its exit, or on request (Python: \
-                             hermes_guard.retry_pending_captures(); Rust: \
-                             hermes_guard::retry_pending_captures()); `hermes-guard held` shows \
-                             where its bytes are while the process lives",
-                            state.db_path().display()
+                             close in this process, at its exit, or on request ({}); \
+                             `hermes-guard held` shows where its bytes are while the process lives",
+                            state.db_path().display(),
+                            crate::host::retry_hint()
                         );
                         let mut pending = PENDING.lock();
                         pending.push(Held {
