@@ -48,8 +48,12 @@ stage() { # stage <name>: the previous stage ends here
 
 # The docs cite only identifiers that exist (about a second).
 bash tests/doc-identifiers.sh
-# The README's framework recipes are the code tests/frameworks runs.
+# The framework recipes (docs/hosts.md) are the code tests/frameworks runs.
 bash tests/readme-recipes.sh
+# The README's Rust quick start and operator's block run as pasted (a fresh cargo project; the
+# command `cargo test` built). Seconds: the project reuses the workspace's build.
+echo "== the README's blocks, as pasted"
+bash tests/readme-blocks.sh
 
 # A build of the extension beside the bundled SQLite (what `cargo build --workspace` is) would
 # unify rusqlite's loadable_extension into the CLI, which would then panic at its first SQLite

@@ -314,3 +314,8 @@ mod testing;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
+
+/// docs/hosts.md's code blocks (the README's hosts in full), compiled likewise.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/hosts.md")]
+struct HostsDoctests;

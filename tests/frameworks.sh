@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's "With your framework" recipes, run (issue 45): tests/frameworks is a project of
+# docs/hosts.md's "With your framework" recipes, run (issue 45): tests/frameworks is a project of
 # its own, as a user's would be — hermes-guard (by path, feature `r2d2`) beside r2d2_sqlite 0.35,
 # deadpool-sqlite 0.14, tokio-rusqlite 0.8, sqlx 0.9 and diesel 2.4, one rusqlite (0.40) and one
 # libsqlite3-sys in its Cargo.lock — and each test runs the loss scenario through its framework:

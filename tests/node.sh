@@ -31,7 +31,7 @@ if [ "$(cat "$host/.stamp" 2>/dev/null)" != "$stamp" ]; then
         || { cat "$log" >&2; echo "better-sqlite3 was not compiled (see $log)" >&2; exit 1; }
     printf '%s' "$stamp" >"$host/.stamp"
 fi
-echo "   by hand: the extension loaded through a throwaway connection (the README's recipe)"
+echo "   by hand: the extension loaded through a throwaway connection (docs/hosts.md's recipe)"
 HERMES_GUARD_EXT="$ext" HERMES_GUARD_CLI="$cli" NODE_PATH="$host/node_modules" \
     node --test "$root"/tests/node/*.test.js
 

@@ -18,7 +18,7 @@
 //!
 //! Each returns the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032) for a retired
 //! connection. [`crate::raw`] has the same three on a raw handle (`*mut sqlite3`: sqlx, diesel);
-//! the README's "With your framework" has each pool's hooks, run by tests/frameworks.
+//! docs/hosts.md's "With your framework" has each pool's hooks, run by tests/frameworks.
 //!
 //! With r2d2 (cargo feature `r2d2`) the library brings the manager itself: `GuardedManager`,
 //! whose documentation says how each of r2d2's hooks uses the checks, and `FileManager`.

@@ -16,7 +16,7 @@ const path = require('node:path');
 const Database = require('better-sqlite3');
 
 // Through the npm package (HERMES_GUARD_NPM: its installed folder, tests/node.sh packs and
-// installs it), or by hand (HERMES_GUARD_EXT, HERMES_GUARD_CLI: the bootstrap below, the README's
+// installs it), or by hand (HERMES_GUARD_EXT, HERMES_GUARD_CLI: the bootstrap below, docs/hosts.md's
 // recipe for a build of the repository).
 const npm = process.env.HERMES_GUARD_NPM;
 let cli;

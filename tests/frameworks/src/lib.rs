@@ -1,4 +1,4 @@
-//! The loss scenario every framework test runs, as the README's "With your framework" promises
+//! The loss scenario every framework test runs, as docs/hosts.md's "With your framework" promises
 //! it: a pool of [`POOL`] connections, [`WRITERS`] writers each committing [`ROWS`] rows,
 //! [`BATCH`] per checkout; once each has committed [`BEFORE`] (in the WAL only), the `-wal` and
 //! `-shm` are unlinked. A write refused on a connection of the lost generation is retried once,

@@ -1,5 +1,5 @@
 //! deadpool-sqlite 0.14 in the loss scenario: its `Manager` wrapped in a manager of the
-//! application's (the README's recipe) whose `create` keeps only a new connection that passes
+//! application's (docs/hosts.md's recipe) whose `create` keeps only a new connection that passes
 //! `hermes_guard::pool::check_new` and whose `recycle` asks `check_out` first; a connection whose
 //! write was refused is taken out of the pool (`Object::take`), deadpool's way with a broken one;
 //! and a reaper (`Pool::retain`) closes connections idle for 2 s, as deadpool has no idle timeout.

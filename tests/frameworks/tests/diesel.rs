@@ -1,6 +1,6 @@
 //! diesel 2.4 in the loss scenario: an r2d2 pool of `SqliteConnection`s (`diesel::r2d2`) opened
 //! through the guard (diesel opens with `SQLITE_OPEN_URI`: `?vfs=hermes-guard`), its
-//! `ConnectionManager` wrapped in a manager of the application's (the README's recipe) that adds
+//! `ConnectionManager` wrapped in a manager of the application's (docs/hosts.md's recipe) that adds
 //! the guard's three checks on the raw handle (`with_raw_connection`, `hermes_guard::raw`).
 //! diesel's error keeps SQLite's message, not its code (and its statement's reset has cleared
 //! the handle's): a failed write is the guard's refusal when the handle is retired

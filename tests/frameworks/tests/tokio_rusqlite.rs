@@ -2,7 +2,7 @@
 //! (`tokio_rusqlite::Connection`, a rusqlite connection on a thread of its own) across its
 //! batches, checks it at each batch (`hermes_guard::pool::check_out`), and replaces it when a
 //! write is refused: the refused one closed (`close().await`: its close captures what it holds),
-//! the new one opened until it passes `check_new` (the README's recipe, `open_healthy`).
+//! the new one opened until it passes `check_new` (docs/hosts.md's recipe, `open_healthy`).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
