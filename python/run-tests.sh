@@ -7,9 +7,11 @@
 #      apsw and their pins (tests/python/requirements.txt);
 #   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair` (one py3-none wheel for
 #      every CPython), and that wheel installed, with no cargo on PATH, into fresh environments
-#      of the distribution's Python and of every CPython 3.9+ here whose sqlite3 cannot load
-#      extensions (pyenv's): the README's Python quick start must be guarded in each (on the
-#      latter through the SQLite library _sqlite3 links); test_api.py runs there too;
+#      of the distribution's Python and of every other CPython 3.9+ here (pyenv's, whose sqlite3
+#      cannot load extensions): the README's Python quick start must be guarded in each (on the
+#      latter through the SQLite library _sqlite3 links), and test_api.py's child processes run
+#      in each (HERMES_GUARD_WHEEL_PYTHONS: is_retired's tests; with CI=true 3.9 and 3.10 must be
+#      among them);
 #   3. the sdist (`python -m build --sdist`: python/ and, under rust/, the crates it builds) and a
 #      wheel built from it alone;
 #   4. pytest python/tests in the first environment.
@@ -19,8 +21,9 @@
 # skipping.
 #
 # Environment: HERMES_GUARD_DISTRO_PYTHON (default /usr/bin/python3), HERMES_GUARD_NO_LOADEXT_PYTHON
-# (default: the first python3 found, on PATH or under ~/.pyenv/versions, whose sqlite3 cannot load
-# extensions), CARGO_TARGET_DIR (default target), PYTEST_ARGS (extra pytest arguments).
+# (a python3 to try first; the first found, it or one on PATH or under ~/.pyenv/versions, whose
+# sqlite3 cannot load extensions serves test_api.py's test of that case), CARGO_TARGET_DIR
+# (default target), PYTEST_ARGS (extra pytest arguments).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +36,6 @@ distro_python="${HERMES_GUARD_DISTRO_PYTHON:-/usr/bin/python3}"
 in_ci="${CI:-}"
 work="$target_dir/python-package"
 venv="$work/venv"
-noload_venv="$work/venv-no-loadext"
 wheels="$work/wheels"
 pip_flags=(--quiet --disable-pip-version-check)
 
@@ -52,7 +54,7 @@ if ! "$distro_python" -c 'import sqlite3, venv; sqlite3.connect(":memory:").enab
 fi
 
 echo "== Python package: fresh venv of $distro_python, pip install ./python (cargo profile $SETUPTOOLS_RUST_CARGO_PROFILE)"
-rm -rf "$venv" "$noload_venv" "$wheels" python/build
+rm -rf "$venv" "$work"/venv-wheel-* "$work/venv-no-loadext" "$wheels" python/build
 "$distro_python" -m venv "$venv"
 py="$venv/bin/python"
 "$py" -m pip install "${pip_flags[@]}" -r tests/python/requirements.txt
@@ -114,7 +116,7 @@ open(sys.argv[1], "w", encoding="utf-8").write(readme.split("```python\n", 1)[1]
 PY
 no_cargo_path="/usr/local/bin:/usr/bin:/bin"
 wheel_on() { # <python> <venv>: the wheel into a fresh venv of <python>, the quick start there
-    local python="$1" venv="$2" out
+    local python="$1" venv="$2" out started=$SECONDS
     rm -rf "$venv" "$work/quick"
     "$python" -m venv "$venv"
     PATH="$no_cargo_path" "$venv/bin/python" -m pip install "${pip_flags[@]}" --no-index "${wheel[0]}"
@@ -127,36 +129,46 @@ wheel_on() { # <python> <venv>: the wheel into a fresh venv of <python>, the qui
         echo "$out" >&2
         return 1
     fi
-    echo "   $("$venv/bin/python" --version) ($("$venv/bin/python" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version, "- loads extensions:", hasattr(sqlite3.Connection, "enable_load_extension"))')): the wheel installed without cargo, the quick start guarded"
+    echo "   $("$venv/bin/python" --version) ($("$venv/bin/python" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version, "- loads extensions:", hasattr(sqlite3.Connection, "enable_load_extension"))')): the wheel installed without cargo, the quick start guarded ($((SECONDS - started)) s)"
 }
+version_of() { "$1" -c 'import platform; print(platform.python_version())'; }
 echo "== Python package: the wheel into fresh venvs, no cargo on PATH, the README's quick start in each"
-wheel_on "$distro_python" "$work/venv-wheel"
+distro_venv="$work/venv-wheel-$(version_of "$distro_python")-distro"
+wheel_on "$distro_python" "$distro_venv"
+wheel_pythons=("$distro_venv/bin/python")
+minors=" "
 noload_python="${HERMES_GUARD_NO_LOADEXT_PYTHON:-}"
-noload_count=0
-seen=" "
-for candidate in ${noload_python:-$(type -ap python3) "$HOME"/.pyenv/versions/3.*/bin/python3}; do
+unset HERMES_GUARD_NO_LOADEXT_PYTHON
+seen=" $("$distro_python" -c 'import sys; print(sys.base_prefix)') "
+for candidate in $noload_python $(type -ap python3) "$HOME"/.pyenv/versions/3.*/bin/python3; do
     [ -x "$candidate" ] || continue
-    "$candidate" -c 'import sqlite3, sys; sys.exit(hasattr(sqlite3.Connection, "enable_load_extension") or sys.version_info < (3, 9))' 2>/dev/null || continue
+    "$candidate" -c 'import platform, sys; sys.exit(platform.python_implementation() != "CPython" or sys.version_info < (3, 9))' 2>/dev/null || continue
     # Each interpreter once (a pyenv shim on PATH is one of the versions below it).
     prefix="$("$candidate" -c 'import sys; print(sys.base_prefix)')"
     case "$seen" in *" $prefix "*) continue ;; esac
     seen="$seen$prefix "
-    wheel_on "$candidate" "$work/venv-wheel-$noload_count"
-    if [ "$noload_count" = 0 ]; then
-        # The first, kept for the pytest run: the package's answers where loading is missing.
-        rm -rf "$noload_venv"
-        mv "$work/venv-wheel-0" "$noload_venv"
-    else
-        rm -rf "$work/venv-wheel-$noload_count"
+    version="$(version_of "$candidate")"
+    wheel_venv="$work/venv-wheel-$version"
+    [ ! -e "$wheel_venv" ] || wheel_venv="$wheel_venv-$(echo "$prefix" | cksum | cut -d' ' -f1)"
+    wheel_on "$candidate" "$wheel_venv"
+    wheel_pythons+=("$wheel_venv/bin/python")
+    minors="$minors${version%.*} "
+    if [ -z "${HERMES_GUARD_NO_LOADEXT_PYTHON:-}" ] \
+        && "$candidate" -c 'import sqlite3, sys; sys.exit(hasattr(sqlite3.Connection, "enable_load_extension"))'; then
+        export HERMES_GUARD_NO_LOADEXT_PYTHON="$wheel_venv/bin/python"
     fi
-    noload_count=$((noload_count + 1))
 done
-unset HERMES_GUARD_NO_LOADEXT_PYTHON
-if [ "$noload_count" -gt 0 ]; then
-    export HERMES_GUARD_NO_LOADEXT_PYTHON="$noload_venv/bin/python"
-else
+if [ -z "${HERMES_GUARD_NO_LOADEXT_PYTHON:-}" ]; then
     required "no CPython 3.9+ whose sqlite3 cannot load extensions was found (pyenv's python3 is one; set HERMES_GUARD_NO_LOADEXT_PYTHON)"
 fi
+for minor in 3.9 3.10; do
+    case "$minors" in
+        *" $minor "*) ;;
+        *) required "no CPython $minor was found on PATH or under ~/.pyenv/versions (pyenv install $minor): is_retired(), which cannot read the extended code of a sqlite3 error before 3.11, goes untested there" ;;
+    esac
+done
+export HERMES_GUARD_WHEEL_PYTHONS
+HERMES_GUARD_WHEEL_PYTHONS="$(IFS=:; echo "${wheel_pythons[*]}")"
 
 echo "== Python package: pytest python/tests ($("$py" -c 'import sqlite3; print("SQLite", sqlite3.sqlite_version)'))"
 # The installed package, not the source tree: run from the tests directory, bytecode not written.
