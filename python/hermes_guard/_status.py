@@ -349,7 +349,9 @@ def classify(conn: Any, error: BaseException) -> ErrorClass:
     can also fail below the guard (an I/O, corruption, protocol, cannot-open or read-only error),
     and those are classified by its reason too. SQLite's own 1032 on a connection the guard did
     not retire means the main file was moved. On a Python older than 3.11 (no extended code),
-    a file-level error of a retired connection is classified by the reason alone.
+    a file-level error of a retired connection is classified by the reason alone: there, where
+    :func:`is_retired` cannot tell a refusal from another read-only error, this is the call to
+    make.
     """
     if not _is_sqlite_error(error):
         return ErrorClass.OTHER
