@@ -52,12 +52,45 @@ for manifest in (EXT_MANIFEST, CLI_MANIFEST):
         )
 
 EXTENSION_FILE = "libhermes_guard.so"
+# A first `pip install ./python` (release, nothing in cargo's cache), measured: 82 crates, 296 s
+# on a 2-core machine busy with other builds.
+FIRST_BUILD = "some minutes (about 80 crates: 5 min on a busy 2-core machine)"
+
+
+def _announce(message):
+    """One line for the person waiting. pip runs this build with its output captured (shown only
+    with `pip install -v`, or when the build fails), so on a terminal the line goes to the
+    terminal itself (/dev/tty), which pip does not capture; with no terminal (CI, a container
+    build) it goes to stderr, where `-v` shows it."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"\n{message}\n")
+            return
+    except OSError:
+        pass
+    sys.stderr.write(f"{message}\n")
+    sys.stderr.flush()
 
 
 class BuildRust(build_rust):
     """The extension keeps SQLite's own file name, `libhermes_guard.so` (SQLite derives its entry
     point, `sqlite3_hermesguard_init`, from it), instead of a Python module's
     `<name>.cpython-XY-<platform>.so`: it is not a Python module."""
+
+    def run(self):
+        # The profile setuptools-rust picks: SETUPTOOLS_RUST_CARGO_PROFILE, else dev for a debug
+        # or in-place (editable) build, else release.
+        is_debug = getattr(self, "_is_debug_build", None)
+        debug = is_debug(self.extensions[0]) if is_debug and self.extensions else bool(self.debug)
+        profile = os.environ.get("SETUPTOOLS_RUST_CARGO_PROFILE") or ("dev" if debug else "release")
+        target = os.environ.get("CARGO_TARGET_DIR") or os.path.join(WORKSPACE, "target")
+        _announce(
+            f"hermes-guard: cargo is building the SQLite extension (ext/) and the hermes-guard "
+            f"CLI (cli/, SQLite compiled in), profile {profile}, in {target}. A first build takes "
+            f"{FIRST_BUILD}; later ones reuse cargo's cache there. pip shows nothing until it "
+            f"ends: `pip install -v ./python` shows cargo's progress."
+        )
+        super().run()
 
     def get_dylib_ext_path(self, ext, target_fname):
         path = super().get_dylib_ext_path(ext, target_fname)

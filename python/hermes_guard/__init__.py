@@ -13,11 +13,16 @@ Quick start::
 Then, when a write fails::
 
     except sqlite3.OperationalError as e:
-        if hermes_guard.is_retired(e):
+        if hermes_guard.classify(conn, e) in (hermes_guard.WalLost, hermes_guard.MainReplaced):
             print(hermes_guard.status(conn).capture)   # where the retired generation is
 
-Linux only. The standard library's `sqlite3` must be able to load extensions (Debian's and
-Ubuntu's `/usr/bin/python3` can; pyenv's builds by default cannot: use apsw there).
+`is_retired(e)` answers without the connection on Python 3.11+ (and with apsw); on 3.9 and 3.10
+a `sqlite3` error carries no extended result code, and it raises `ExtendedCodeUnavailable` for a
+read-only error it cannot tell from the guard's refusal: `classify(conn, e)` works on every
+version.
+
+Linux only. `enable()` and `connect()` work on a Python whose `sqlite3` module cannot load
+extensions (pyenv's builds by default), through the SQLite library its `_sqlite3` links.
 """
 
 from ._capture import (
@@ -51,6 +56,7 @@ from ._status import (
     Backfill,
     CaptureFailedError,
     ErrorClass,
+    ExtendedCodeUnavailable,
     FileId,
     GuardStatus,
     MainReplaced,
@@ -69,7 +75,8 @@ __version__ = "0.1.0"
 
 # Tracebacks name the errors where users import them from.
 for _error in (HermesGuardError, ExtensionLoadingUnavailable, LoadError, NotGuardedError,
-               CaptureFailedError, CaptureFormatError, BadInputError, UnreadableCapturesError):
+               CaptureFailedError, ExtendedCodeUnavailable, CaptureFormatError, BadInputError,
+               UnreadableCapturesError):
     _error.__module__ = __name__
 del _error
 
@@ -80,6 +87,7 @@ __all__ = [
     "CaptureFailedError",
     "CaptureFormatError",
     "ErrorClass",
+    "ExtendedCodeUnavailable",
     "ExtensionLoadingUnavailable",
     "FileId",
     "GuardStatus",

@@ -6,6 +6,7 @@ import enum
 import json
 import os
 import sqlite3
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -290,12 +291,54 @@ _FILE_LEVEL = {
 }
 
 
+# What SQLite says for every SQLITE_READONLY error, whatever its extended code (sqlite3ErrStr keeps
+# the primary code only): the guard's refusal (1032), a file without write permission, a
+# read-only open, a WAL it cannot recover.
+_READONLY_MESSAGE = "attempt to write a readonly database"
+
+
+class ExtendedCodeUnavailable(HermesGuardError):
+    """:func:`is_retired` was given a standard-library `sqlite3` error, on Python 3.9 or 3.10,
+    that may be the guard's refusal, and the error alone cannot tell: before 3.11 it carries no
+    extended result code, and its message is the one SQLite gives every read-only error. Use
+    :func:`classify` with the connection that raised it."""
+
+
 def is_retired(error: BaseException) -> bool:
     """Whether `error` is the guard's refusal of a write into a retired generation
-    (`SQLITE_READONLY_DBMOVED`, 1032). Needs the extended code: Python 3.11+'s
-    `sqlite3.Error.sqlite_errorcode`, or apsw's `extendedresult`; on an older Python use
-    :func:`classify` with the connection."""
-    return _is_sqlite_error(error) and _extended_code(error) == READONLY_DBMOVED
+    (`SQLITE_READONLY_DBMOVED`, 1032), read from its extended result code: the standard
+    library's `sqlite3.Error.sqlite_errorcode` (Python 3.11+) or apsw's `extendedresult`.
+
+    On Python 3.9 and 3.10 a `sqlite3` error has no extended code, and the refusal's message,
+    "attempt to write a readonly database", is the one SQLite gives every read-only error (a
+    file without write permission too). There `is_retired` answers False for an error that
+    cannot be a refusal (another class or message) and raises :class:`ExtendedCodeUnavailable`
+    for one that may be; use ``classify(conn, e)`` instead, which asks the connection:
+    :data:`WalLost` or :data:`MainReplaced` means the write was refused because the database's
+    files were removed or replaced, and ``status(conn).capture`` says where its rows are."""
+    if not _is_sqlite_error(error):
+        return False
+    code = _extended_code(error)
+    if code is not None:
+        return code == READONLY_DBMOVED
+    # No extended code: on 3.11+ the error was not raised by SQLite. Before 3.11, SQLite's
+    # SQLITE_READONLY errors are OperationalErrors with SQLite's message for them.
+    if (
+        sys.version_info < (3, 11)
+        and isinstance(error, sqlite3.OperationalError)
+        and str(error) == _READONLY_MESSAGE
+    ):
+        raise ExtendedCodeUnavailable(
+            f"hermes_guard.is_retired() cannot tell on Python {sys.version.split()[0]} whether "
+            f"this error is the guard's refusal: before Python 3.11 a sqlite3 error carries no "
+            f"extended result code, and SQLite says {_READONLY_MESSAGE!r} for every read-only "
+            f"error (a file without write permission too). Use hermes_guard.classify(conn, e) "
+            f"with the connection that raised it: hermes_guard.WalLost or "
+            f"hermes_guard.MainReplaced means the write was refused because the database's "
+            f"files were removed or replaced, and hermes_guard.status(conn).capture says where "
+            f"its committed rows are."
+        ) from error
+    return False
 
 
 def classify(conn: Any, error: BaseException) -> ErrorClass:
@@ -306,7 +349,9 @@ def classify(conn: Any, error: BaseException) -> ErrorClass:
     can also fail below the guard (an I/O, corruption, protocol, cannot-open or read-only error),
     and those are classified by its reason too. SQLite's own 1032 on a connection the guard did
     not retire means the main file was moved. On a Python older than 3.11 (no extended code),
-    a file-level error of a retired connection is classified by the reason alone.
+    a file-level error of a retired connection is classified by the reason alone: there, where
+    :func:`is_retired` cannot tell a refusal from another read-only error, this is the call to
+    make.
     """
     if not _is_sqlite_error(error):
         return ErrorClass.OTHER

@@ -203,6 +203,133 @@ def test_a_python_that_cannot_load_extensions_is_guarded_through_its_sqlite_libr
     assert done.stderr == "", done.stderr  # one error, handled: nothing else printed
 
 
+# ── is_retired(e) on every interpreter the wheel went into ──────────────────────────────────────
+
+
+def _wheel_pythons():
+    """This interpreter and each one python/run-tests.sh installed the wheel into
+    (HERMES_GUARD_WHEEL_PYTHONS, os.pathsep-separated: the distribution's Python and every CPython
+    3.9+ it found, 3.9 and 3.10 among them in CI)."""
+    listed = os.environ.get("HERMES_GUARD_WHEEL_PYTHONS", "").split(os.pathsep)
+    return list(dict.fromkeys([sys.executable, *filter(None, listed)]))
+
+
+def _python_id(python):
+    # run-tests.sh names each venv after its interpreter: venv-wheel-3.9.18
+    return "this-python" if python == sys.executable else Path(python).parents[1].name
+
+
+every_python = pytest.mark.parametrize("python", _wheel_pythons(), ids=_python_id)
+
+# A guarded database with one committed row; `answer(e)` is what is_retired(e) said: True, False,
+# or the error it raised instead.
+ERROR_PROBE = """
+    import json, os, sqlite3, sys
+    import hermes_guard
+    hermes_guard.enable(log="off")
+    path = os.path.join(sys.argv[1], "state.db")
+    conn = sqlite3.connect(path, isolation_level=None, timeout=0)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE notes(body TEXT UNIQUE)")
+    conn.execute("INSERT INTO notes VALUES ('acknowledged')")
+
+    def error_of(connection, statement):
+        try:
+            connection.execute(statement)
+        except sqlite3.Error as e:
+            return e
+        raise SystemExit(f"{statement!r} raised nothing")
+
+    def answer(error):
+        try:
+            return hermes_guard.is_retired(error)
+        except hermes_guard.ExtendedCodeUnavailable as e:
+            return {"raised": type(e).__name__, "message": str(e)}
+
+    def report(**fields):
+        print(json.dumps({"python": list(sys.version_info[:2]), **fields}))
+"""
+
+REFUSAL = ERROR_PROBE + """
+    os.remove(path + "-wal")  # what a cleanup script does
+    refused = error_of(conn, "INSERT INTO notes VALUES ('next')")
+    report(error=type(refused).__name__, message=str(refused), is_retired=answer(refused),
+           classify=hermes_guard.classify(conn, refused).value,
+           retired=hermes_guard.status(conn).retired)
+"""
+
+ORDINARY_ERRORS = ERROR_PROBE + """
+    errors = [
+        error_of(conn, "INSERT INTO notes VALUES ('acknowledged')"),  # UNIQUE
+        error_of(conn, "SELECT * FROM no_such_table"),
+        ValueError("not from SQLite"),
+    ]
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held
+    errors.append(error_of(conn, "INSERT INTO notes VALUES ('while locked')"))
+    holder.rollback()
+    report(answers={f"{type(e).__name__}: {e}": answer(e) for e in errors},
+           retired=hermes_guard.status(conn).retired)
+"""
+
+READ_ONLY_OPEN = ERROR_PROBE + """
+    reader = sqlite3.connect(hermes_guard.guarded_uri(path) + "&mode=ro", uri=True)
+    refused = error_of(reader, "INSERT INTO notes VALUES ('next')")
+    report(error=type(refused).__name__, message=str(refused), is_retired=answer(refused),
+           retired=hermes_guard.status(reader).retired)
+"""
+
+
+def _has_extended_codes(probe):
+    return tuple(probe["python"]) >= (3, 11)  # sqlite3.Error.sqlite_errorcode
+
+
+@every_python
+def test_is_retired_never_answers_false_for_a_real_refusal(tmp_path, python):
+    """The -wal removed under a guarded connection, its next write refused: is_retired(e) is True
+    where the error carries its extended code (3.11+); on 3.9 and 3.10, where it cannot, it raises
+    ExtendedCodeUnavailable naming classify(conn, e) — which answers WalLost there."""
+    probe = last_json(run_python(REFUSAL, str(tmp_path), python=python))
+    assert probe["error"] == "OperationalError" and probe["retired"], probe
+    assert probe["message"] == "attempt to write a readonly database", probe
+    assert probe["classify"] == "wal-lost", probe
+    if _has_extended_codes(probe):
+        assert probe["is_retired"] is True, probe
+    else:
+        assert probe["is_retired"]["raised"] == "ExtendedCodeUnavailable", probe
+        assert "hermes_guard.classify(conn, e)" in probe["is_retired"]["message"], probe
+
+
+@every_python
+def test_is_retired_is_false_for_errors_that_cannot_be_a_refusal(tmp_path, python):
+    """A UNIQUE violation, a missing table, a locked database, a non-SQLite error: False on every
+    Python, 3.9 and 3.10 included (their class or message rules a refusal out)."""
+    probe = last_json(run_python(ORDINARY_ERRORS, str(tmp_path), python=python))
+    assert not probe["retired"], probe
+    assert probe["answers"] == {
+        "IntegrityError: UNIQUE constraint failed: notes.body": False,
+        "OperationalError: no such table: no_such_table": False,
+        "OperationalError: database is locked": False,
+        "ValueError: not from SQLite": False,
+    }, probe
+
+
+@every_python
+def test_a_read_only_open_reads_like_a_refusal_so_is_retired_never_guesses_from_the_message(
+    tmp_path, python
+):
+    """A write into a database opened read-only (mode=ro) is no refusal of the guard, yet SQLite
+    words it exactly alike: is_retired(e) is False where the extended code tells them apart
+    (3.11+), and raises ExtendedCodeUnavailable on 3.9 and 3.10 rather than guess."""
+    probe = last_json(run_python(READ_ONLY_OPEN, str(tmp_path), python=python))
+    assert probe["error"] == "OperationalError" and not probe["retired"], probe
+    assert probe["message"] == "attempt to write a readonly database", probe
+    if _has_extended_codes(probe):
+        assert probe["is_retired"] is False, probe
+    else:
+        assert probe["is_retired"]["raised"] == "ExtendedCodeUnavailable", probe
+
+
 # ── apsw ────────────────────────────────────────────────────────────────────────────────────────
 
 APSW_SCENARIO = """
