@@ -54,8 +54,9 @@ fn live_rows(path: &Path) -> i64 {
     count_like(&open_stock(path), "kept %")
 }
 
-#[test]
-fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
+/// A guarded writer of `state.db` in a new temporary directory, with three committed rows in its
+/// WAL (automatic checkpoints off), and the log recorded.
+fn writer_with_three_rows() -> (tempfile::TempDir, std::path::PathBuf, rusqlite::Connection) {
     record_logs_into(record);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
@@ -64,6 +65,12 @@ fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
     for i in 0..3 {
         insert(&w, &format!("kept {i}")).unwrap();
     }
+    (dir, path, w)
+}
+
+#[test]
+fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
+    let (dir, path, w) = writer_with_three_rows();
     remove(&path, "-wal");
     assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
 
@@ -88,13 +95,7 @@ fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
 
 #[test]
 fn a_retirement_whose_wal_was_checkpointed_empty_says_nothing_is_captured_and_why() {
-    record_logs_into(record);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    let w = open_guarded(&path);
-    for i in 0..3 {
-        insert(&w, &format!("kept {i}")).unwrap();
-    }
+    let (dir, path, w) = writer_with_three_rows();
     w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .unwrap();
     remove(&path, "-wal");
@@ -116,14 +117,7 @@ fn a_retirement_whose_wal_was_checkpointed_empty_says_nothing_is_captured_and_wh
 /// outside the live file, and the line says so instead of promising a capture.
 #[test]
 fn a_retirement_whose_wal_the_newer_generation_truncated_says_the_rows_are_live() {
-    record_logs_into(record);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("state.db");
-    let w = open_guarded(&path);
-    w.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
-    for i in 0..3 {
-        insert(&w, &format!("kept {i}")).unwrap();
-    }
+    let (dir, path, w) = writer_with_three_rows();
     remove(&path, "-shm");
     write_second_generation(&path, "stock", 2);
     assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
