@@ -97,6 +97,14 @@ pub fn stamp_of_path(path: &Path) -> io::Result<Option<FileStamp>> {
     }
 }
 
+/// The identity of the file `name` names in the directory `dir` (not following a symbolic
+/// link), and how many names (hard links) it has.
+#[allow(clippy::unnecessary_cast)] // st_nlink's width differs between platforms
+pub(crate) fn links_at<F: AsFd>(dir: F, name: &std::ffi::OsStr) -> io::Result<(FileId, u64)> {
+    let st = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok((FileId::of(&st), st.st_nlink as u64))
+}
+
 /// What an open descriptor refers to.
 pub fn identity_of_fd<F: AsFd>(fd: F) -> io::Result<FileId> {
     Ok(FileId::of(&rustix::fs::fstat(fd)?))

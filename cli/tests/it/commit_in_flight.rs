@@ -23,7 +23,6 @@ use std::time::Duration;
 
 use common::*;
 use rusqlite::Connection;
-use serde_json::Value;
 
 const ROLE: &str = "HERMES_IN_FLIGHT_PEER";
 const DB: &str = "HERMES_IN_FLIGHT_DB";
@@ -160,24 +159,7 @@ fn writer(
 
 /// The operator: `captures --json`, every `recover ... --apply` it lists; then the live rows.
 fn recover_and_check(path: &Path, case: Case, outcome: &Outcome) {
-    let (code, out, err) =
-        hermes_guard_cli(&["captures".as_ref(), path.as_ref(), "--json".as_ref()]);
-    assert!(code == 0 || code == 3, "{case:?}: captures:\n{out}\n{err}");
-    let listing: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}\n{err}"));
-    let mut log = format!("captures: {listing:#}\n");
-    for row in listing.as_array().unwrap() {
-        let Some(words) = row["recover"].as_array() else {
-            continue;
-        };
-        let mut words: Vec<String> = words
-            .iter()
-            .map(|w| w.as_str().unwrap().to_owned())
-            .collect();
-        words.push("--apply".to_owned());
-        let args: Vec<&std::ffi::OsStr> = words.iter().map(|w| w.as_ref()).collect();
-        let (code, out, err) = hermes_guard_cli(&args);
-        log.push_str(&format!("$ recover (exit {code})\n{out}{err}\n"));
-    }
+    let log = apply_every_listed_recovery(path);
     let live = Connection::open(path).unwrap();
     assert!(integrity_ok(&live), "{case:?}: integrity_check\n{log}");
     let newer = ["newer-0".to_owned(), "newer-1".to_owned()];

@@ -509,6 +509,34 @@ pub fn hermes_guard_cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
     )
 }
 
+/// The operator's runbook on `database`: `hermes-guard captures --json`, then every `recover`
+/// command it lists, with `--apply`. Returns what they printed, for a failing test's message.
+pub fn apply_every_listed_recovery(database: &Path) -> String {
+    let (code, out, err) =
+        hermes_guard_cli(&["captures".as_ref(), database.as_ref(), "--json".as_ref()]);
+    assert!(
+        code == 0 || code == 3,
+        "captures exited {code}:\n{out}\n{err}"
+    );
+    let listing: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}\n{err}"));
+    let mut log = format!("captures: {listing:#}\n");
+    for row in listing.as_array().unwrap() {
+        let Some(words) = row["recover"].as_array() else {
+            continue;
+        };
+        let mut words: Vec<String> = words
+            .iter()
+            .map(|w| w.as_str().unwrap().to_owned())
+            .collect();
+        words.push("--apply".to_owned());
+        let args: Vec<&std::ffi::OsStr> = words.iter().map(|w| w.as_ref()).collect();
+        let (code, out, err) = hermes_guard_cli(&args);
+        log.push_str(&format!("$ recover (exit {code})\n{out}{err}\n"));
+    }
+    log
+}
+
 /// A test that cannot run here (no root to mount, no system Python): says why on stderr, which
 /// the harness shows, and passes — except in CI (`CI` set), where the machine has what the suite
 /// needs and a test that silently tested nothing would hide a regression: there it fails.

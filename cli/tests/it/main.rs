@@ -107,6 +107,7 @@ mod registry_stress;
 mod restore_in_process;
 mod restore_once;
 mod retirement_words;
+mod second_name;
 mod shm_directory;
 mod single_threaded_sqlite;
 mod sqlite_log_events;

@@ -11,9 +11,15 @@
 //! base unknown, and recovery then only adds (docs/merge-rules.md). The verdict never rests on
 //! timing: a creation a microsecond before the drain is counted, one after it came after the
 //! image was read.
+//!
+//! The watch sees the database's own names only. A file with a second name (a hard link, in this
+//! directory or another) can be written by a newer generation through that name, whose `-wal`
+//! and `-shm` are made beside it: so an image whose file has more than one name when the capture
+//! reads it is never `own`.
 
 use super::DbState;
 use crate::capture::{BaseEntry, BaseVerdict};
+use crate::identity::{links_at, FileId};
 use crate::status::RetireReason;
 use crate::vfs::watch::Creations;
 
@@ -49,6 +55,7 @@ impl DbState {
         &self,
         at_pin: Option<Creations>,
         reason: Option<RetireReason>,
+        main_id: Option<FileId>,
     ) -> BaseEntry {
         if matches!(
             reason,
@@ -97,13 +104,37 @@ impl DbState {
                     now.created - at_pin.created
                 ),
             ),
-            Some(_) => BaseEntry::new(
-                BaseVerdict::Own,
-                "the directory watch, drained after the image was read, saw nothing create the \
-                 database's name, -wal, -shm or -journal since this connection pinned its files: \
-                 no newer generation wrote the main file, and the image is the one the WAL was \
-                 written on (with that generation's own checkpoints)",
-            ),
+            Some(_) => match self.names_of_main(main_id) {
+                Some(names) if names > 1 => BaseEntry::new(
+                    BaseVerdict::Unknown,
+                    format!(
+                        "the database file has {names} names (hard links): a newer generation may \
+                         have written it through another name, whose -wal and -shm the directory \
+                         watch does not see"
+                    ),
+                ),
+                _ => self.own(),
+            },
         }
+    }
+
+    /// The verdict when the watch saw nothing and the file has one name.
+    fn own(&self) -> BaseEntry {
+        BaseEntry::new(
+            BaseVerdict::Own,
+            "the directory watch, drained after the image was read, saw nothing create the \
+             database's name, -wal, -shm or -journal since this connection pinned its files, and \
+             the file has no other name: no newer generation wrote the main file, and the image is \
+             the one the WAL was written on (with that generation's own checkpoints)",
+        )
+    }
+
+    /// How many names the pinned main file has, read where the database's name is now (in the
+    /// held directory); `None` when that name is no longer the pinned file or cannot be read
+    /// (a replaced file is judged by its retirement reason).
+    fn names_of_main(&self, main_id: Option<FileId>) -> Option<u64> {
+        let dir = self.dir()?;
+        let (id, links) = links_at(dir.fd(), self.db_path.file_name()?).ok()?;
+        (Some(id) == main_id).then_some(links)
     }
 }
