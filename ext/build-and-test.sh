@@ -51,7 +51,8 @@ bash tests/doc-identifiers.sh
 # The framework recipes (docs/hosts.md) are the code tests/frameworks runs.
 bash tests/readme-recipes.sh
 # The README's Rust quick start and operator's block run as pasted (a fresh cargo project; the
-# command `cargo test` built). Seconds: the project reuses the workspace's build.
+# command `cargo test` built), and its main job as written (`cargo run --release -- demo`: the
+# release build, about 2 minutes the first time; the project reuses the workspace's debug build).
 echo "== the README's blocks, as pasted"
 bash tests/readme-blocks.sh
 

@@ -4,8 +4,10 @@
 # says it prints; then the operator's block ("When a write is refused"), in that project's
 # directory with the `hermes-guard` command on PATH, must run each line with exit code 0 (the
 # capture is there, and its rows were healed back at the program's close: nothing is missing).
-# The Python quick start is run verbatim by python/run-tests.sh and python/tests/test_api.py,
-# node/README.md's example by tests/node.sh, the two commands by CI itself.
+# Then the main job's line of "The two commands" (the demo), as written, from the repository
+# root; the other line is the test command this script runs under. The Python quick start is run
+# verbatim by python/run-tests.sh and python/tests/test_api.py, node/README.md's example by
+# tests/node.sh.
 #
 #   bash tests/readme-blocks.sh [hermes-guard command]   # default: target/debug/hermes-guard
 #
@@ -27,6 +29,12 @@ toml = re.search(r"```toml\n(.*?)```", rust_part, re.S).group(1)
 program = re.search(r"```rust[^\n]*\n(.*?)```", rust_part, re.S).group(1)
 refused = readme[readme.index("## When a write is refused"):]
 operator = re.search(r"```sh\n(.*?)```", refused, re.S).group(1)
+two = readme[readme.index("## The two commands"):]
+main_job = [l for l in re.search(r"```sh\n(.*?)```", two, re.S).group(1).splitlines()
+            if l.startswith("cargo run")]
+if len(main_job) != 1:
+    sys.exit("README.md: \"The two commands\" no longer has one `cargo run` line (the main job)")
+(project / "main_job.sh").write_text(main_job[0] + "\n", encoding="utf-8")
 if '"../hermes-guard"' not in toml:
     sys.exit("README.md: the Rust quick start's [dependencies] no longer names ../hermes-guard")
 manifest = ('[package]\nname = "readme-quick-start"\nversion = "0.1.0"\nedition = "2021"\n'
@@ -61,3 +69,12 @@ while IFS= read -r line; do
     fi
 done <"$project/operator.sh"
 echo "   README.md's operator block, run as pasted after it: every line exit 0"
+
+main_job="$(cat "$project/main_job.sh")"
+if ! said="$(cd "$root" && bash -c "$main_job" 2>&1)"; then
+    echo "$said" >&2
+    echo "README.md: the main job failed as written: $main_job" >&2
+    exit 1
+fi
+grep -q "rows lost" <<<"$said" || { echo "$said" >&2; echo "README.md: the demo printed no table" >&2; exit 1; }
+echo "   README.md's main job, run as written: $(grep -m1 "rows lost" <<<"$said" | tr -s ' ')"
