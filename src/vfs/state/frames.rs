@@ -5,9 +5,7 @@
 //! offset + 24 (`walWriteOneFrame`). A newer generation that shares the WAL file (the `-shm`
 //! replaced, the `-wal` left at the path) cannot see this connection's locks, so it may write
 //! its own frames at the offsets this one is writing, or truncate the file, at any moment after
-//! the replacement — between a frame's header and its page too (the explorer's
-//! `newer-checkpointed` seed 61 wrote a page over the newer generation's first frame there when
-//! only the header was checked). So:
+//! the replacement, between a frame's header and its page too. So:
 //!
 //! - **before** every WAL write (the WAL header, each frame header, each page, a page rewritten
 //!   in place after a spill, a header rewritten with its checksum) the files are checked:
