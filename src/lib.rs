@@ -144,8 +144,9 @@ pub use manifest::Manifest;
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
     pub use crate::capture::{
-        heal_state, BaseVerdict, HealPhase, HealRecord, HealState, ImageMode, MainEntry, Manifest,
-        ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry, HEALED_NAME,
+        heal_state, BaseVerdict, FailedCommitEntry, HealPhase, HealRecord, HealState, ImageMode,
+        MainEntry, Manifest, ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry,
+        HEALED_NAME,
     };
     pub use crate::wal_base::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};

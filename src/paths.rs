@@ -68,7 +68,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         })
 }
 
-fn unhex(h: &str) -> Option<Vec<u8>> {
+/// The bytes of lowercase or uppercase hex, two digits per byte; `None` when malformed.
+pub(crate) fn unhex(h: &str) -> Option<Vec<u8>> {
     if !h.len().is_multiple_of(2) {
         return None;
     }

@@ -216,6 +216,23 @@ pub struct WalEntry {
     /// for a WAL without a valid frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<String>,
+    /// A commit failed to the application (never acknowledged: the check after its commit
+    /// frame found the files changed) whose frames the WAL file held after the bytes copied:
+    /// left out. Absent when there was none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_commit: Option<FailedCommitEntry>,
+}
+
+/// Where a commit failed to the application began in the WAL file (`wal.failed_commit`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct FailedCommitEntry {
+    /// The offset of the failed transaction's first write: the WAL copied ends there (or at
+    /// 32, the WAL header, when that write restarted the WAL).
+    pub at: u64,
+    /// The first 24 bytes of that write, hex: another process of the same generation leaves the
+    /// same frames out while its WAL holds them there.
+    pub first_bytes: String,
 }
 
 /// The `-shm` part of the manifest.

@@ -30,6 +30,7 @@ mod names;
 mod proptests;
 #[cfg(test)]
 mod tests;
+mod unacknowledged;
 
 pub use error::CaptureError;
 pub(crate) use error::{hand_over, take_handed_over};
@@ -38,11 +39,12 @@ use faults::injected_fault;
 pub use faults::{clear_capture_fault, inject_capture_fault};
 pub use healed::{heal_state, HealPhase, HealRecord, HealState, PutBack, HEALED_NAME};
 pub use manifest::{
-    BaseEntry, BaseVerdict, ImageMode, MainEntry, Manifest, ManifestError, PathGeneration,
-    ShmEntry, Trigger, WalEntry,
+    BaseEntry, BaseVerdict, FailedCommitEntry, ImageMode, MainEntry, Manifest, ManifestError,
+    PathGeneration, ShmEntry, Trigger, WalEntry,
 };
 pub(crate) use names::reserve_staging;
 pub use names::{capture_dir_stem, capture_file_name, fitted_name, DIR_STEM_MAX, FILE_STEM_MAX};
+pub(crate) use unacknowledged::{generation_size, FailedCommit, FIRST_BYTES};
 
 /// Name of the manifest inside an artifact directory.
 pub const MANIFEST_NAME: &str = "manifest.json";
@@ -105,6 +107,9 @@ pub struct CaptureInput<'a> {
     /// The database's permissions, which the capture's directory and files get
     /// (`src/permissions.rs`), wherever the capture is written.
     pub(crate) permissions: Permissions,
+    /// A commit failed to the application, whose frames the WAL file holds: left out
+    /// (`capture/unacknowledged.rs`).
+    pub(crate) failed_commit: Option<FailedCommit>,
 }
 
 /// The database's directory (`.` for a bare file name) and its file name; an error naming the
@@ -202,6 +207,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         Ok(CapturedWal {
             bytes: manifest.wal.bytes,
             sha256: manifest.wal.sha256,
+            failed_commit: manifest.wal.failed_commit.as_ref().and(input.failed_commit),
         })
     });
     match result {
@@ -269,8 +275,9 @@ fn find_identical_capture(
         return None;
     }
     let prefix = format!("{stem}{ARTIFACT_MARKER}");
-    let size = input.wal.size().ok()?;
-    let mut our_sha256: Option<String> = None;
+    // The sha256 of the WAL's first bytes, by length: a capture that left out a failed commit
+    // the input knows nothing of is compared over its own length.
+    let mut our_sha256: Vec<(u64, String)> = Vec::new();
     for entry in rustix::fs::Dir::read_from(dir).ok()? {
         let Ok(entry) = entry else {
             break;
@@ -286,16 +293,34 @@ fn find_identical_capture(
         };
         let same_files =
             captured.wal.identity == input.wal.id() && captured.main.identity == input.main_id;
-        if !same_files || captured.wal.bytes != size {
+        if !same_files {
             continue;
         }
-        if our_sha256.is_none() {
-            our_sha256 = Some(sha256_of(input.wal.file(), size).ok()?);
+        // A commit another process failed is left out here too, while the WAL holds it.
+        let failed = input.failed_commit.or_else(|| {
+            captured
+                .wal
+                .failed_commit
+                .as_ref()
+                .and_then(FailedCommit::from_entry)
+        });
+        let size = generation_size(input.wal, failed.as_ref()).ok()?;
+        if captured.wal.bytes != size {
+            continue;
         }
-        if our_sha256.as_deref() == Some(captured.wal.sha256.as_str()) {
+        let sha = match our_sha256.iter().find(|(len, _)| *len == size) {
+            Some((_, sha)) => sha.clone(),
+            None => {
+                let sha = sha256_of(input.wal.file(), size).ok()?;
+                our_sha256.push((size, sha.clone()));
+                sha
+            }
+        };
+        if sha == captured.wal.sha256 {
             let wal = CapturedWal {
                 bytes: captured.wal.bytes,
                 sha256: captured.wal.sha256,
+                failed_commit: failed,
             };
             return Some((name.to_owned(), wal, captured.pid));
         }
@@ -316,14 +341,18 @@ pub(crate) struct Captured {
 pub(crate) struct CapturedWal {
     bytes: u64,
     sha256: String,
+    /// The failed commit left out of it, if any: a connection that finds this capture adopts
+    /// it, so its heal at close leaves the same frames out.
+    pub(crate) failed_commit: Option<FailedCommit>,
 }
 
 impl CapturedWal {
-    /// Whether `wal` holds exactly these bytes now: the same size, then the same sha256 (the WAL
-    /// is read through the pinned descriptor only when the sizes match). A WAL that was appended
-    /// to, or rewritten in place after a restart by a peer still attached to it, is not the same.
-    pub(crate) fn is_held_by(&self, wal: &PinnedWal) -> bool {
-        wal.size().is_ok_and(|size| size == self.bytes)
+    /// Whether `wal` holds exactly these bytes now, as a capture reads it (without the frames of
+    /// `failed`): the same size, then the same sha256 (the WAL is read through the pinned
+    /// descriptor only when the sizes match). A WAL that was appended to, or rewritten in place
+    /// after a restart by a peer still attached to it, is not the same.
+    pub(crate) fn is_held_by(&self, wal: &PinnedWal, failed: Option<&FailedCommit>) -> bool {
+        generation_size(wal, failed).is_ok_and(|size| size == self.bytes)
             && sha256_of(wal.file(), self.bytes).is_ok_and(|sha| sha == self.sha256)
     }
 }
@@ -368,11 +397,13 @@ fn fill_staging(
 
     let mut scanner = WalScanner::new();
     let mut wal_digest = (String::new(), 0u64);
+    let end = unacknowledged::generation_end(input.wal, input.failed_commit.as_ref());
     write_synced(staging, &wal_name, &input.permissions, |out| {
-        let src = ReadAt {
+        let whole = ReadAt {
             file: input.wal.file(),
             pos: 0,
         };
+        let src = io::Read::take(whole, end.unwrap_or(u64::MAX));
         wal_digest = sha256_stream(src, |chunk| {
             scanner.feed(chunk);
             out.write_all(chunk)
@@ -434,6 +465,9 @@ fn fill_staging(
                 &summary.header,
                 summary.first_frame_checksum,
             ),
+            failed_commit: end
+                .and(input.failed_commit.as_ref())
+                .map(FailedCommit::entry),
         },
         shm: input.shm_id.map(|identity| ShmEntry { identity }),
         main: MainEntry {

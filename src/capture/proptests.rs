@@ -148,6 +148,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                         &summary.header,
                         summary.first_frame_checksum,
                     ),
+                    failed_commit: None,
                 },
                 shm: shm.map(|identity| ShmEntry { identity }),
                 main: MainEntry {

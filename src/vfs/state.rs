@@ -16,7 +16,7 @@ use super::retry::{self, Backoff};
 use super::shield::Shield;
 use super::stale_wal::StaleWalSlot;
 use super::watch::{DirWatch, FastWatch};
-use crate::capture::{sidecar, Captured, ImageSource};
+use crate::capture::{generation_size, sidecar, Captured, FailedCommit, ImageSource};
 use crate::filesystem::Filesystem;
 use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
 use crate::status::{Backfill, GuardStatus, RetireReason};
@@ -257,6 +257,9 @@ pub(crate) struct GenerationCapture {
     /// retire the same generation at once wait for the first one's capture instead of writing
     /// their own.
     done: Mutex<Option<Captured>>,
+    /// A commit of the generation failed to the application after its frames were written: what
+    /// reads the generation from its WAL leaves them out (`capture/unacknowledged.rs`).
+    failed_commit: Mutex<Option<FailedCommit>>,
 }
 
 static GENERATIONS: Mutex<Option<HashMap<GenerationKey, Weak<GenerationCapture>>>> =
@@ -278,6 +281,32 @@ impl GenerationCapture {
 }
 
 impl Inner {
+    /// The process's capture slot of this connection's generation, joined now if it was not;
+    /// `None` without a pinned WAL.
+    fn generation_slot(&mut self) -> Option<Arc<GenerationCapture>> {
+        let key = GenerationKey {
+            main: self.main_id,
+            wal: self.wal.as_ref()?.id(),
+        };
+        Some(
+            self.generation
+                .get_or_insert_with(|| GenerationCapture::join(key))
+                .clone(),
+        )
+    }
+
+    /// The commit of this generation failed to the application, if any: its frames are no part
+    /// of the generation.
+    fn failed_commit(&self) -> Option<FailedCommit> {
+        *self.generation.as_ref()?.failed_commit.lock()
+    }
+
+    /// Where the generation's bytes end in the pinned WAL: `None`, the whole file.
+    fn generation_end(&self) -> Option<u64> {
+        let failed = self.failed_commit()?;
+        failed.end_in(self.wal.as_ref()?)
+    }
+
     /// Whether the retired generation holds anything a capture would save. A replaced main file
     /// always does: its image is the retired data. After a lost `-wal`/`-shm` the main file is
     /// the live one, so only frames in the pinned WAL are at stake; a WAL without a whole frame
@@ -295,7 +324,8 @@ impl Inner {
         match self.reason {
             Some(RetireReason::MainReplaced | RetireReason::MainOverwritten) => true,
             // Unknown size: capture rather than risk losing frames.
-            _ => wal.size().map_or(true, |n| n >= SMALLEST_WAL_WITH_A_FRAME),
+            _ => generation_size(wal, self.failed_commit().as_ref())
+                .map_or(true, |n| n >= SMALLEST_WAL_WITH_A_FRAME),
         }
     }
 }

@@ -304,6 +304,7 @@ fn manifest(
                 &summary.header,
                 summary.first_frame_checksum,
             ),
+            failed_commit: None,
         },
         shm: shm_id.map(|identity| ShmEntry { identity }),
         main: MainEntry {

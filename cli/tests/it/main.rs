@@ -60,6 +60,7 @@ mod close_capture;
 mod close_heal;
 mod close_no_checkpoint;
 mod close_pending_retry;
+mod commit_failed_after_its_frame;
 mod commit_in_flight;
 mod database_paths;
 mod descriptors;

@@ -5,6 +5,7 @@ use std::ffi::{c_int, c_void};
 use rusqlite::ffi;
 
 use super::*;
+use crate::capture::{FailedCommit, FIRST_BYTES};
 use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site, FRAME_HEADER};
 use crate::wal_base::RECORDED_PAGES;
@@ -226,19 +227,49 @@ unsafe fn write_framed(
         _ => sub_call!(t, sub, xWrite, buf, amt, ofst),
     };
     if rc == ffi::SQLITE_OK && next.completes_commit && !state.check_fast(Site::WalWrite) {
-        return commit_refused(state, ofst);
+        return commit_refused(t, state, sub, ofst);
     }
     rc
 }
 
 /// A commit frame made whole while the check after it could not vouch: the full check, and, if
-/// the files changed, the commit failed with the reason said.
+/// the files changed, the commit failed with the reason said. Until the check vouches, the
+/// transaction's frames are in doubt: the capture the check may take leaves them out
+/// (`capture/unacknowledged.rs`), so the runbook never merges a commit the application was
+/// told failed.
 #[cold]
 #[inline(never)]
-fn commit_refused(state: &DbState, ofst: ffi::sqlite3_int64) -> c_int {
+fn commit_refused(
+    t: &FileTable,
+    state: &DbState,
+    sub: *mut ffi::sqlite3_file,
+    ofst: ffi::sqlite3_int64,
+) -> c_int {
+    let first = state.frames().first_write();
+    let mut first_bytes = [0u8; FIRST_BYTES];
+    // The write lock is still held: no writer of this generation wrote there since.
+    let read = first.map(|from| {
+        let at = i64::try_from(from).unwrap_or(i64::MAX);
+        sub_call!(
+            t,
+            sub,
+            xRead,
+            first_bytes.as_mut_ptr().cast(),
+            FIRST_BYTES as c_int,
+            at
+        )
+    });
+    let in_doubt = first.filter(|_| read == Some(ffi::SQLITE_OK));
+    if let Some(from) = in_doubt {
+        ffi_guard((), || {
+            state.commit_in_doubt(FailedCommit { from, first_bytes })
+        });
+    }
     let rc = verdict_slow(state, Gate::Check(Site::WalWrite), ffi::SQLITE_IOERR_WRITE);
     if rc != ffi::SQLITE_OK {
         ffi_guard((), || state.commit_not_acknowledged(ofst));
+    } else if in_doubt.is_some() {
+        ffi_guard((), || state.commit_vouched());
     }
     rc
 }

@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::{DbState, GenerationCapture, GenerationKey, Inner};
-use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, Trigger};
+use super::{DbState, Inner};
+use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, FailedCommit, Trigger};
 use crate::permissions::Permissions;
 use crate::vfs::retry::{self, Attempt};
 
@@ -102,6 +102,23 @@ impl DbState {
         }
     }
 
+    /// A commit frame is whole and the check after it must look at the files in full: until it
+    /// vouches ([`DbState::commit_vouched`]), the transaction that began with `failed` at its
+    /// first write is no part of the generation, so a capture the check triggers leaves its
+    /// frames out (`capture/unacknowledged.rs`). Nothing without a pinned WAL.
+    pub(crate) fn commit_in_doubt(&self, failed: FailedCommit) {
+        if let Some(slot) = self.inner.lock().generation_slot() {
+            *slot.failed_commit.lock() = Some(failed);
+        }
+    }
+
+    /// The check after a commit frame vouched for it after all: its frames are the generation's.
+    pub(crate) fn commit_vouched(&self) {
+        if let Some(slot) = &self.inner.lock().generation {
+            *slot.failed_commit.lock() = None;
+        }
+    }
+
     /// The last capture failure, while no capture exists.
     pub(crate) fn capture_error(&self) -> Option<String> {
         self.inner.lock().capture_error.clone()
@@ -180,26 +197,24 @@ impl DbState {
     /// then the capture beside the database, or in the orphan directory when the database's own
     /// was deleted.
     fn write_once(&self, inner: &mut Inner, trigger: Trigger) -> Result<PathBuf, CaptureError> {
+        let generation = inner
+            .generation_slot()
+            .ok_or_else(|| CaptureError::NoPinnedIdentity {
+                database: self.db_path.clone(),
+            })?;
+        let failed_commit = *generation.failed_commit.lock();
         let Some(wal) = &inner.wal else {
             return Err(CaptureError::NoPinnedIdentity {
                 database: self.db_path.clone(),
             });
         };
-        let key = GenerationKey {
-            main: inner.main_id,
-            wal: wal.id(),
-        };
-        let generation = inner
-            .generation
-            .get_or_insert_with(|| GenerationCapture::join(key))
-            .clone();
         // Held while capturing: another connection retiring the same generation waits here.
         let mut done = generation.done.lock();
         if let Some(Captured { dir, wal: bytes }) = &*done {
             // The same bytes were captured already (by this process's first connection to retire
             // the generation): same size and sha256. A WAL that changed since then (a peer still
             // attached to it appended, or restarted it and wrote again) is captured again, whole.
-            if bytes.is_held_by(wal) && dir.exists() {
+            if bytes.is_held_by(wal, failed_commit.as_ref()) && dir.exists() {
                 log::info!(
                     "hermes-guard: the retired generation of {} is already captured in {}",
                     self.db_path.display(),
@@ -257,6 +272,7 @@ impl DbState {
             backfill_at_loss: inner.backfill_at_loss,
             base: Some(&|| self.judge_base(at_pin, reason, main_id)),
             permissions,
+            failed_commit,
         };
         let captured = match capture::write_capture(&input) {
             Err(CaptureError::Io { source, .. })
@@ -292,6 +308,11 @@ impl DbState {
             );
         }
         let dir = captured.dir.clone();
+        if let (None, Some(failed)) = (failed_commit, captured.wal.failed_commit) {
+            // Found by another process's capture, which left out a commit that process failed:
+            // the heal at close leaves it out too.
+            *generation.failed_commit.lock() = Some(failed);
+        }
         *done = Some(captured);
         Ok(dir)
     }

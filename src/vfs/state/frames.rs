@@ -44,6 +44,9 @@ pub(crate) struct Frames {
     commit: AtomicBool,
     /// The end of the furthest write of this transaction: a header below it is a rewrite.
     furthest: AtomicI64,
+    /// The offset of this transaction's first write (-1: none yet): where its frames begin, or
+    /// 0 when it restarted the WAL.
+    first: AtomicI64,
     /// The offset of a new frame's header held until its page comes (-1: none), and its bytes.
     held_at: AtomicI64,
     held: [AtomicU64; 3],
@@ -68,6 +71,7 @@ impl Default for Frames {
             page_at: AtomicI64::new(-1),
             commit: AtomicBool::new(false),
             furthest: AtomicI64::new(0),
+            first: AtomicI64::new(-1),
             held_at: AtomicI64::new(-1),
             held: Default::default(),
         }
@@ -80,6 +84,7 @@ impl Frames {
         self.page_at.store(-1, Relaxed);
         self.commit.store(false, Relaxed);
         self.furthest.store(0, Relaxed);
+        self.first.store(-1, Relaxed);
         // A header still held here never had its page: the frame it began is no frame.
         self.held_at.store(-1, Relaxed);
     }
@@ -93,6 +98,9 @@ impl Frames {
         let furthest = self.furthest.load(Relaxed);
         if end > furthest {
             self.furthest.store(end, Relaxed);
+        }
+        if furthest == 0 {
+            self.first.store(offset, Relaxed);
         }
         let page_at = self.page_at.load(Relaxed);
         let held_at = self.held_at.load(Relaxed);
@@ -146,6 +154,13 @@ impl Frames {
         next
     }
 
+    /// The offset of this transaction's first write, if it wrote: everything it wrote is at or
+    /// after it (SQLite appends a transaction's frames after the last commit it read, or
+    /// restarts the WAL at its header).
+    pub(crate) fn first_write(&self) -> Option<u64> {
+        u64::try_from(self.first.load(Relaxed)).ok()
+    }
+
     /// The bytes of the header [`Next::held_at`] named, as held.
     pub(crate) fn held_header(&self) -> [u8; FRAME_HEADER as usize] {
         let mut header = [0u8; FRAME_HEADER as usize];
@@ -197,6 +212,25 @@ mod tests {
         assert!(!completes(&f, &[0; PAGE], 56));
         assert!(!completes(&f, &header(true), 32 + FRAME));
         assert!(completes(&f, &[0; PAGE], 56 + FRAME));
+    }
+
+    #[test]
+    fn the_first_write_is_where_the_transaction_begins_and_a_new_one_forgets_it() {
+        let f = Frames::default();
+        f.begin();
+        assert_eq!(f.first_write(), None);
+        completes(&f, &header(false), 32 + 2 * FRAME);
+        completes(&f, &[0; PAGE], 56 + 2 * FRAME);
+        completes(&f, &[1; PAGE], 56 + 2 * FRAME);
+        assert_eq!(f.first_write(), Some(32 + 2 * FRAME as u64));
+        f.begin();
+        assert_eq!(f.first_write(), None);
+        completes(&f, &[0; 32], 0);
+        assert_eq!(
+            f.first_write(),
+            Some(0),
+            "a restart writes the WAL header first"
+        );
     }
 
     #[test]

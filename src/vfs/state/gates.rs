@@ -229,16 +229,25 @@ impl DbState {
     }
 
     /// A commit frame was made whole after this generation's files changed (the check after it
-    /// retired the generation): SQLite is told the commit failed. Said at ERROR, with what may
-    /// have become of its frames.
+    /// retired the generation): SQLite is told the commit failed. Said at ERROR, with what
+    /// became of its frames: no capture or heal of the generation holds them
+    /// (`capture/unacknowledged.rs`), but a WAL left at the path is shared with the newer
+    /// generation, which may have read them.
     pub(crate) fn commit_not_acknowledged(&self, frame_offset: i64) {
+        let reason = self.inner.lock().reason;
+        let frames = if reason == Some(RetireReason::ShmLost) {
+            "Its frames are in the WAL file still at the path, which a newer generation shares: \
+             if that generation read the WAL after them, the rows are live there; otherwise it \
+             writes over them. Check before retrying the transaction on a new connection"
+        } else {
+            "Its frames stay in the retired WAL only, and no capture of it holds them: retry the \
+             transaction on a new connection"
+        };
         log::error!(
             "hermes-guard: a commit to {} was failed, not acknowledged: its files changed while \
              its frames were written (the WAL's frame at byte {frame_offset}), so the application \
-             gets SQLITE_READONLY_DBMOVED for it. A newer generation shares that WAL file: if it \
-             read the WAL after these frames, their rows are live there; otherwise it writes \
-             over them. Retry the transaction on a new connection once its rows are checked \
-             (`hermes-guard captures {}`)",
+             gets SQLITE_READONLY_DBMOVED for it. {frames} (`hermes-guard captures {}` lists \
+             what the retired generation holds)",
             self.db_path.display(),
             self.db_path.display()
         );

@@ -253,13 +253,17 @@ impl Prefix {
     }
 }
 
-pub(super) fn committed_prefix(wal: &File) -> Result<Prefix, String> {
+/// The committed prefix of `wal` up to `end` (`None`: the whole file; see
+/// `Inner::generation_end`).
+pub(super) fn committed_prefix(wal: &File, end: Option<u64>) -> Result<Prefix, String> {
     let mut scanner = WalScanner::new();
     let mut chunk = vec![0u8; 1 << 20];
     let mut at = 0u64;
-    loop {
+    let end = end.unwrap_or(u64::MAX);
+    while at < end {
+        let want = usize::try_from(end - at).map_or(chunk.len(), |left| left.min(chunk.len()));
         let n = wal
-            .read_at(&mut chunk, at)
+            .read_at(&mut chunk[..want], at)
             .map_err(|e| format!("reading the pinned WAL: {e}"))?;
         if n == 0 {
             break;
@@ -339,7 +343,7 @@ fn put_back_and_checkpoint(
         Some(d) => Permissions::of_database_in(d.fd(), &state.db_path),
         None => Permissions::of_database(&state.db_path),
     };
-    let prefix = committed_prefix(wal)?;
+    let prefix = committed_prefix(wal, inner.generation_end())?;
     let pinned = inner.wal.as_ref().map(PinnedWal::id);
     let mut record = HealRecord {
         v: 1,

@@ -99,7 +99,9 @@ impl DbState {
             return LeftWal::AtPath;
         }
         match inner.main_image.as_deref() {
-            Some(main) if in_main_already(wal.file(), main) => LeftWal::Checkpointed,
+            Some(main) if in_main_already(wal.file(), inner.generation_end(), main) => {
+                LeftWal::Checkpointed
+            }
             _ => LeftWal::TakenAway,
         }
     }
@@ -112,9 +114,10 @@ impl DbState {
 }
 
 /// Whether the main file holds, for every page of the WAL's committed frames, the version its
-/// last committed frame has: the WAL was checkpointed in full. Any read that fails says no.
-fn in_main_already(wal: &File, main: &dyn ImageSource) -> bool {
-    let Ok(prefix) = super::healing::committed_prefix(wal) else {
+/// last committed frame has (up to `end`, see `healing::committed_prefix`): the WAL was
+/// checkpointed in full. Any read that fails says no.
+fn in_main_already(wal: &File, end: Option<u64>, main: &dyn ImageSource) -> bool {
+    let Ok(prefix) = super::healing::committed_prefix(wal, end) else {
         return false;
     };
     let page = prefix.page as u64;
