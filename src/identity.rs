@@ -74,6 +74,8 @@ pub struct FileStamp {
     pub mtime: (i64, i64),
     /// `st_ctime`, seconds and nanoseconds.
     pub ctime: (i64, i64),
+    /// `st_nlink`: how many names the file has (a hard link is a second one).
+    pub links: u64,
 }
 
 impl FileStamp {
@@ -84,6 +86,7 @@ impl FileStamp {
             size: st.st_size as u64,
             mtime: (st.st_mtime as i64, st.st_mtime_nsec as i64),
             ctime: (st.st_ctime as i64, st.st_ctime_nsec as i64),
+            links: st.st_nlink as u64,
         }
     }
 }

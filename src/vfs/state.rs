@@ -185,6 +185,9 @@ struct Inner {
     let_go: Option<PathBuf>,
     /// The main file's stamp at the last full check that passed (`state/healing.rs`).
     main_stamp: Option<FileStamp>,
+    /// The most names (hard links) the main file had at any full check: a file that ever had a
+    /// second name is never judged the capture's own base (`state/base.rs`).
+    most_links: u64,
     /// The retired generation was healed back into the main file at close.
     healed: bool,
     /// A capture beside the database failed for want of permission or space (`EACCES`,

@@ -16,14 +16,37 @@ use common::*;
 /// stock process then commits two rows through `link` and truncates its WAL into the file; W's
 /// next write is refused and captured.
 fn lost_while_written_through(link: &Path, path: &Path) {
+    lost_and_captured(link, path, Link::MadeAfterOpen);
+}
+
+/// When the second name is made, and whether it is still there at the capture.
+#[derive(Clone, Copy, PartialEq)]
+enum Link {
+    /// After W opened and wrote: the capture finds it.
+    MadeAfterOpen,
+    /// Before W opened, and removed once the newer generation wrote through it: only W's full
+    /// check at its first write transaction saw it.
+    GoneBeforeTheCapture,
+}
+
+fn lost_and_captured(link: &Path, path: &Path, when: Link) {
+    if when == Link::GoneBeforeTheCapture {
+        drop(open_stock(path));
+        std::fs::hard_link(path, link).unwrap();
+    }
     let w = open_guarded(path);
     w.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
     for i in 0..3 {
         insert(&w, &format!("kept {i}")).unwrap();
     }
-    std::fs::hard_link(path, link).unwrap();
+    if when == Link::MadeAfterOpen {
+        std::fs::hard_link(path, link).unwrap();
+    }
     lose_sidecars(path, false);
     assert_eq!(write_second_generation(link, "stock", 2), 2);
+    if when == Link::GoneBeforeTheCapture {
+        std::fs::remove_file(link).unwrap();
+    }
     assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
     hermes_guard::close(w).map_err(|(_, e)| e).unwrap();
 
@@ -36,7 +59,7 @@ fn lost_while_written_through(link: &Path, path: &Path) {
         base["evidence"]
             .as_str()
             .unwrap()
-            .contains("has 2 names (hard links)"),
+            .contains("has had 2 names (hard links)"),
         "{base}"
     );
     let log = apply_every_listed_recovery(path);
@@ -65,5 +88,19 @@ fn a_newer_generation_writing_through_a_link_in_another_directory_keeps_its_rows
     lost_while_written_through(
         &elsewhere.path().join("state.db"),
         &dir.path().join("state.db"),
+    );
+}
+
+/// The link was there when W opened and is gone when W's generation is captured: the file had
+/// two names while W had it open, which W's first write transaction saw, so the base is still
+/// not taken as W's own.
+#[test]
+fn a_link_gone_before_the_capture_still_keeps_the_newer_generations_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let elsewhere = tempfile::tempdir().unwrap();
+    lost_and_captured(
+        &elsewhere.path().join("state.db"),
+        &dir.path().join("state.db"),
+        Link::GoneBeforeTheCapture,
     );
 }

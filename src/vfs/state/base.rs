@@ -50,12 +50,29 @@ impl DbState {
         })
     }
 
-    /// The verdict on an image just read, from the counts taken at the `-shm`'s pin.
+    /// The main file had `links` names at a full check: kept when the most so far, and said at
+    /// WARN the first time it is more than one.
+    pub(super) fn saw_links(&self, inner: &mut super::Inner, links: u64) {
+        if links > 1 && inner.most_links <= 1 {
+            log::warn!(
+                "hermes-guard: {} has {links} names (hard links): another name can be opened as a \
+                 newer generation whose -wal and -shm the guard does not watch, so a capture of \
+                 this database is never taken as its generation's own base, and recovery only adds \
+                 rows (docs/merge-rules.md)",
+                self.db_path.display()
+            );
+        }
+        inner.most_links = inner.most_links.max(links);
+    }
+
+    /// The verdict on an image just read, from the counts taken at the `-shm`'s pin;
+    /// `most_links`: the most names the main file had at a full check.
     pub(super) fn judge_base(
         &self,
         at_pin: Option<Creations>,
         reason: Option<RetireReason>,
         main_id: Option<FileId>,
+        most_links: u64,
     ) -> BaseEntry {
         if matches!(
             reason,
@@ -104,13 +121,13 @@ impl DbState {
                     now.created - at_pin.created
                 ),
             ),
-            Some(_) => match self.names_of_main(main_id) {
-                Some(names) if names > 1 => BaseEntry::new(
+            Some(_) => match self.names_of_main(main_id).unwrap_or(0).max(most_links) {
+                names if names > 1 => BaseEntry::new(
                     BaseVerdict::Unknown,
                     format!(
-                        "the database file has {names} names (hard links): a newer generation may \
-                         have written it through another name, whose -wal and -shm the directory \
-                         watch does not see"
+                        "the database file has had {names} names (hard links) while this \
+                         connection had it open: a newer generation may have written it through \
+                         another name, whose -wal and -shm the directory watch does not see"
                     ),
                 ),
                 _ => self.own(),

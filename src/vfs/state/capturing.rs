@@ -253,7 +253,12 @@ impl DbState {
                 source: std::io::Error::other("the database's directory was deleted"),
             });
         }
-        let (at_pin, reason, main_id) = (inner.creations_at_pin, inner.reason, inner.main_id);
+        let (at_pin, reason, main_id, most_links) = (
+            inner.creations_at_pin,
+            inner.reason,
+            inner.main_id,
+            inner.most_links,
+        );
         // The database's own permissions, read in its directory (wherever that is now), whether
         // the capture goes beside it or elsewhere; the most private when it cannot be read.
         let permissions = match dir.as_deref() {
@@ -270,7 +275,7 @@ impl DbState {
             trigger,
             reason: inner.reason,
             backfill_at_loss: inner.backfill_at_loss,
-            base: Some(&|| self.judge_base(at_pin, reason, main_id)),
+            base: Some(&|| self.judge_base(at_pin, reason, main_id, most_links)),
             permissions,
             failed_commit,
         };

@@ -287,6 +287,9 @@ impl DbState {
         } else if moved(inner.shm_id, self.shm_check_path(&inner)) {
             RetireReason::ShmLost
         } else {
+            if let Ok(Some(stamp)) = &main_now {
+                self.saw_links(&mut inner, stamp.links);
+            }
             inner.main_stamp = main_now.ok().flatten();
             self.main_written.store(false, Ordering::Release);
             return None;

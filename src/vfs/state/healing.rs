@@ -101,6 +101,7 @@ impl DbState {
         };
         let mut inner = self.inner.lock();
         if inner.main_id == Some(now.id) && inner.reason.is_none() {
+            self.saw_links(&mut inner, now.links);
             inner.main_stamp = Some(now);
             self.main_written
                 .store(false, std::sync::atomic::Ordering::Release);
