@@ -144,9 +144,9 @@ pub use manifest::Manifest;
 pub mod manifest {
     //! A capture's `manifest.json` (`docs/capture-format.md`), as [`Manifest::read`] reads it.
     pub use crate::capture::{
-        heal_state, BaseVerdict, FailedCommitEntry, HealPhase, HealRecord, HealState, ImageMode,
-        MainEntry, Manifest, ManifestError, PathGeneration, PutBack, ShmEntry, Trigger, WalEntry,
-        HEALED_NAME,
+        heal_state, BasePagesEntry, BaseVerdict, FailedCommitEntry, HealPhase, HealRecord,
+        HealState, ImageMode, MainEntry, Manifest, ManifestError, PathGeneration, PutBack,
+        ShmEntry, Trigger, WalEntry, HEALED_NAME,
     };
     pub use crate::wal_base::{Mismatch as StaleWalMismatch, WalBaseRecord};
     pub use crate::walfile::{MainHeader, WalHeader};
@@ -299,7 +299,8 @@ pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusq
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub mod test_hooks {
-    pub use crate::capture::{clear_capture_fault, inject_capture_fault};
+    pub use crate::capture::base_file::read as read_base_pages;
+    pub use crate::capture::{clear_capture_fault, inject_capture_fault, BasePages};
     pub use crate::identity::identity_of_path;
     pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 }

@@ -67,6 +67,10 @@ pub struct Manifest {
     /// shows it. Absent in captures written before it was recorded (read as unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseEntry>,
+    /// The base of the pages the WAL carries, as far as the capturing process kept them
+    /// (`<file>-base`). Absent when none was kept, and in captures written before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_pages: Option<super::BasePagesEntry>,
 }
 
 /// Whether a capture's main image is the file its WAL generation was written on (issue 43).

@@ -20,6 +20,7 @@ use crate::permissions::Permissions;
 use crate::status::{Backfill, RetireReason};
 use crate::walfile::{parse_main_header, WalScanner};
 
+pub(crate) mod base_file;
 mod error;
 pub(crate) mod fallback;
 mod faults;
@@ -32,6 +33,7 @@ mod proptests;
 mod tests;
 mod unacknowledged;
 
+pub use base_file::{BasePages, BasePagesEntry};
 pub use error::CaptureError;
 pub(crate) use error::{hand_over, take_handed_over};
 use faults::injected_fault;
@@ -110,6 +112,9 @@ pub struct CaptureInput<'a> {
     /// A commit failed to the application, whose frames the WAL file holds: left out
     /// (`capture/unacknowledged.rs`).
     pub(crate) failed_commit: Option<FailedCommit>,
+    /// The base pages this process kept for the generation of the given WAL salts, if any
+    /// (`vfs/state/base_pages.rs`): written as `<file>-base`.
+    pub(crate) base_pages: Option<&'a dyn Fn([u32; 2]) -> Option<BasePages>>,
 }
 
 /// The database's directory (`.` for a bare file name) and its file name; an error naming the
@@ -412,6 +417,12 @@ fn fill_staging(
     })?;
     let (wal_sha256, wal_bytes) = wal_digest;
     let summary = scanner.finish();
+    let base_pages = match input.base_pages {
+        Some(kept) if summary.header.valid => kept(summary.header.salts)
+            .map(|pages| write_base_pages(staging, &format!("{name}-base"), input, &pages))
+            .transpose()?,
+        _ => None,
+    };
 
     let main_size = input.main.size()?;
     let mut main_digest = (String::new(), 0u64);
@@ -483,6 +494,7 @@ fn fill_staging(
         main_torn: input.backfill_at_loss.is_some_and(|b| b.tears_main()),
         stale_wal: None,
         base,
+        base_pages,
         path_generation_at_capture: PathGeneration {
             main: identity_of_path(input.database).ok().flatten(),
             wal: identity_of_path(&sidecar(input.database, "-wal"))
@@ -492,6 +504,29 @@ fn fill_staging(
                 .ok()
                 .flatten(),
         },
+    })
+}
+
+/// Writes the kept base pages as `file` in the staging directory; their manifest entry.
+fn write_base_pages(
+    staging: BorrowedFd<'_>,
+    file: &str,
+    input: &CaptureInput<'_>,
+    pages: &BasePages,
+) -> io::Result<BasePagesEntry> {
+    let mut bytes = Vec::new();
+    base_file::write(&mut bytes, pages)?;
+    write_synced(staging, file, &input.permissions, |f| f.write_all(&bytes))?;
+    let (sha256, len) = sha256_stream(&bytes[..], |_| Ok(()))?;
+    Ok(BasePagesEntry {
+        file: file.to_owned(),
+        bytes: len,
+        sha256,
+        page_size: pages.page_size,
+        salts: pages.salts,
+        pages_at_start: pages.pages_at_start,
+        kept: pages.pages.len() as u64,
+        over_cap: pages.over_cap,
     })
 }
 

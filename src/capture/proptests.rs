@@ -169,6 +169,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                 main_torn,
                 stale_wal: None,
                 base: None,
+                base_pages: None,
             }
         },
     )

@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::open::read_manifest;
 use super::walcheck::{PrefixEnd, WalCheck};
 use super::RecoverError;
-use crate::capture::WalEntry;
+use crate::capture::{base_file, BasePagesEntry, WalEntry};
 use crate::digest::Hashing;
 use crate::walfile::{parse_main_header, MainHeader};
 use crate::Manifest;
@@ -97,6 +97,9 @@ pub fn verify_capture(dir: &Path) -> Result<CaptureCheck, RecoverError> {
     let w = &manifest.wal;
     file_problems(&wal, &w.file, w.bytes, &w.sha256, &mut problems);
     problems.extend(wal_problems(&wal_check, w));
+    if let Some(base) = &manifest.base_pages {
+        base_pages_problems(dir, base, w, &mut problems)?;
+    }
     let unreadable_commits = unreadable_commits(&wal_check, w);
     Ok(CaptureCheck {
         capture: dir.to_path_buf(),
@@ -136,6 +139,60 @@ fn verify_stale_wal(dir: &Path, manifest: Manifest) -> Result<CaptureCheck, Reco
         unreadable_commits,
         manifest,
     })
+}
+
+/// What differs between the base file (`<file>-base`) and what the manifest records: its size
+/// and sha256, and, read back, its page size, salts (those of the WAL: the pages are the base of
+/// that generation) and page count.
+fn base_pages_problems(
+    dir: &Path,
+    entry: &BasePagesEntry,
+    wal: &WalEntry,
+    problems: &mut Vec<String>,
+) -> Result<(), RecoverError> {
+    let path = dir.join(&entry.file);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(RecoverError::MissingFile {
+                capture: dir.to_path_buf(),
+                file: entry.file.clone(),
+            })
+        }
+        Err(e) => return Err(RecoverError::io(path, "read", e)),
+    };
+    let mut hashing = Hashing::new(&bytes[..]);
+    io::copy(&mut hashing, &mut io::sink()).map_err(|e| RecoverError::io(&path, "read", e))?;
+    file_problems(
+        &hashing.found(&entry.file),
+        &entry.file,
+        entry.bytes,
+        &entry.sha256,
+        problems,
+    );
+    match base_file::read(&bytes) {
+        Err(why) => problems.push(format!("{}: {why}", entry.file)),
+        Ok(pages) => {
+            if pages.salts != entry.salts || (wal.header.valid && pages.salts != wal.header.salts) {
+                problems.push(format!(
+                    "{} holds the base of the WAL generation with salts {:?}; the manifest says \
+                     {:?} and the WAL's header {:?}",
+                    entry.file, pages.salts, entry.salts, wal.header.salts
+                ));
+            }
+            if pages.page_size != entry.page_size || pages.pages.len() as u64 != entry.kept {
+                problems.push(format!(
+                    "{} holds {} pages of {} bytes; the manifest says {} of {}",
+                    entry.file,
+                    pages.pages.len(),
+                    pages.page_size,
+                    entry.kept,
+                    entry.page_size
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What differs between a file as `found` and the size and sha256 the manifest records for it.

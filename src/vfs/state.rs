@@ -23,6 +23,7 @@ use crate::status::{Backfill, GuardStatus, RetireReason};
 use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 mod base;
+mod base_pages;
 mod capturing;
 mod dir;
 mod frames;
@@ -109,6 +110,9 @@ pub(crate) struct DbState {
     /// The current write transaction's frames: which WAL write is checked before it and which
     /// after it (`state/frames.rs`).
     frames: frames::Frames,
+    /// The process's base-page store of this connection's WAL generation, while it is pinned
+    /// (`state/base_pages.rs`).
+    base_store: Mutex<Option<Arc<base_pages::BaseStore>>>,
     refusals: AtomicU64,
     /// This connection may have written the main file since `main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
@@ -406,6 +410,7 @@ impl DbState {
             tx: AtomicU8::new(0),
             last_wal_offset: AtomicI64::new(i64::MAX),
             frames: frames::Frames::default(),
+            base_store: Mutex::new(None),
             refusals: AtomicU64::new(0),
             main_judge_due: AtomicBool::new(false),
             main_written: AtomicBool::new(true),

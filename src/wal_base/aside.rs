@@ -330,6 +330,7 @@ fn manifest(
              written on; `recover --main` takes the file it was written on, checked against the \
              WAL's record",
         )),
+        base_pages: None,
     })
 }
 

@@ -48,6 +48,7 @@ macro_rules! test_alone {
 
 mod common;
 
+mod base_pages;
 mod base_words;
 mod bench_smoke;
 mod capture_identity;

@@ -193,6 +193,11 @@ unsafe fn write_framed(
     let powersafe = amt == FRAME_HEADER
         && sub_call!(t, sub, xDeviceCharacteristics) & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
     let next = state.frames().next(bytes, ofst, powersafe);
+    if next.new_frame {
+        if let Ok(header) = <&[u8; FRAME_HEADER as usize]>::try_from(bytes) {
+            ffi_guard((), || state.new_frame(header));
+        }
+    }
     if next.hold && next.held_at < 0 {
         // Checked and written with its page, the next write.
         return ffi::SQLITE_OK;

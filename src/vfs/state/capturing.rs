@@ -278,6 +278,7 @@ impl DbState {
             base: Some(&|| self.judge_base(at_pin, reason, main_id, most_links)),
             permissions,
             failed_commit,
+            base_pages: Some(&|salts| self.base_pages(salts)),
         };
         let captured = match capture::write_capture(&input) {
             Err(CaptureError::Io { source, .. })

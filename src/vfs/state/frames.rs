@@ -63,6 +63,9 @@ pub(crate) struct Next {
     pub(crate) held_at: i64,
     /// This write makes a commit frame whole: the files are checked again after it.
     pub(crate) completes_commit: bool,
+    /// This write is a new frame's header (not one rewritten over its page): the first frame
+    /// of its page in the generation keeps the page's base (`state/base_pages.rs`).
+    pub(crate) new_frame: bool,
 }
 
 impl Default for Frames {
@@ -114,12 +117,14 @@ impl Frames {
                 hold: false,
                 held_at,
                 completes_commit: self.commit.load(Relaxed),
+                new_frame: false,
             };
         }
         let mut next = Next {
             hold: false,
             held_at,
             completes_commit: false,
+            new_frame: false,
         };
         if let (Ok(header), true) = (<&[u8; 24]>::try_from(buf), offset > 0) {
             let commit = header[4..8] != [0, 0, 0, 0];
@@ -130,6 +135,7 @@ impl Frames {
             self.page_at.store(end, Relaxed);
             self.commit.store(commit && !rewrite, Relaxed);
             next.completes_commit = commit && rewrite;
+            next.new_frame = !rewrite;
             // Never over a header still held (its page never came: it goes down first, alone).
             if powersafe && !rewrite && held_at < 0 {
                 for (word, i) in self.held.iter().zip([0, 8, 16]) {

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::in_use;
 use super::super::watch::DirWatch;
+use super::base_pages::BaseStore;
 use super::{healing, DbState, Inner, WalGate, WalIndex, JUST_CLOSED_WAL};
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 
@@ -57,6 +58,7 @@ impl DbState {
         inner.wal_here = inner
             .main_id
             .map(|main| in_use::WalHere::new(main, wal.id()));
+        *self.base_store.lock() = Some(BaseStore::join(inner.main_id, wal.id()));
         inner.wal = Some(wal);
         drop(inner);
         self.last_wal_offset.store(i64::MAX, Ordering::Release);
@@ -125,6 +127,7 @@ impl DbState {
         inner.wal_here = None;
         inner.wal = None;
         inner.generation = None;
+        *self.base_store.lock() = None;
         self.wal_pinned.store(false, Ordering::Release);
     }
 
@@ -239,6 +242,7 @@ impl DbState {
         inner.main_image = None;
         inner.wal = None;
         inner.generation = None;
+        *self.base_store.lock() = None;
         inner.wal_index = None;
         self.wal_pinned.store(false, Ordering::Release);
     }
