@@ -33,6 +33,8 @@ mod varint;
 #[cfg(test)]
 mod damage_tests;
 #[cfg(test)]
+mod proptests;
+#[cfg(test)]
 mod tests;
 
 pub(crate) use cell::{local_size, Cell};
