@@ -24,6 +24,7 @@
 //!
 //! The merge rules are in `docs/merge-rules.md`.
 
+mod btree;
 mod error;
 mod ledger;
 mod merge;
