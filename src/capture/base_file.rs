@@ -8,10 +8,11 @@
 //! ```text
 //! "hgbp" 0x01                      magic and format version
 //! u32 page_size, u32 salt-1, u32 salt-2, u32 pages_at_start, u32 count
-//! count × { u32 pgno, u8 flags (0), page_size bytes }   sorted by pgno
+//! count × { u32 pgno, u8 flags, page_size bytes }   sorted by pgno; flags 1: freed in the
+//!                                                    generation without being written
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
@@ -32,6 +33,9 @@ pub struct BasePages {
     pub pages_at_start: u32,
     /// Each kept page, by page number.
     pub pages: BTreeMap<u32, Box<[u8]>>,
+    /// Those of them the generation freed without writing them (a freelist leaf: SQLite does not
+    /// write it), whose rows the generation deleted.
+    pub freed: BTreeSet<u32>,
     /// Pages whose first frame came after the cap was reached, or whose read failed: not kept.
     pub over_cap: u64,
 }
@@ -83,7 +87,7 @@ pub(crate) fn write(out: &mut impl Write, pages: &BasePages) -> io::Result<()> {
             )));
         }
         out.write_all(&pgno.to_le_bytes())?;
-        out.write_all(&[0])?;
+        out.write_all(&[u8::from(pages.freed.contains(pgno))])?;
         out.write_all(page)?;
     }
     Ok(())
@@ -114,6 +118,7 @@ pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
         ));
     }
     let mut pages = BTreeMap::new();
+    let mut freed = BTreeSet::new();
     let mut last = 0u32;
     for r in body.chunks_exact(record) {
         let pgno = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
@@ -121,6 +126,13 @@ pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
             return Err(format!("page {pgno} is out of order (after page {last})"));
         }
         last = pgno;
+        match r[4] {
+            0 => {}
+            1 => {
+                freed.insert(pgno);
+            }
+            flags => return Err(format!("page {pgno} has unknown flags {flags}")),
+        }
         pages.insert(pgno, r[5..].to_vec().into_boxed_slice());
     }
     Ok(BasePages {
@@ -128,6 +140,7 @@ pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
         page_size,
         pages_at_start,
         pages,
+        freed,
         over_cap: 0,
     })
 }
@@ -145,6 +158,7 @@ mod tests {
             page_size: 512,
             pages_at_start: 9,
             pages,
+            freed: BTreeSet::from([7]),
             over_cap: 0,
         }
     }

@@ -27,6 +27,7 @@ mod base_pages;
 mod capturing;
 mod dir;
 mod frames;
+mod freed_pages;
 mod gates;
 mod healing;
 mod left;

@@ -136,3 +136,107 @@ fn a_changed_base_file_fails_verify() {
     assert_ne!(code, 0, "{out}{err}");
     assert!(out.contains("-base") || err.contains("-base"), "{out}{err}");
 }
+
+/// The freelist of a database file's bytes: every trunk and leaf page it lists.
+fn freelist(file: &[u8]) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let be = |at: usize| u32::from_be_bytes(file[at..at + 4].try_into().unwrap());
+    let page_size = match u16::from_be_bytes([file[16], file[17]]) {
+        1 => 65536,
+        n => n as usize,
+    };
+    let (mut trunks, mut leaves) = (BTreeSet::new(), BTreeSet::new());
+    let mut trunk = be(32);
+    while trunk != 0 {
+        trunks.insert(trunk);
+        let at = (trunk as usize - 1) * page_size;
+        for k in 0..be(at + 4) as usize {
+            leaves.insert(be(at + 8 + 4 * k));
+        }
+        trunk = be(at);
+    }
+    (trunks, leaves)
+}
+
+/// W deletes most of a large table in one transaction: SQLite puts the emptied leaves on the
+/// freelist without writing them, so the WAL never carries them. The capture keeps each such
+/// page's base, flagged freed: the rows W deleted are there and nowhere else.
+#[test]
+fn the_pages_a_generation_freed_without_writing_them_are_kept_flagged_freed() {
+    freed_pages_kept(false);
+}
+
+/// The same where the file had a freelist when the generation began: the first trunk then
+/// listed pages freed before it, which are not the generation's; only the pages it added are
+/// kept.
+#[test]
+fn pages_freed_before_the_generation_are_not_taken_for_its_own() {
+    freed_pages_kept(true);
+}
+
+fn freed_pages_kept(freelist_before: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let w = open_guarded(&path);
+    w.execute_batch("PRAGMA secure_delete=OFF; PRAGMA wal_autocheckpoint=0")
+        .unwrap();
+    let tx = w.unchecked_transaction().unwrap();
+    for i in 0..2000 {
+        insert(&tx, &format!("history {i} {}", "x".repeat(200))).unwrap();
+    }
+    tx.commit().unwrap();
+    if freelist_before {
+        w.execute("DELETE FROM messages WHERE id BETWEEN 1750 AND 1990", [])
+            .unwrap();
+    }
+    w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    let before = std::fs::read(&path).unwrap();
+    let (_, leaves_before) = freelist(&before);
+    assert_eq!(leaves_before.is_empty(), !freelist_before);
+    w.execute("DELETE FROM messages WHERE id BETWEEN 300 AND 1700", [])
+        .unwrap();
+    lose_sidecars(&path, false);
+    assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
+    hermes_guard::close(w).map_err(|(_, e)| e).unwrap();
+
+    let [capture] = &artifacts(dir.path())[..] else {
+        panic!("one capture");
+    };
+    let m = manifest(capture);
+    let wal = std::fs::read(capture.join(m["wal"]["file"].as_str().unwrap())).unwrap();
+    let carried = carried_pages(&wal);
+    // The generation's end: the capture's image with its WAL, checkpointed in a copy.
+    let end = dir.path().join("end");
+    std::fs::create_dir(&end).unwrap();
+    std::fs::copy(
+        capture.join(m["main"]["file"].as_str().unwrap()),
+        end.join("e.db"),
+    )
+    .unwrap();
+    std::fs::write(end.join("e.db-wal"), &wal).unwrap();
+    let e = rusqlite::Connection::open(end.join("e.db")).unwrap();
+    e.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    drop(e);
+    let (_, leaves) = freelist(&std::fs::read(end.join("e.db")).unwrap());
+    let expected: BTreeSet<u32> = leaves
+        .difference(&carried)
+        .filter(|p| !leaves_before.contains(p))
+        .copied()
+        .collect();
+    assert!(expected.len() > 10, "the delete freed leaves: {expected:?}");
+
+    let base = read_base_pages(
+        &std::fs::read(capture.join(m["base_pages"]["file"].as_str().unwrap())).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(base.freed, expected);
+    let page_size = base.page_size as usize;
+    for pgno in &base.freed {
+        let at = (*pgno as usize - 1) * page_size;
+        assert!(
+            base.pages[pgno][..] == before[at..at + page_size],
+            "page {pgno}"
+        );
+    }
+}

@@ -198,6 +198,9 @@ unsafe fn write_framed(
             ffi_guard((), || state.new_frame(header));
         }
     }
+    if next.page_of == 1 || (next.page_of != 0 && next.page_of == state.frames().trunk_due()) {
+        ffi_guard((), || state.freelist_page_written(next.page_of, bytes));
+    }
     if next.hold && next.held_at < 0 {
         // Checked and written with its page, the next write.
         return ffi::SQLITE_OK;

@@ -25,7 +25,7 @@
 //! (that process keeps them, in its own capture), and pages the generation freed without writing
 //! them (SQLite's "don't write" for a freelist leaf).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -58,6 +58,10 @@ struct Generation {
     /// Pages whose first frame went by (kept, over the cap, or being read).
     seen: Vec<u64>,
     bytes: usize,
+    /// The freelist's first trunk page in the main file when the store began (0: none).
+    start_trunk: u32,
+    /// The freelist's page count as last seen (page 1's, at the start and at each of its frames).
+    free_count: u32,
 }
 
 impl Generation {
@@ -134,7 +138,7 @@ impl BaseStore {
             return false;
         };
         // An empty main file has no header, and nothing in it to keep.
-        let mut header = [0u8; 18];
+        let mut header = [0u8; 40];
         if size > 0 && main.read_at(&mut header, 0).is_err() {
             return false;
         }
@@ -154,10 +158,13 @@ impl BaseStore {
                 page_size,
                 pages_at_start,
                 pages: BTreeMap::new(),
+                freed: BTreeSet::new(),
                 over_cap: 0,
             },
             seen: vec![0; words],
             bytes: 0,
+            start_trunk: u32::from_be_bytes([header[32], header[33], header[34], header[35]]),
+            free_count: u32::from_be_bytes([header[36], header[37], header[38], header[39]]),
         });
         true
     }
@@ -166,6 +173,16 @@ impl BaseStore {
     /// the store moved on to another generation meanwhile). Past the cap it is counted instead;
     /// `true` the first time that happens in the generation, to be said once.
     pub(crate) fn keep(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
+        self.keep_as(pgno, salts, page, false)
+    }
+
+    /// [`BaseStore::keep`] for a page the generation freed without writing it (its base is
+    /// where the rows the generation deleted with it are).
+    pub(crate) fn keep_freed(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
+        self.keep_as(pgno, salts, page, true)
+    }
+
+    fn keep_as(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>, freed: bool) -> bool {
         let mut state = self.state.lock();
         let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
             return false;
@@ -176,7 +193,62 @@ impl BaseStore {
         }
         generation.bytes += page.len();
         generation.kept.pages.insert(pgno, page);
+        if freed {
+            generation.kept.freed.insert(pgno);
+        }
         false
+    }
+
+    /// Page 1's frame shows the freelist holding `count` pages: whether it grew since the last
+    /// look (pages were freed: the first trunk's frame will list them). The page is written by a
+    /// transaction of the generation the store holds (its frame headers began it).
+    pub(crate) fn free_count_now(&self, count: u32) -> bool {
+        let mut state = self.state.lock();
+        let Some(generation) = state.as_mut() else {
+            return false;
+        };
+        let grew = count > generation.free_count;
+        generation.free_count = count;
+        grew
+    }
+
+    /// The leaves the freelist trunk `trunk` listed when the generation began: its kept base's
+    /// list when it was the first trunk then; none when it became a trunk in the generation;
+    /// `None` when it was the first trunk but its base is not kept (what it listed is unknown).
+    pub(crate) fn trunk_at_start(&self, trunk: u32) -> Option<Vec<u32>> {
+        let state = self.state.lock();
+        let generation = state.as_ref()?;
+        if generation.start_trunk != trunk {
+            return Some(Vec::new());
+        }
+        let page = generation.kept.pages.get(&trunk)?;
+        Some(trunk_leaves(page))
+    }
+
+    /// Of `leaves`, freed by the generation, those whose base is to be read now: not seen in the
+    /// generation (no frame of theirs, not read before) and held by the main file when the store
+    /// began. Marked seen. With the generation's salts, to keep them under.
+    pub(crate) fn freed_to_read(&self, leaves: &[u32]) -> (Option<[u32; 2]>, Vec<u32>) {
+        let mut state = self.state.lock();
+        let Some(generation) = state.as_mut() else {
+            return (None, Vec::new());
+        };
+        let mut read = Vec::new();
+        for &pgno in leaves {
+            if pgno != 0 && pgno <= generation.kept.pages_at_start && !generation.seen(pgno) {
+                generation.mark(pgno);
+                read.push(pgno);
+            }
+        }
+        (Some(generation.kept.salts), read)
+    }
+
+    /// A page of the generation the store holds whose base is not kept (see
+    /// [`BaseStore::not_kept`]).
+    pub(crate) fn not_kept_current(&self) {
+        if let Some(g) = self.state.lock().as_mut() {
+            g.kept.over_cap += 1;
+        }
     }
 
     /// The page size of the generation of `salts`, once begun.
@@ -243,14 +315,7 @@ impl DbState {
         match read {
             Some(Ok(())) => {
                 if store.keep(pgno, salts, page) {
-                    log::warn!(
-                        "hermes-guard: {} wrote more distinct pages in this WAL generation than \
-                         the guard keeps the base of ({CAP_PAGES} pages, {} MiB): a capture of \
-                         it will not hold the base of the pages past that, and recovery leaves \
-                         their rows undecided",
-                        self.db_path.display(),
-                        CAP_BYTES >> 20
-                    );
+                    self.base_cap_reached();
                 }
             }
             Some(Err(e)) => {
@@ -264,11 +329,33 @@ impl DbState {
         }
     }
 
+    /// The store reached its cap in this generation: said once.
+    pub(super) fn base_cap_reached(&self) {
+        log::warn!(
+            "hermes-guard: {} wrote more distinct pages in this WAL generation than the guard \
+             keeps the base of ({CAP_PAGES} pages, {} MiB): a capture of it will not hold the base \
+             of the pages past that, and recovery leaves their rows undecided",
+            self.db_path.display(),
+            CAP_BYTES >> 20
+        );
+    }
+
     /// The base pages this process kept for the generation of `salts` (for its capture).
     pub(super) fn base_pages(&self, salts: [u32; 2]) -> Option<BasePages> {
         let store = self.base_store.lock().clone()?;
         store.snapshot(salts)
     }
+}
+
+/// The leaf page numbers a freelist trunk page lists (bytes 4..8: their count, then one each),
+/// as far as the page holds them.
+pub(crate) fn trunk_leaves(page: &[u8]) -> Vec<u32> {
+    let word = |i: usize| {
+        page.get(i..i + 4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    let count = word(4).unwrap_or(0) as usize;
+    (0..count).map_while(|k| word(8 + 4 * k)).collect()
 }
 
 /// The page number and the salts a WAL frame header carries.

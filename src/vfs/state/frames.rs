@@ -30,7 +30,7 @@
 //! Only the connection's own calls use it, and SQLite serialises them: relaxed atomics, for the
 //! `Sync` the state needs, not for ordering.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// A WAL frame header's size (`WAL_FRAME_HDRSIZE`).
 pub(crate) const FRAME_HEADER: i32 = 24;
@@ -40,6 +40,11 @@ pub(crate) const FRAME_HEADER: i32 = 24;
 pub(crate) struct Frames {
     /// The offset of the page whose header was written just now (-1: none).
     page_at: AtomicI64,
+    /// That header's page number.
+    page_no: AtomicU32,
+    /// The freelist trunk page whose frame will list the pages this transaction freed, once
+    /// page 1's frame showed the freelist grew (0: none; `state/freed_pages.rs`).
+    trunk_due: AtomicU32,
     /// That header marks a commit frame.
     commit: AtomicBool,
     /// The end of the furthest write of this transaction: a header below it is a rewrite.
@@ -66,12 +71,17 @@ pub(crate) struct Next {
     /// This write is a new frame's header (not one rewritten over its page): the first frame
     /// of its page in the generation keeps the page's base (`state/base_pages.rs`).
     pub(crate) new_frame: bool,
+    /// This write is the page of the frame whose header came just before it: its page number
+    /// (0: it is not).
+    pub(crate) page_of: u32,
 }
 
 impl Default for Frames {
     fn default() -> Self {
         Self {
             page_at: AtomicI64::new(-1),
+            page_no: AtomicU32::new(0),
+            trunk_due: AtomicU32::new(0),
             commit: AtomicBool::new(false),
             furthest: AtomicI64::new(0),
             first: AtomicI64::new(-1),
@@ -88,6 +98,7 @@ impl Frames {
         self.commit.store(false, Relaxed);
         self.furthest.store(0, Relaxed);
         self.first.store(-1, Relaxed);
+        self.trunk_due.store(0, Relaxed);
         // A header still held here never had its page: the frame it began is no frame.
         self.held_at.store(-1, Relaxed);
     }
@@ -118,6 +129,7 @@ impl Frames {
                 held_at,
                 completes_commit: self.commit.load(Relaxed),
                 new_frame: false,
+                page_of: self.page_no.load(Relaxed),
             };
         }
         let mut next = Next {
@@ -125,6 +137,7 @@ impl Frames {
             held_at,
             completes_commit: false,
             new_frame: false,
+            page_of: 0,
         };
         if let (Ok(header), true) = (<&[u8; 24]>::try_from(buf), offset > 0) {
             let commit = header[4..8] != [0, 0, 0, 0];
@@ -133,6 +146,10 @@ impl Frames {
             // follows it, so it is never held.
             let rewrite = end < furthest;
             self.page_at.store(end, Relaxed);
+            self.page_no.store(
+                u32::from_be_bytes([header[0], header[1], header[2], header[3]]),
+                Relaxed,
+            );
             self.commit.store(commit && !rewrite, Relaxed);
             next.completes_commit = commit && rewrite;
             next.new_frame = !rewrite;
@@ -165,6 +182,17 @@ impl Frames {
     /// restarts the WAL at its header).
     pub(crate) fn first_write(&self) -> Option<u64> {
         u64::try_from(self.first.load(Relaxed)).ok()
+    }
+
+    /// The freelist trunk page whose frame is due to list freed pages (0: none).
+    #[inline]
+    pub(crate) fn trunk_due(&self) -> u32 {
+        self.trunk_due.load(Relaxed)
+    }
+
+    /// Expects the frame of freelist trunk `page` (0: none any more).
+    pub(crate) fn expect_trunk(&self, page: u32) {
+        self.trunk_due.store(page, Relaxed);
     }
 
     /// The bytes of the header [`Next::held_at`] named, as held.
