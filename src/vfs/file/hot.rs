@@ -195,7 +195,7 @@ unsafe fn write_framed(
     let next = state.frames().next(bytes, ofst, powersafe);
     if next.new_frame {
         if let Ok(header) = <&[u8; FRAME_HEADER as usize]>::try_from(bytes) {
-            ffi_guard((), || state.new_frame(header));
+            ffi_guard((), || state.new_frame(header, ofst));
         }
     }
     if next.page_of == 1 || (next.page_of != 0 && next.page_of == state.frames().trunk_due()) {

@@ -34,6 +34,10 @@ use super::DbState;
 use crate::capture::{BasePages, ImageSource};
 use crate::identity::FileId;
 
+/// A WAL header's size, and a frame header's.
+const WAL_HEADER: i64 = 32;
+const FRAME_HEADER_LEN: u64 = 24;
+
 /// Pages kept per generation per process, at most.
 pub(crate) const CAP_PAGES: usize = 1024;
 /// Bytes kept per generation per process, at most.
@@ -62,6 +66,9 @@ struct Generation {
     start_trunk: u32,
     /// The freelist's page count as last seen (page 1's, at the start and at each of its frames).
     free_count: u32,
+    /// The WAL frame (1-based) of each kept page's first frame in the generation (a freed page
+    /// has none).
+    first_frames: HashMap<u32, u32>,
 }
 
 impl Generation {
@@ -163,6 +170,7 @@ impl BaseStore {
             },
             seen: vec![0; words],
             bytes: 0,
+            first_frames: HashMap::new(),
             start_trunk: u32::from_be_bytes([header[32], header[33], header[34], header[35]]),
             free_count: u32::from_be_bytes([header[36], header[37], header[38], header[39]]),
         });
@@ -172,17 +180,19 @@ impl BaseStore {
     /// Keeps `page`, the main file's page `pgno` read for the generation of `salts` (dropped if
     /// the store moved on to another generation meanwhile). Past the cap it is counted instead;
     /// `true` the first time that happens in the generation, to be said once.
-    pub(crate) fn keep(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
-        self.keep_as(pgno, salts, page, false)
+    /// `frame`: the WAL frame (1-based) of the page's first frame in the generation.
+    pub(crate) fn keep(&self, pgno: u32, salts: [u32; 2], frame: u32, page: Box<[u8]>) -> bool {
+        self.keep_as(pgno, salts, Some(frame), page)
     }
 
     /// [`BaseStore::keep`] for a page the generation freed without writing it (its base is
     /// where the rows the generation deleted with it are).
     pub(crate) fn keep_freed(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
-        self.keep_as(pgno, salts, page, true)
+        self.keep_as(pgno, salts, None, page)
     }
 
-    fn keep_as(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>, freed: bool) -> bool {
+    /// Keeps `page`: at its first frame `frame`, or freed (`None`).
+    fn keep_as(&self, pgno: u32, salts: [u32; 2], frame: Option<u32>, page: Box<[u8]>) -> bool {
         let mut state = self.state.lock();
         let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
             return false;
@@ -193,10 +203,38 @@ impl BaseStore {
         }
         generation.bytes += page.len();
         generation.kept.pages.insert(pgno, page);
-        if freed {
-            generation.kept.freed.insert(pgno);
+        match frame {
+            Some(frame) => {
+                generation.first_frames.insert(pgno, frame);
+            }
+            None => {
+                generation.kept.freed.insert(pgno);
+            }
         }
         false
+    }
+
+    /// A checkpoint copied the generation of `salts` into the main file up to frame
+    /// `backfilled` (`nBackfill`): a kept page whose first frame is at or below it goes (its
+    /// base for recovery is then the latest frame at or below the backfill at the loss, which
+    /// is never lower). It stays seen: it is not read again. Freed pages stay.
+    pub(crate) fn backfilled(&self, salts: [u32; 2], backfilled: u32) {
+        let mut state = self.state.lock();
+        let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
+            return;
+        };
+        let gone: Vec<u32> = generation
+            .first_frames
+            .iter()
+            .filter(|&(_, &frame)| frame <= backfilled)
+            .map(|(&pgno, _)| pgno)
+            .collect();
+        for pgno in gone {
+            generation.first_frames.remove(&pgno);
+            if let Some(page) = generation.kept.pages.remove(&pgno) {
+                generation.bytes -= page.len();
+            }
+        }
     }
 
     /// Page 1's frame shows the freelist holding `count` pages: whether it grew since the last
@@ -282,7 +320,7 @@ impl DbState {
     /// A new frame's header is about to be written (or held): at the generation's first frame of
     /// a page the main file holds, the page is read from the main file and kept. Before the
     /// frame rule's check of the same write, which vouches for what was read.
-    pub(crate) fn new_frame(&self, header: &[u8; 24]) {
+    pub(crate) fn new_frame(&self, header: &[u8; 24], offset: i64) {
         let Some(store) = self.base_store.lock().clone() else {
             return;
         };
@@ -314,7 +352,11 @@ impl DbState {
             .map(|main| main.read_at(&mut page, u64::from(pgno - 1) * u64::from(page_size)));
         match read {
             Some(Ok(())) => {
-                if store.keep(pgno, salts, page) {
+                let frame = u64::try_from(offset - WAL_HEADER).unwrap_or(0)
+                    / (FRAME_HEADER_LEN + u64::from(page_size))
+                    + 1;
+                let frame = u32::try_from(frame).unwrap_or(u32::MAX);
+                if store.keep(pgno, salts, frame, page) {
                     self.base_cap_reached();
                 }
             }
@@ -329,9 +371,27 @@ impl DbState {
         }
     }
 
+    /// A checkpoint of this connection's is about to begin: the kept pages the last one copied
+    /// into the main file go ([`BaseStore::backfilled`]). Once per checkpoint.
+    pub(crate) fn prune_base_pages(&self) {
+        let Some(store) = self.base_store.lock().clone() else {
+            return;
+        };
+        let progress = {
+            let inner = self.inner.lock();
+            inner
+                .wal_index
+                .as_ref()
+                .and_then(|i| Some((i.salts()?, i.backfill()?)))
+        };
+        if let Some((salts, backfill)) = progress {
+            store.backfilled(salts, backfill.backfilled);
+        }
+    }
+
     /// The store reached its cap in this generation: said once.
     pub(super) fn base_cap_reached(&self) {
-        log::warn!(
+        log::info!(
             "hermes-guard: {} wrote more distinct pages in this WAL generation than the guard \
              keeps the base of ({CAP_PAGES} pages, {} MiB): a capture of it will not hold the base \
              of the pages past that, and recovery leaves their rows undecided",
@@ -404,7 +464,7 @@ mod tests {
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Begin);
         assert!(store.begin([1, 2], &main));
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Read);
-        assert!(!store.keep(2, [1, 2], vec![2u8; 512].into()));
+        assert!(!store.keep(2, [1, 2], 1, vec![2u8; 512].into()));
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Nothing, "seen");
         assert_eq!(
             store.first_frame(5, [1, 2]),
@@ -422,14 +482,14 @@ mod tests {
         let main = image(4);
         store.begin([1, 2], &main);
         store.first_frame(3, [1, 2]);
-        store.keep(3, [1, 2], vec![3u8; 512].into());
+        store.keep(3, [1, 2], 1, vec![3u8; 512].into());
         assert_eq!(store.first_frame(3, [7, 8]), Keep::Begin);
         store.begin([7, 8], &main);
         assert_eq!(store.first_frame(3, [7, 8]), Keep::Read);
         assert!(store.snapshot([1, 2]).is_none());
         assert!(store.snapshot([7, 8]).unwrap().pages.is_empty());
         assert!(
-            !store.keep(3, [1, 2], vec![3u8; 512].into()),
+            !store.keep(3, [1, 2], 1, vec![3u8; 512].into()),
             "a late page of the old one"
         );
         assert!(store.snapshot([7, 8]).unwrap().pages.is_empty());
@@ -447,12 +507,34 @@ mod tests {
         let mut said = 0;
         for p in 1..=(CAP_PAGES as u32 + 3) {
             assert_eq!(store.first_frame(p, [1, 1]), Keep::Read);
-            said += usize::from(store.keep(p, [1, 1], vec![0u8; 512].into()));
+            said += usize::from(store.keep(p, [1, 1], p, vec![0u8; 512].into()));
         }
         let kept = store.snapshot([1, 1]).unwrap();
         assert_eq!(kept.pages.len(), CAP_PAGES);
         assert_eq!(kept.over_cap, 3);
         assert_eq!(said, 1);
+    }
+
+    #[test]
+    fn a_checkpoint_drops_the_pages_whose_first_frame_it_copied_but_never_a_freed_one() {
+        let store = BaseStore::default();
+        store.begin([1, 2], &image(6));
+        for (pgno, frame) in [(2, 1), (3, 4), (4, 9)] {
+            assert_eq!(store.first_frame(pgno, [1, 2]), Keep::Read);
+            store.keep(pgno, [1, 2], frame, vec![0u8; 512].into());
+        }
+        assert_eq!(store.freed_to_read(&[5]).1, [5]);
+        store.keep_freed(5, [1, 2], vec![5u8; 512].into());
+        store.backfilled([1, 2], 4);
+        let kept = store.snapshot([1, 2]).unwrap();
+        assert_eq!(kept.pages.keys().copied().collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(store.first_frame(2, [1, 2]), Keep::Nothing, "still seen");
+        store.backfilled([9, 9], 100);
+        assert_eq!(
+            store.snapshot([1, 2]).unwrap().pages.len(),
+            2,
+            "another generation's"
+        );
     }
 
     #[test]
