@@ -283,6 +283,11 @@ fn find_identical_capture(
     // The sha256 of the WAL's first bytes, by length: a capture that left out a failed commit
     // the input knows nothing of is compared over its own length.
     let mut our_sha256: Vec<(u64, String)> = Vec::new();
+    // The base pages this process kept for the generation: a capture that lacks any of them is
+    // not taken as this one (recovery would lose their base); this process writes its own.
+    let our_pages = input
+        .base_pages
+        .and_then(|kept| kept(wal_salts(input.wal)?));
     for entry in rustix::fs::Dir::read_from(dir).ok()? {
         let Ok(entry) = entry else {
             break;
@@ -321,7 +326,7 @@ fn find_identical_capture(
                 sha
             }
         };
-        if sha == captured.wal.sha256 {
+        if sha == captured.wal.sha256 && holds_base_of(dir, name, &captured, our_pages.as_ref()) {
             let wal = CapturedWal {
                 bytes: captured.wal.bytes,
                 sha256: captured.wal.sha256,
@@ -331,6 +336,44 @@ fn find_identical_capture(
         }
     }
     None
+}
+
+/// The salts in the header of the WAL `wal` (`None`: not a valid WAL header).
+fn wal_salts(wal: &PinnedWal) -> Option<[u32; 2]> {
+    use std::os::unix::fs::FileExt;
+    let mut header = [0u8; 32];
+    wal.file().read_exact_at(&mut header, 0).ok()?;
+    let header = crate::walfile::parse_wal_header(&header);
+    header.valid.then_some(header.salts)
+}
+
+/// Whether the capture `name` in `dir` (its manifest `captured`) holds the base of every page in
+/// `ours` (nothing to hold: yes).
+fn holds_base_of(
+    dir: BorrowedFd<'_>,
+    name: &str,
+    captured: &Manifest,
+    ours: Option<&BasePages>,
+) -> bool {
+    let Some(ours) = ours.filter(|p| !p.pages.is_empty()) else {
+        return true;
+    };
+    let Some(entry) = &captured.base_pages else {
+        return false;
+    };
+    let theirs = rustix::fs::openat(
+        dir,
+        format!("{name}/{}", entry.file),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .ok()
+    .and_then(|fd| {
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut File::from(fd), &mut bytes).ok()?;
+        base_file::read(&bytes).ok()
+    });
+    theirs.is_some_and(|theirs| ours.pages.keys().all(|p| theirs.pages.contains_key(p)))
 }
 
 /// A capture written (or found) by [`write_capture`]: where it is, and which WAL bytes it holds.

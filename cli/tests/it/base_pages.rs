@@ -240,3 +240,50 @@ fn freed_pages_kept(freelist_before: bool) {
         );
     }
 }
+
+/// Another guarded process of the same generation captured it first, without the base of a page
+/// this process wrote first: this process does not take that capture for its own (recovery would
+/// lose the page's base) but writes its own. Between them the captures hold the base of every
+/// page either process wrote first, each the file's page before the generation.
+#[test]
+fn a_capture_without_this_processs_base_pages_is_not_taken_for_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let here = open_guarded(&path);
+    here.execute_batch("CREATE TABLE other (x); INSERT INTO other VALUES ('first')")
+        .unwrap();
+    checkpointed_history(&here);
+    let (mut child, _) = Gateway::start(&path, "guard");
+    let before = std::fs::read(&path).unwrap();
+    here.execute("UPDATE other SET x = 'from here'", [])
+        .unwrap();
+    lose_sidecars(&path, false);
+    child.send("write");
+    assert_eq!(child.next_event("write")["refused"], true);
+    assert!(is_refusal(&insert(&here, "refused").unwrap_err()));
+    hermes_guard::close(here).map_err(|(_, e)| e).unwrap();
+    assert!(child.quit().success());
+
+    let captures = artifacts(dir.path());
+    assert_eq!(captures.len(), 2, "{captures:?}");
+    let mut kept = BTreeSet::new();
+    for capture in &captures {
+        let m = manifest(capture);
+        let file = m["base_pages"]["file"].as_str().unwrap();
+        let base = read_base_pages(&std::fs::read(capture.join(file)).unwrap()).unwrap();
+        let page_size = base.page_size as usize;
+        for (pgno, page) in &base.pages {
+            let at = (*pgno as usize - 1) * page_size;
+            assert!(page[..] == before[at..at + page_size], "page {pgno}");
+            kept.insert(*pgno);
+        }
+    }
+    let m = manifest(&captures[0]);
+    let wal = std::fs::read(captures[0].join(m["wal"]["file"].as_str().unwrap())).unwrap();
+    let page_size = u32::from_be_bytes(wal[8..12].try_into().unwrap()) as usize;
+    let expected: BTreeSet<u32> = carried_pages(&wal)
+        .into_iter()
+        .filter(|&p| (p as usize) <= before.len() / page_size)
+        .collect();
+    assert_eq!(kept, expected);
+}
