@@ -1,0 +1,397 @@
+//! The rows of each table's base and final pages, and their differences.
+//!
+//! For a table T: B_T is the rows of the base versions attributed to T, F_T those of the final
+//! versions. A row moves between leaves only by the generation writing both (or freeing the one
+//! it leaves), so these sets hold every row the generation touched, and a row it did not touch is
+//! in both with the same cell (or in neither). An **insert** is in F_T and not in B_T; an
+//! **update** in both with other values (the old row B_T's); a **delete** in B_T and not in F_T.
+//!
+//! Undecided instead: the inserts of a table one of whose final pages has no known base, or a
+//! base that could not be attributed (a row moved from it would look like an insert); every row
+//! of a table with the same key twice in F_T or in B_T (the pages disagree: no set can be
+//! trusted); a row whose record cannot be read (an overflow page neither carried nor freed, or
+//! damage). A cell whose bytes are the same in base and final is unchanged without reading its
+//! overflow pages, which the generation need not carry.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::attribution::{attribute, version_of, Attribution, Version};
+use super::pages::{Base, GenerationPages};
+use super::schema::{read_schema, Tree, TreeKind};
+use super::{GenerationChanges, RowChange, TableChanges};
+use crate::recover::btree::{decode_page, decode_record, table_rows, BtreeError, Cell, DbGeometry};
+use crate::recover::value::{same_row, Val};
+
+/// How many pages of the image the schema's walk may fetch (a bound on its retries).
+const SCHEMA_IMAGE_PAGES: usize = 4096;
+
+/// The row changes of the generation whose pages are `pages`. `image` looks up a page of the
+/// capture's main image (the newer generation's file): used only to follow the pointers of pages
+/// the generation did not write (and to read the schema's pages it did not write), never for a
+/// row.
+pub(crate) fn compute(
+    pages: &GenerationPages,
+    image: Option<&dyn Fn(u32) -> Option<Vec<u8>>>,
+) -> GenerationChanges {
+    let no_image = |_: u32| None;
+    let image: &dyn Fn(u32) -> Option<Vec<u8>> = image.unwrap_or(&no_image);
+    let mut notes = pages.notes.clone();
+    let trees = schema(pages, image, &mut notes);
+    let attribution = attribute(pages, &trees, image, &mut notes);
+    let sides: Vec<(usize, Sides<'_>)> = trees
+        .iter()
+        .enumerate()
+        .filter(|(_, tree)| tree.is_table())
+        .map(|(index, tree)| (index, sides(pages, &attribution, index, tree, &mut notes)))
+        .collect();
+    // Carried pages that are no tree's, on no freelist and in no chain read: if there are any,
+    // an overflow chain the generation overwrote in place may be among them.
+    let mut accounted: BTreeSet<u32> = attribution.final_owner.keys().copied().collect();
+    accounted.extend(&attribution.final_free);
+    accounted.extend(&attribution.unattributed);
+    for (_, side) in &sides {
+        for e in &side.fin {
+            accounted.extend(&e.chain);
+        }
+    }
+    let stray: Vec<u32> = pages
+        .final_pages
+        .keys()
+        .copied()
+        .filter(|p| !accounted.contains(p))
+        .collect();
+    let mut tables = Vec::new();
+    for (index, side) in sides {
+        let changes = table_changes(pages, &attribution, &stray, index, &trees[index], side, &mut notes);
+        if !changes.is_empty() {
+            tables.push(changes);
+        }
+    }
+    tables.sort_by_key(|t| t.root);
+    GenerationChanges {
+        tables,
+        unattributed_pages: attribution.unattributed.iter().copied().collect(),
+        notes,
+    }
+}
+
+/// The schema's trees, read from the final versions of the schema's pages (through the image
+/// for the ones the generation did not write), else from their base versions.
+fn schema(
+    pages: &GenerationPages,
+    image: &dyn Fn(u32) -> Option<Vec<u8>>,
+    notes: &mut Vec<String>,
+) -> Vec<Tree> {
+    let mut fetched: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
+    for version in [Version::Final, Version::Base] {
+        let own = |p: u32| version_of(pages, version, p);
+        // Fetch the image's pages the walk asks for, one at a time.
+        let mut attempt = Vec::new();
+        loop {
+            let lookup = |p: u32| own(p).or_else(|| fetched.get(&p).map(Vec::as_slice));
+            match table_rows(1, &pages.geometry, lookup) {
+                Err(BtreeError::TreePageMissing { pgno, .. })
+                | Err(BtreeError::OverflowMissing {
+                    overflow: pgno, ..
+                }) if fetched.len() < SCHEMA_IMAGE_PAGES && !fetched.contains_key(&pgno) => {
+                    match image(pgno) {
+                        Some(bytes) => {
+                            fetched.insert(pgno, bytes);
+                        }
+                        None => break,
+                    }
+                }
+                _ => {
+                    let lookup = |p: u32| own(p).or_else(|| fetched.get(&p).map(Vec::as_slice));
+                    if let Some(trees) = read_schema(&pages.geometry, lookup, &mut attempt) {
+                        notes.extend(attempt);
+                        return trees;
+                    }
+                    break;
+                }
+            }
+        }
+        notes.append(&mut attempt);
+    }
+    notes.push("no version of the schema could be read: no page can be attributed".into());
+    Vec::new()
+}
+
+/// A row's cell as one version of a page holds it.
+struct Entry<'a> {
+    pgno: u32,
+    /// The rowid (rowid tables).
+    rowid: Option<i64>,
+    /// The cell's payload size, local bytes and first overflow page: equal in base and final
+    /// means the same row, without reading the overflow pages.
+    total: u32,
+    local: &'a [u8],
+    first_overflow: Option<u32>,
+    /// The record's values, or why they cannot be read.
+    values: Result<Vec<Val>, String>,
+    /// The overflow pages read for it (as far as they could be read).
+    chain: Vec<u32>,
+}
+
+impl Entry<'_> {
+    fn same_cell(&self, other: &Entry<'_>) -> bool {
+        self.total == other.total
+            && self.local == other.local
+            && self.first_overflow == other.first_overflow
+    }
+
+    /// The row as a change: the values when readable (the rowid alias filled in), else none.
+    fn row(&self, ipk: Option<usize>) -> RowChange {
+        let mut values = self.values.clone().unwrap_or_default();
+        if let (Some(i), Some(rowid)) = (ipk, self.rowid) {
+            if let Some(v @ Val::Null) = values.get_mut(i) {
+                *v = Val::Int(rowid);
+            }
+        }
+        RowChange {
+            rowid: self.rowid,
+            values,
+        }
+    }
+}
+
+/// The key of a row: its rowid, or a `WITHOUT ROWID` table's key values, encoded to bytes that
+/// compare equal exactly when the values are the same (type and bytes; reals bit for bit).
+type Key = Vec<u8>;
+
+fn key_of(entry: &Entry<'_>, key_values: usize) -> Result<Key, String> {
+    if let Some(rowid) = entry.rowid {
+        return Ok(rowid.to_be_bytes().to_vec());
+    }
+    let values = entry.values.as_ref().map_err(Clone::clone)?;
+    let take = if key_values == 0 { values.len() } else { key_values.min(values.len()) };
+    let mut key = Vec::new();
+    for v in &values[..take] {
+        let (tag, bytes): (u8, Vec<u8>) = match v {
+            Val::Null => (0, vec![]),
+            Val::Int(i) => (1, i.to_be_bytes().to_vec()),
+            Val::Real(r) => (2, r.to_bits().to_be_bytes().to_vec()),
+            Val::Text(t) => (3, t.clone()),
+            Val::Blob(b) => (4, b.clone()),
+        };
+        key.push(tag);
+        key.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
+        key.extend_from_slice(&bytes);
+    }
+    Ok(key)
+}
+
+/// The entries of the cells of `pgno`'s version `bytes`, their records read with overflow pages
+/// from `overflow`.
+fn entries<'a>(
+    pgno: u32,
+    bytes: &'a [u8],
+    geometry: &DbGeometry,
+    overflow: &impl Fn(u32) -> Option<&'a [u8]>,
+    out: &mut Vec<Entry<'a>>,
+) -> Result<(), BtreeError> {
+    let page = decode_page(bytes, pgno, geometry)?;
+    for cell in &page.cells {
+        let rowid = match cell {
+            Cell::TableLeaf { rowid, .. } => Some(*rowid),
+            _ => None,
+        };
+        let Some(payload) = cell.payload() else {
+            continue;
+        };
+        let mut chain = Vec::new();
+        let values = payload
+            .assemble_noting(geometry, overflow, &mut chain)
+            .map_err(|e| e.to_string())
+            .and_then(|record| {
+                decode_record(&record).map_err(|e| {
+                    format!(
+                        "page {pgno}: the record of the cell at byte {}: {e}",
+                        payload.cell_offset
+                    )
+                })
+            });
+        out.push(Entry {
+            pgno,
+            rowid,
+            total: payload.total,
+            local: payload.local,
+            first_overflow: payload.first_overflow,
+            values,
+            chain,
+        });
+    }
+    Ok(())
+}
+
+/// A table's rows on its base pages and on its final pages.
+struct Sides<'a> {
+    base: Vec<Entry<'a>>,
+    fin: Vec<Entry<'a>>,
+}
+
+/// The rows of the table `trees[index]`, base and final, each version's overflow pages read
+/// in the same version.
+fn sides<'a>(
+    pages: &'a GenerationPages,
+    attribution: &Attribution,
+    index: usize,
+    tree: &Tree,
+    notes: &mut Vec<String>,
+) -> Sides<'a> {
+    let geometry = &pages.geometry;
+    let mut sides: [Vec<Entry<'_>>; 2] = [Vec::new(), Vec::new()];
+    let owned = [
+        (Version::Base, &attribution.base_owner),
+        (Version::Final, &attribution.final_owner),
+    ];
+    for (side, (version, owners)) in owned.into_iter().enumerate() {
+        // A version's overflow pages are read in the same version.
+        let overflow = |p: u32| version_of(pages, version, p);
+        for (&pgno, _) in owners.iter().filter(|(_, &t)| t == index) {
+            let Some(bytes) = version_of(pages, version, pgno) else {
+                continue;
+            };
+            if let Err(e) = entries(pgno, bytes, geometry, &overflow, &mut sides[side]) {
+                notes.push(format!("{}: {e}", tree.name));
+            }
+        }
+    }
+    let [base, fin] = sides;
+    Sides { base, fin }
+}
+
+/// The changes of the table `trees[index]`, from its rows; `stray` are the carried pages that
+/// are no tree's, on no freelist and in no final overflow chain read.
+fn table_changes(
+    pages: &GenerationPages,
+    attribution: &Attribution,
+    stray: &[u32],
+    index: usize,
+    tree: &Tree,
+    Sides { base, fin }: Sides<'_>,
+    notes: &mut Vec<String>,
+) -> TableChanges {
+    let (without_rowid, ipk, key_values) = match tree.kind {
+        TreeKind::Table {
+            without_rowid,
+            ipk,
+            key_values,
+        } => (without_rowid, ipk, key_values),
+        TreeKind::Index { .. } => (true, None, 0),
+    };
+    let mut out = TableChanges {
+        name: tree.name.clone(),
+        root: tree.root,
+        without_rowid,
+        ..TableChanges::default()
+    };
+
+    // Why inserts cannot be told from rows moved in from a page whose base is not known.
+    let final_pages: BTreeSet<u32> = attribution
+        .final_owner
+        .iter()
+        .filter(|(_, &t)| t == index)
+        .map(|(p, _)| *p)
+        .collect();
+    let unknown: Vec<u32> = final_pages
+        .iter()
+        .copied()
+        .filter(|p| {
+            matches!(pages.base.get(p), Some(Base::Unknown))
+                || (attribution.unattributed.contains(p) && pages.base_page(*p).is_some())
+        })
+        .collect();
+    out.unknown_base_pages = unknown.clone();
+    let inserts_undecided = (!unknown.is_empty()).then(|| {
+        format!(
+            "pages {unknown:?} of {} have no known or attributed base: a row moved from them \
+             would look like an insert",
+            tree.name
+        )
+    });
+
+    let index_side = |side: &[Entry<'_>], which: &str, out: &mut TableChanges| {
+        let mut map: BTreeMap<Key, usize> = BTreeMap::new();
+        let mut duplicate = None;
+        for (i, e) in side.iter().enumerate() {
+            match key_of(e, key_values) {
+                Ok(k) => {
+                    if let Some(j) = map.insert(k, i) {
+                        duplicate = Some((side[j].pgno, e.pgno));
+                    }
+                }
+                Err(why) => out
+                    .undecided
+                    .push((e.row(ipk), format!("{which} row on page {}: {why}", e.pgno))),
+            }
+        }
+        (map, duplicate)
+    };
+    let (base_map, dup_base) = index_side(&base, "base", &mut out);
+    let (final_map, dup_final) = index_side(&fin, "final", &mut out);
+    if let Some((a, b)) = dup_base.or(dup_final) {
+        let which = if dup_base.is_some() { "base" } else { "final" };
+        let why = format!(
+            "the same key is on pages {a} and {b} of {}'s {which} pages: its pages disagree",
+            tree.name
+        );
+        notes.push(why.clone());
+        out.undecided.clear();
+        for e in base.iter().chain(fin.iter()) {
+            out.undecided.push((e.row(ipk), why.clone()));
+        }
+        return out;
+    }
+
+    for (key, &f) in &final_map {
+        let new = &fin[f];
+        match base_map.get(key).map(|&b| &base[b]) {
+            Some(old) if old.same_cell(new) && new.first_overflow.is_none() => {}
+            // The same cell, but SQLite overwrites a row of the same size in place, overflow
+            // pages included (writing only the overflow pages whose bytes change): unchanged
+            // only if none of its overflow pages was written.
+            Some(old) if old.same_cell(new) => match (&old.values, &new.values) {
+                (Ok(a), Ok(b)) if same_row(a, b) => {}
+                (Ok(_), Ok(_)) => out.updates.push((old.row(ipk), new.row(ipk))),
+                (_, Ok(_)) if !new.chain.iter().any(|p| pages.final_pages.contains_key(p)) => {}
+                (_, Err(_)) if stray.is_empty() => {}
+                (Err(why), _) | (_, Err(why)) => out.undecided.push((
+                    new.row(ipk),
+                    format!(
+                        "a row whose cell is unchanged but whose overflow pages may have been \
+                         overwritten in place (carried pages {stray:?} belong to no known row): \
+                         {why}"
+                    ),
+                )),
+            },
+            Some(old) => match (&old.values, &new.values) {
+                (Ok(a), Ok(b)) if same_row(a, b) => {}
+                (Ok(_), Ok(_)) => out.updates.push((old.row(ipk), new.row(ipk))),
+                (Err(why), _) | (_, Err(why)) => out
+                    .undecided
+                    .push((new.row(ipk), format!("updated row: {why}"))),
+            },
+            None => match (&new.values, &inserts_undecided) {
+                (Err(why), _) => out
+                    .undecided
+                    .push((new.row(ipk), format!("inserted row: {why}"))),
+                (Ok(_), Some(why)) => out.undecided.push((new.row(ipk), why.clone())),
+                (Ok(_), None) => out.inserts.push(new.row(ipk)),
+            },
+        }
+    }
+    for (key, &b) in &base_map {
+        if final_map.contains_key(key) {
+            continue;
+        }
+        let old = &base[b];
+        match &old.values {
+            Ok(_) => out.deletes.push(old.row(ipk)),
+            Err(why) => out
+                .undecided
+                .push((old.row(ipk), format!("deleted row: {why}"))),
+        }
+    }
+    out
+}
