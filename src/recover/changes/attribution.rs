@@ -44,6 +44,9 @@ pub(crate) struct Attribution {
     pub(crate) unattributed: BTreeSet<u32>,
     /// The pages on the freelist at the generation's last commit (as far as it could be read).
     pub(crate) final_free: BTreeSet<u32>,
+    /// Pages the generation freed without writing them whose base is not given, by the tree
+    /// whose base version reaches them (rows moved out of them would look like inserts).
+    pub(crate) freed_without_base: BTreeMap<u32, usize>,
 }
 
 /// Attributes every version of the generation's pages to the `trees`; `image` is the capture's
@@ -55,6 +58,19 @@ pub(crate) fn attribute(
     notes: &mut Vec<String>,
 ) -> Attribution {
     let mut out = Attribution::default();
+    let final_free = freelist_of(pages, Version::Final, image, notes);
+    let base_free = freelist_of(pages, Version::Base, image, notes);
+    // Pages the generation put on the freelist without writing them and whose base is not
+    // given: the rows SQLite moved out of them (a leaf merged into a sibling) would look like
+    // inserts.
+    let unseen: BTreeSet<u32> = match (&final_free, &base_free) {
+        (Some(f), Some(b)) => f
+            .difference(b)
+            .filter(|p| !pages.final_pages.contains_key(p) && !pages.freed.contains_key(p))
+            .copied()
+            .collect(),
+        _ => BTreeSet::new(),
+    };
     for version in [Version::Final, Version::Base] {
         let own = |pgno: u32| version_of(pages, version, pgno);
         let mut reached: BTreeMap<u32, BTreeSet<usize>> = BTreeMap::new();
@@ -66,18 +82,27 @@ pub(crate) fn attribute(
                 image,
                 seen: BTreeSet::new(),
                 reached: Vec::new(),
+                unseen: &unseen,
                 notes: Vec::new(),
             };
             walk.descend(tree.root, 0);
+            let met = if version == Version::Base {
+                &walk.seen
+            } else {
+                &BTreeSet::new()
+            };
+            for pgno in met.intersection(&unseen) {
+                out.freed_without_base.insert(*pgno, index);
+            }
             for pgno in walk.reached {
                 reached.entry(pgno).or_default().insert(index);
             }
             notes.extend(walk.notes);
         }
-        let free = freelist_of(pages, version, image, notes);
-        if version == Version::Final {
-            out.final_free = free.clone().unwrap_or_default();
-        }
+        let free = match version {
+            Version::Final => final_free.clone(),
+            Version::Base => base_free.clone(),
+        };
         let owners = match version {
             Version::Final => &mut out.final_owner,
             Version::Base => &mut out.base_owner,
@@ -95,7 +120,10 @@ pub(crate) fn attribute(
                 continue;
             };
             let holds_rows = page.cells.iter().any(|c| c.payload().is_some());
-            match reached.get(&pgno).map(|s| s.iter().copied().collect::<Vec<_>>()) {
+            match reached
+                .get(&pgno)
+                .map(|s| s.iter().copied().collect::<Vec<_>>())
+            {
                 Some(by) if by.len() == 1 => {
                     if free.as_ref().is_some_and(|f| f.contains(&pgno)) {
                         notes.push(format!(
@@ -155,6 +183,21 @@ pub(crate) fn attribute(
             }
         }
     }
+    out.final_free = final_free.unwrap_or_default();
+    let overflow: Vec<u32> = unseen
+        .iter()
+        .filter(|p| !out.freed_without_base.contains_key(p))
+        .copied()
+        .collect();
+    if !overflow.is_empty() {
+        // No base walk reaches them: taken for overflow pages, which hold no rows of their own
+        // (a row whose chain needs one is undecided). A freed leaf is reached through its
+        // parent, which SQLite wrote when it dropped the pointer, unless that parent's own
+        // base is unknown or it is reached only through pages the generation did not write.
+        notes.push(format!(
+            "pages {overflow:?} were freed without their base and are in no tree's base: taken              for overflow pages"
+        ));
+    }
     out
 }
 
@@ -167,7 +210,7 @@ fn name(version: Version) -> &'static str {
 }
 
 /// A page's version of the generation: final (carried pages) or base (known bases, freed pages).
-pub(crate) fn version_of<'a>(pages: &'a GenerationPages, version: Version, pgno: u32) -> Option<&'a [u8]> {
+pub(crate) fn version_of(pages: &GenerationPages, version: Version, pgno: u32) -> Option<&[u8]> {
     match version {
         Version::Final => pages.final_page(pgno),
         Version::Base => pages.base_page(pgno),
@@ -192,8 +235,7 @@ fn freelist_of(
     let mut from_image: BTreeMap<u32, Vec<u8>> = BTreeMap::new();
     loop {
         let (list, problem) = freelist(page1, |p| {
-            version_of(pages, version, p)
-                .or_else(|| from_image.get(&p).map(Vec::as_slice))
+            version_of(pages, version, p).or_else(|| from_image.get(&p).map(Vec::as_slice))
         });
         let Some(problem) = problem else {
             return Some(list);
@@ -224,6 +266,8 @@ struct Walk<'a> {
     seen: BTreeSet<u32>,
     /// The generation's pages reached (a version of them exists).
     reached: Vec<u32>,
+    /// Pages freed without their base: a base walk that meets one marks it (in `seen`).
+    unseen: &'a BTreeSet<u32>,
     notes: Vec<String>,
 }
 
@@ -231,7 +275,7 @@ impl Walk<'_> {
     /// Walks the subtree at `pgno`; pages that cannot be read end their branch silently (the
     /// pages below are attributed by content), pages of the wrong kind or shape with a note.
     fn descend(&mut self, pgno: u32, depth: usize) {
-        if depth >= MAX_DEPTH || !self.seen.insert(pgno) {
+        if depth >= MAX_DEPTH || !self.seen.insert(pgno) || self.unseen.contains(&pgno) {
             return;
         }
         let own = version_of(self.pages, self.version, pgno);
@@ -316,7 +360,12 @@ pub(crate) fn fits(page: &Page<'_>, tree: &Tree, strict: bool) -> bool {
         }
         some_full |= types.len() == full;
     }
-    !strict || (some_full && matches!(page.kind, PageKind::LeafTable | PageKind::LeafIndex | PageKind::InteriorIndex))
+    !strict
+        || (some_full
+            && matches!(
+                page.kind,
+                PageKind::LeafTable | PageKind::LeafIndex | PageKind::InteriorIndex
+            ))
 }
 
 /// The serial types of a record's header, read from its first bytes; `None` when the header is

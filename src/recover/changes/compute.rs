@@ -46,14 +46,14 @@ pub(crate) fn compute(
         .collect();
     // Carried pages that are no tree's, on no freelist and in no chain read: if there are any,
     // an overflow chain the generation overwrote in place may be among them.
+    let chains: BTreeSet<u32> = sides
+        .iter()
+        .flat_map(|(_, side)| side.fin.iter().flat_map(|e| e.chain.iter().copied()))
+        .collect();
     let mut accounted: BTreeSet<u32> = attribution.final_owner.keys().copied().collect();
     accounted.extend(&attribution.final_free);
     accounted.extend(&attribution.unattributed);
-    for (_, side) in &sides {
-        for e in &side.fin {
-            accounted.extend(&e.chain);
-        }
-    }
+    accounted.extend(&chains);
     let stray: Vec<u32> = pages
         .final_pages
         .keys()
@@ -62,7 +62,16 @@ pub(crate) fn compute(
         .collect();
     let mut tables = Vec::new();
     for (index, side) in sides {
-        let changes = table_changes(pages, &attribution, &stray, index, &trees[index], side, &mut notes);
+        let changes = table_changes(
+            pages,
+            &attribution,
+            &chains,
+            &stray,
+            index,
+            &trees[index],
+            side,
+            &mut notes,
+        );
         if !changes.is_empty() {
             tables.push(changes);
         }
@@ -91,9 +100,9 @@ fn schema(
             let lookup = |p: u32| own(p).or_else(|| fetched.get(&p).map(Vec::as_slice));
             match table_rows(1, &pages.geometry, lookup) {
                 Err(BtreeError::TreePageMissing { pgno, .. })
-                | Err(BtreeError::OverflowMissing {
-                    overflow: pgno, ..
-                }) if fetched.len() < SCHEMA_IMAGE_PAGES && !fetched.contains_key(&pgno) => {
+                | Err(BtreeError::OverflowMissing { overflow: pgno, .. })
+                    if fetched.len() < SCHEMA_IMAGE_PAGES && !fetched.contains_key(&pgno) =>
+                {
                     match image(pgno) {
                         Some(bytes) => {
                             fetched.insert(pgno, bytes);
@@ -164,7 +173,11 @@ fn key_of(entry: &Entry<'_>, key_values: usize) -> Result<Key, String> {
         return Ok(rowid.to_be_bytes().to_vec());
     }
     let values = entry.values.as_ref().map_err(Clone::clone)?;
-    let take = if key_values == 0 { values.len() } else { key_values.min(values.len()) };
+    let take = if key_values == 0 {
+        values.len()
+    } else {
+        key_values.min(values.len())
+    };
     let mut key = Vec::new();
     for v in &values[..take] {
         let (tag, bytes): (u8, Vec<u8>) = match v {
@@ -261,11 +274,14 @@ fn sides<'a>(
     Sides { base, fin }
 }
 
-/// The changes of the table `trees[index]`, from its rows; `stray` are the carried pages that
-/// are no tree's, on no freelist and in no final overflow chain read.
+/// The changes of the table `trees[index]`, from its rows; `chains` are the overflow pages of
+/// the final rows read, `stray` the carried pages that are no tree's, on no freelist and in no
+/// such chain.
+#[allow(clippy::too_many_arguments)]
 fn table_changes(
     pages: &GenerationPages,
     attribution: &Attribution,
+    chains: &BTreeSet<u32>,
     stray: &[u32],
     index: usize,
     tree: &Tree,
@@ -294,7 +310,7 @@ fn table_changes(
         .filter(|(_, &t)| t == index)
         .map(|(p, _)| *p)
         .collect();
-    let unknown: Vec<u32> = final_pages
+    let mut unknown: Vec<u32> = final_pages
         .iter()
         .copied()
         .filter(|p| {
@@ -302,11 +318,40 @@ fn table_changes(
                 || (attribution.unattributed.contains(p) && pages.base_page(*p).is_some())
         })
         .collect();
+    unknown.extend(
+        attribution
+            .freed_without_base
+            .iter()
+            .filter(|(_, t)| **t == index)
+            .map(|(p, _)| *p),
+    );
+    unknown.sort_unstable();
     out.unknown_base_pages = unknown.clone();
     let inserts_undecided = (!unknown.is_empty()).then(|| {
         format!(
             "pages {unknown:?} of {} have no known or attributed base: a row moved from them \
              would look like an insert",
+            tree.name
+        )
+    });
+
+    // Why deletes cannot be told from rows still on a final page no tree could be found for.
+    let lost: Vec<u32> = attribution
+        .base_owner
+        .iter()
+        .filter(|(p, &t)| {
+            t == index
+                && pages.final_pages.contains_key(p)
+                && !attribution.final_owner.contains_key(p)
+                && !attribution.final_free.contains(p)
+                && !chains.contains(p)
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    let deletes_undecided = (!lost.is_empty()).then(|| {
+        format!(
+            "the final versions of pages {lost:?} of {} are in no tree found, on no freelist \
+             and in no overflow chain: a row still on them would look deleted",
             tree.name
         )
     });
@@ -387,6 +432,9 @@ fn table_changes(
         }
         let old = &base[b];
         match &old.values {
+            Ok(_) if deletes_undecided.is_some() => out
+                .undecided
+                .push((old.row(ipk), deletes_undecided.clone().unwrap_or_default())),
             Ok(_) => out.deletes.push(old.row(ipk)),
             Err(why) => out
                 .undecided

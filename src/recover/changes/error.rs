@@ -9,7 +9,9 @@ use crate::recover::btree::BtreeError;
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ChangesError {
     /// The WAL's header is not one SQLite accepts: it carries no frame.
-    #[error("the WAL header is not valid (magic, version, page size or checksum): no frame can be read")]
+    #[error(
+        "the WAL header is not valid (magic, version, page size or checksum): no frame can be read"
+    )]
     WalHeader,
 
     /// The WAL has no commit frame: the generation committed nothing.

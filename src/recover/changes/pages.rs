@@ -119,7 +119,10 @@ impl GenerationPages {
                     base: kept.salts,
                 });
             }
-            if let Some((pgno, page)) = kept.pages.iter().find(|(_, p)| p.len() != page_size as usize)
+            if let Some((pgno, page)) = kept
+                .pages
+                .iter()
+                .find(|(_, p)| p.len() != page_size as usize)
             {
                 return Err(ChangesError::BasePageLength {
                     pgno: *pgno,
@@ -140,12 +143,13 @@ impl GenerationPages {
                     .to_owned(),
             );
         }
-        let last_commit = frames
-            .iter()
-            .rposition(|f| f.commit_size != 0)
-            .ok_or(ChangesError::NoCommit {
-                frames: frames.len() as u64,
-            })?;
+        let last_commit =
+            frames
+                .iter()
+                .rposition(|f| f.commit_size != 0)
+                .ok_or(ChangesError::NoCommit {
+                    frames: frames.len() as u64,
+                })?;
         let db_size = frames[last_commit].commit_size;
         let committed = &frames[..=last_commit];
         if backfilled.is_none() {
@@ -188,10 +192,13 @@ impl GenerationPages {
             };
             bases.insert(pgno, b);
         }
-        let page1 = final_pages.get(&1).map(Vec::as_slice).or(match bases.get(&1) {
-            Some(Base::Page(p)) => Some(p.as_slice()),
-            _ => None,
-        });
+        let page1 = final_pages
+            .get(&1)
+            .map(Vec::as_slice)
+            .or(match bases.get(&1) {
+                Some(Base::Page(p)) => Some(p.as_slice()),
+                _ => None,
+            });
         let geometry = match page1 {
             Some(page1) => {
                 let g = DbGeometry::from_header(page1)
@@ -297,7 +304,10 @@ pub(crate) fn freelist<'p>(
     };
     let mut pages = BTreeSet::new();
     let Some(count) = word(page1, 36) else {
-        return (pages, Some("page 1 is too short for a freelist count".into()));
+        return (
+            pages,
+            Some("page 1 is too short for a freelist count".into()),
+        );
     };
     let mut trunk = word(page1, 32).unwrap_or(0);
     while trunk != 0 {
@@ -316,7 +326,9 @@ pub(crate) fn freelist<'p>(
         if (leaves as usize).saturating_mul(4) > bytes.len().saturating_sub(8) {
             return (
                 pages,
-                Some(format!("freelist trunk {trunk} lists {leaves} leaves, more than fit")),
+                Some(format!(
+                    "freelist trunk {trunk} lists {leaves} leaves, more than fit"
+                )),
             );
         }
         for i in 0..leaves as usize {

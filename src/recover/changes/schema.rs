@@ -117,7 +117,9 @@ pub(crate) fn read_schema<'p>(
     let memory = match Connection::open_in_memory() {
         Ok(c) => c,
         Err(e) => {
-            notes.push(format!("no in-memory database to read declarations in: {e}"));
+            notes.push(format!(
+                "no in-memory database to read declarations in: {e}"
+            ));
             return Some(trees_without_shapes(objects));
         }
     };
@@ -250,11 +252,9 @@ fn table_tree(memory: &Connection, name: &str, in_memory: &str, root: u32) -> Tr
 /// (the keys, then the rowid or the table's primary key).
 fn index_tree(memory: &Connection, name: &str, table: String, root: u32) -> Tree {
     let count: Option<i64> = memory
-        .query_row(
-            "SELECT count(*) FROM pragma_index_xinfo(?1)",
-            [name],
-            |r| r.get(0),
-        )
+        .query_row("SELECT count(*) FROM pragma_index_xinfo(?1)", [name], |r| {
+            r.get(0)
+        })
         .ok();
     Tree {
         name: name.to_owned(),
