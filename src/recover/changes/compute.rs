@@ -140,6 +140,9 @@ struct Entry<'a> {
     values: Result<Vec<Val>, String>,
     /// The overflow pages read for it (as far as they could be read).
     chain: Vec<u32>,
+    /// An index-format row's key values (the first `key_values`, or all), from the record or,
+    /// when its overflow pages cannot be read, from the cell's local bytes if they hold them.
+    key: Option<Vec<Val>>,
 }
 
 impl Entry<'_> {
@@ -168,18 +171,17 @@ impl Entry<'_> {
 /// compare equal exactly when the values are the same (type and bytes; reals bit for bit).
 type Key = Vec<u8>;
 
-fn key_of(entry: &Entry<'_>, key_values: usize) -> Result<Key, String> {
+fn key_of(entry: &Entry<'_>) -> Result<Key, String> {
     if let Some(rowid) = entry.rowid {
         return Ok(rowid.to_be_bytes().to_vec());
     }
-    let values = entry.values.as_ref().map_err(Clone::clone)?;
-    let take = if key_values == 0 {
-        values.len()
-    } else {
-        key_values.min(values.len())
+    let values = match (&entry.key, &entry.values) {
+        (Some(key), _) => key,
+        (None, Err(why)) => return Err(why.clone()),
+        (None, Ok(_)) => return Err("the record has no key".into()),
     };
     let mut key = Vec::new();
-    for v in &values[..take] {
+    for v in values {
         let (tag, bytes): (u8, Vec<u8>) = match v {
             Val::Null => (0, vec![]),
             Val::Int(i) => (1, i.to_be_bytes().to_vec()),
@@ -200,6 +202,7 @@ fn entries<'a>(
     pgno: u32,
     bytes: &'a [u8],
     geometry: &DbGeometry,
+    key_values: usize,
     overflow: &impl Fn(u32) -> Option<&'a [u8]>,
     out: &mut Vec<Entry<'a>>,
 ) -> Result<(), BtreeError> {
@@ -224,7 +227,13 @@ fn entries<'a>(
                     )
                 })
             });
+        let key = match (rowid, &values) {
+            (Some(_), _) => None,
+            (None, Ok(v)) => Some(prefix(v, key_values).to_vec()),
+            (None, Err(_)) => local_key(payload.local, key_values),
+        };
         out.push(Entry {
+            key,
             pgno,
             rowid,
             total: payload.total,
@@ -235,6 +244,93 @@ fn entries<'a>(
         });
     }
     Ok(())
+}
+
+/// The first `key_values` values (all of them when 0).
+fn prefix(values: &[Val], key_values: usize) -> &[Val] {
+    if key_values == 0 {
+        values
+    } else {
+        &values[..key_values.min(values.len())]
+    }
+}
+
+/// The first `key_values` values of a record whose first bytes are `local`, when those bytes
+/// hold them whole (a key before a long value that spills to overflow pages). `None` when the
+/// whole record is the key, or the key is not all in `local`.
+fn local_key(local: &[u8], key_values: usize) -> Option<Vec<Val>> {
+    if key_values == 0 {
+        return None;
+    }
+    let (header_size, mut at) = read_varint(local)?;
+    let header_end = usize::try_from(header_size).ok()?;
+    let mut types = Vec::new();
+    let mut body = 0usize;
+    while types.len() < key_values && at < header_end {
+        let (t, n) = read_varint(local.get(at..header_end)?)?;
+        at += n;
+        body += match t {
+            0 | 8 | 9 => 0,
+            1..=4 => t as usize,
+            5 => 6,
+            6 | 7 => 8,
+            10 | 11 => return None,
+            n => usize::try_from((n - 12) / 2).ok()?,
+        };
+        types.push(t);
+    }
+    if types.len() < key_values {
+        return None;
+    }
+    // A record of the key columns alone: its header, then their bodies.
+    let mut header = Vec::new();
+    for t in &types {
+        write_varint(*t, &mut header);
+    }
+    let size = header.len() + 1;
+    let size = if size < 0x80 { size } else { return None };
+    let mut record = vec![size as u8];
+    record.extend_from_slice(&header);
+    record.extend_from_slice(local.get(header_end..header_end.checked_add(body)?)?);
+    decode_record(&record).ok()
+}
+
+/// SQLite's varint: 1 to 9 bytes, big-endian, 7 bits a byte and all 8 of the ninth.
+fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
+    let mut v: u64 = 0;
+    for (i, b) in bytes.iter().take(9).enumerate() {
+        if i == 8 {
+            return Some(((v << 8) | u64::from(*b), 9));
+        }
+        v = (v << 7) | u64::from(b & 0x7f);
+        if b & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// Appends `v` as SQLite's varint.
+fn write_varint(v: u64, out: &mut Vec<u8>) {
+    if v > 0x00ff_ffff_ffff_ffff {
+        for i in (1..9).rev() {
+            out.push(((v >> (i * 7 + 1)) as u8 & 0x7f) | 0x80);
+        }
+        out.push(v as u8);
+        return;
+    }
+    let mut bytes = Vec::new();
+    let mut rest = v;
+    loop {
+        bytes.push((rest & 0x7f) as u8);
+        rest >>= 7;
+        if rest == 0 {
+            break;
+        }
+    }
+    for (i, b) in bytes.iter().rev().enumerate() {
+        out.push(if i + 1 < bytes.len() { b | 0x80 } else { *b });
+    }
 }
 
 /// A table's rows on its base pages and on its final pages.
@@ -253,6 +349,10 @@ fn sides<'a>(
     notes: &mut Vec<String>,
 ) -> Sides<'a> {
     let geometry = &pages.geometry;
+    let key_values = match tree.kind {
+        TreeKind::Table { key_values, .. } => key_values,
+        TreeKind::Index { .. } => 0,
+    };
     let mut sides: [Vec<Entry<'_>>; 2] = [Vec::new(), Vec::new()];
     let owned = [
         (Version::Base, &attribution.base_owner),
@@ -265,7 +365,14 @@ fn sides<'a>(
             let Some(bytes) = version_of(pages, version, pgno) else {
                 continue;
             };
-            if let Err(e) = entries(pgno, bytes, geometry, &overflow, &mut sides[side]) {
+            if let Err(e) = entries(
+                pgno,
+                bytes,
+                geometry,
+                key_values,
+                &overflow,
+                &mut sides[side],
+            ) {
                 notes.push(format!("{}: {e}", tree.name));
             }
         }
@@ -288,13 +395,11 @@ fn table_changes(
     Sides { base, fin }: Sides<'_>,
     notes: &mut Vec<String>,
 ) -> TableChanges {
-    let (without_rowid, ipk, key_values) = match tree.kind {
+    let (without_rowid, ipk) = match tree.kind {
         TreeKind::Table {
-            without_rowid,
-            ipk,
-            key_values,
-        } => (without_rowid, ipk, key_values),
-        TreeKind::Index { .. } => (true, None, 0),
+            without_rowid, ipk, ..
+        } => (without_rowid, ipk),
+        TreeKind::Index { .. } => (true, None),
     };
     let mut out = TableChanges {
         name: tree.name.clone(),
@@ -360,7 +465,7 @@ fn table_changes(
         let mut map: BTreeMap<Key, usize> = BTreeMap::new();
         let mut duplicate = None;
         for (i, e) in side.iter().enumerate() {
-            match key_of(e, key_values) {
+            match key_of(e) {
                 Ok(k) => {
                     if let Some(j) = map.insert(k, i) {
                         duplicate = Some((side[j].pgno, e.pgno));

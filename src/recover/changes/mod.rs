@@ -70,9 +70,11 @@ pub(crate) struct TableChanges {
     pub(crate) deletes: Vec<RowChange>,
     /// Rows the generation may have changed whose change cannot be decided, and why.
     pub(crate) undecided: Vec<(RowChange, String)>,
-    /// The table's final pages whose base is unknown: the rows their bases held are in no set,
-    /// so an update or delete of one of them is not seen at all (and the table's inserts are
-    /// undecided). The table's changes are complete only when this is empty.
+    /// Pages of the table whose base rows are not known: final pages whose base is unknown or
+    /// could not be attributed, and pages the generation freed without writing whose base was
+    /// not given. Their base rows are in no set, so an update or delete of one of them is not
+    /// seen at all (and the table's inserts are undecided: a row moved from such a page would
+    /// look like one). The table's changes are complete only when this is empty.
     pub(crate) unknown_base_pages: Vec<u32>,
 }
 
