@@ -32,6 +32,8 @@ mod pages;
 mod schema;
 
 #[cfg(test)]
+mod capture_tests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;
