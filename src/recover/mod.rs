@@ -25,6 +25,7 @@
 //! The merge rules are in `docs/merge-rules.md`.
 
 mod btree;
+mod changes;
 mod error;
 mod ledger;
 mod merge;

@@ -1,0 +1,356 @@
+//! The inputs of the change computation, decoupled from files: the final version of each page a
+//! generation wrote, the base of each, and the base of the pages it freed without writing.
+//!
+//! Final: a page's last frame at or before the last commit frame; pages beyond the database size
+//! that commit records are left out (SQLite no longer counts them as part of the file).
+//!
+//! Base (the plan, §2 "Which base is right"): the version the newer generation started from.
+//! In order: (1) the latest frame of the page at or below `B` = `backfill_at_loss.backfilled`
+//! (frames a checkpoint had copied into the main file before the loss: the newer generation
+//! started from them); (2) the page the guard kept from the main file at the generation's first
+//! frame of it (`<file>-base`); (3) absent, when the page was beyond the main file's end when the
+//! keeping began (new in the generation); (4) unknown.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use super::ChangesError;
+use crate::capture::BasePages;
+use crate::recover::btree::DbGeometry;
+use crate::walfile::{parse_wal_header, wal_checksum, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
+
+/// What a carried page was when the newer generation started from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Base {
+    /// Its bytes: a frame at or below the backfill mark, or the page the guard kept.
+    Page(Vec<u8>),
+    /// The page did not exist: it was beyond the main file's end when the generation began.
+    Absent,
+    /// Not known: neither backfilled nor kept (another process wrote it first, or the cap).
+    Unknown,
+}
+
+/// The pages of one generation that its row changes are computed from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GenerationPages {
+    /// Page size, reserved bytes and text encoding, from page 1 (final, else base).
+    pub(crate) geometry: DbGeometry,
+    /// Each carried page's version at the generation's last commit.
+    pub(crate) final_pages: BTreeMap<u32, Vec<u8>>,
+    /// The base of each carried page (every key of `final_pages` has one).
+    pub(crate) base: BTreeMap<u32, Base>,
+    /// The base version of pages the generation freed without writing them (SQLite never writes
+    /// a page it puts on the freelist as a leaf): their rows were deleted by the generation.
+    /// Empty until the base file records them (its flag 1).
+    pub(crate) freed: BTreeMap<u32, Vec<u8>>,
+    /// `backfill_at_loss.backfilled` as given (`None`: not recorded, so rule (1) took no frame
+    /// and a page a checkpoint had copied may have a base the newer generation never saw).
+    pub(crate) backfilled: Option<u64>,
+    /// Things found while gathering the pages that a person should know.
+    pub(crate) notes: Vec<String>,
+}
+
+/// One valid frame of a WAL: its page number, the database size if it is a commit frame, and
+/// where its page's bytes are.
+struct Frame {
+    pgno: u32,
+    commit_size: u32,
+    page: std::ops::Range<usize>,
+}
+
+/// The valid frames of a WAL, as SQLite's recovery reads them: the header must be valid, then
+/// frames are read while their salts are the header's, their page number is not 0 and their
+/// checksum continues the chain. Returns the header's page size and salts too.
+fn valid_frames(wal: &[u8]) -> Result<(u32, [u32; 2], Vec<Frame>), ChangesError> {
+    let header = parse_wal_header(wal);
+    if !header.valid {
+        return Err(ChangesError::WalHeader);
+    }
+    let big_endian = header.magic & 1 == 1;
+    let page_size = header.page_size as usize;
+    let frame_size = WAL_FRAME_HEADER_SIZE + page_size;
+    let salts = wal.get(16..24).unwrap_or(&[]);
+    let mut cksum = header.checksum;
+    let mut frames = Vec::new();
+    let mut at = WAL_HEADER_SIZE;
+    while let Some(frame) = wal.get(at..at + frame_size) {
+        let (hdr, page) = frame.split_at(WAL_FRAME_HEADER_SIZE);
+        let word = |i: usize| u32::from_be_bytes([hdr[i], hdr[i + 1], hdr[i + 2], hdr[i + 3]]);
+        let pgno = word(0);
+        if &hdr[8..16] != salts || pgno == 0 {
+            break;
+        }
+        let next = wal_checksum(big_endian, page, wal_checksum(big_endian, &hdr[..8], cksum));
+        if next != [word(16), word(20)] {
+            break;
+        }
+        cksum = next;
+        frames.push(Frame {
+            pgno,
+            commit_size: word(4),
+            page: at + WAL_FRAME_HEADER_SIZE..at + frame_size,
+        });
+        at += frame_size;
+    }
+    Ok((header.page_size, header.salts, frames))
+}
+
+impl GenerationPages {
+    /// The pages of the generation whose WAL is `wal_bytes`, with the base pages its capturing
+    /// process kept (`None`: no base file, so only backfilled frames give a base) and the
+    /// backfill mark at the loss (`None`: not recorded).
+    pub(crate) fn from_parts(
+        wal_bytes: &[u8],
+        base: Option<&BasePages>,
+        backfilled: Option<u64>,
+    ) -> Result<GenerationPages, ChangesError> {
+        let (page_size, salts, frames) = valid_frames(wal_bytes)?;
+        let mut notes = Vec::new();
+        if let Some(kept) = base {
+            if kept.page_size != page_size {
+                return Err(ChangesError::PageSize {
+                    wal: page_size,
+                    base: kept.page_size,
+                });
+            }
+            if kept.salts != salts {
+                return Err(ChangesError::Salts {
+                    wal: salts,
+                    base: kept.salts,
+                });
+            }
+            if let Some((pgno, page)) = kept
+                .pages
+                .iter()
+                .find(|(_, p)| p.len() != page_size as usize)
+            {
+                return Err(ChangesError::BasePageLength {
+                    pgno: *pgno,
+                    len: page.len(),
+                    page_size,
+                });
+            }
+            if kept.over_cap > 0 {
+                notes.push(format!(
+                    "{} pages the generation wrote first in the capturing process have no kept \
+                     base (the cap)",
+                    kept.over_cap
+                ));
+            }
+        } else {
+            notes.push(
+                "no base pages were kept: only pages a checkpoint had copied have a known base"
+                    .to_owned(),
+            );
+        }
+        let last_commit =
+            frames
+                .iter()
+                .rposition(|f| f.commit_size != 0)
+                .ok_or(ChangesError::NoCommit {
+                    frames: frames.len() as u64,
+                })?;
+        let db_size = frames[last_commit].commit_size;
+        let committed = &frames[..=last_commit];
+        if backfilled.is_none() {
+            notes.push(
+                "the backfill mark at the loss is not recorded: frames a checkpoint had copied \
+                 are not taken as bases"
+                    .to_owned(),
+            );
+        }
+        // Frames 1..=B (1-based) had reached the main file the newer generation started from.
+        let mark = backfilled.unwrap_or(0).min(committed.len() as u64) as usize;
+        let mut final_at: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut backfilled_at: BTreeMap<u32, usize> = BTreeMap::new();
+        for (i, frame) in committed.iter().enumerate() {
+            final_at.insert(frame.pgno, i);
+            if i < mark {
+                backfilled_at.insert(frame.pgno, i);
+            }
+        }
+        let beyond: Vec<u32> = final_at.range(db_size + 1..).map(|(p, _)| *p).collect();
+        if !beyond.is_empty() {
+            notes.push(format!(
+                "pages {beyond:?} have frames but lie beyond the last commit's database size \
+                 ({db_size} pages): left out"
+            ));
+        }
+        let page_of = |i: usize| wal_bytes[committed[i].page.clone()].to_vec();
+        let mut final_pages = BTreeMap::new();
+        let mut bases = BTreeMap::new();
+        for (&pgno, &i) in final_at.range(..=db_size) {
+            final_pages.insert(pgno, page_of(i));
+            let b = if let Some(&j) = backfilled_at.get(&pgno) {
+                Base::Page(page_of(j))
+            } else if let Some(kept) = base.and_then(|b| b.pages.get(&pgno)) {
+                Base::Page(kept.to_vec())
+            } else if base.is_some_and(|b| pgno > b.pages_at_start) {
+                Base::Absent
+            } else {
+                Base::Unknown
+            };
+            bases.insert(pgno, b);
+        }
+        let page1 = final_pages
+            .get(&1)
+            .map(Vec::as_slice)
+            .or(match bases.get(&1) {
+                Some(Base::Page(p)) => Some(p.as_slice()),
+                _ => None,
+            });
+        let geometry = match page1 {
+            Some(page1) => {
+                let g = DbGeometry::from_header(page1)
+                    .map_err(|source| ChangesError::Geometry { source })?;
+                if g.page_size() != page_size {
+                    return Err(ChangesError::GeometryPageSize {
+                        page1: g.page_size(),
+                        wal: page_size,
+                    });
+                }
+                g
+            }
+            None => {
+                notes.push(
+                    "page 1 is neither carried nor kept: no reserved bytes and UTF-8 text assumed"
+                        .to_owned(),
+                );
+                DbGeometry::new(page_size, 0).map_err(|source| ChangesError::Geometry { source })?
+            }
+        };
+        Ok(GenerationPages {
+            geometry,
+            final_pages,
+            base: bases,
+            freed: BTreeMap::new(),
+            backfilled,
+            notes,
+        })
+    }
+
+    /// The pages of the capture in `dir`: its WAL, its `<file>-base` if it has one, and its
+    /// `backfill_at_loss`.
+    pub(crate) fn from_capture(dir: &Path) -> Result<GenerationPages, ChangesError> {
+        let manifest = crate::recover::read_manifest(dir)?;
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|source| ChangesError::Read { path, source })
+        };
+        let wal = read(&manifest.wal.file)?;
+        let base = match &manifest.base_pages {
+            Some(entry) => {
+                let bytes = read(&entry.file)?;
+                Some(crate::capture::base_file::read(&bytes).map_err(|why| {
+                    ChangesError::BaseFile {
+                        path: dir.join(&entry.file),
+                        why,
+                    }
+                })?)
+            }
+            None => None,
+        };
+        let backfilled = manifest.backfill_at_loss.map(|b| u64::from(b.backfilled));
+        GenerationPages::from_parts(&wal, base.as_ref(), backfilled)
+    }
+
+    /// The final version of a carried page.
+    pub(crate) fn final_page(&self, pgno: u32) -> Option<&[u8]> {
+        self.final_pages.get(&pgno).map(Vec::as_slice)
+    }
+
+    /// The base version of a carried page whose base is known, or of a freed page.
+    pub(crate) fn base_page(&self, pgno: u32) -> Option<&[u8]> {
+        match self.base.get(&pgno) {
+            Some(Base::Page(p)) => Some(p),
+            Some(_) => None,
+            None => self.freed.get(&pgno).map(Vec::as_slice),
+        }
+    }
+
+    /// Every page with a final or a base version: the carried pages and the freed ones.
+    pub(crate) fn pages(&self) -> BTreeSet<u32> {
+        self.final_pages
+            .keys()
+            .chain(self.freed.keys())
+            .copied()
+            .collect()
+    }
+}
+
+/// The capture's main image, when it has one (the newer generation's file: for the page lookup
+/// of attribution only).
+pub(crate) fn capture_image(dir: &Path) -> Result<Option<Vec<u8>>, ChangesError> {
+    let manifest = crate::recover::read_manifest(dir)?;
+    if manifest.main.mode != crate::capture::ImageMode::Copied {
+        return Ok(None);
+    }
+    let path = dir.join(&manifest.main.file);
+    std::fs::read(&path)
+        .map(Some)
+        .map_err(|source| ChangesError::Read { path, source })
+}
+
+/// The pages on the freelist that `page1` heads (its first trunk at offset 32, its count at
+/// 36), trunks and leaves, reading trunks through `lookup`; with a description of why the list
+/// could not be read whole, if it could not (a trunk missing or malformed, a loop).
+pub(crate) fn freelist<'p>(
+    page1: &[u8],
+    lookup: impl Fn(u32) -> Option<&'p [u8]>,
+) -> (BTreeSet<u32>, Option<String>) {
+    let word = |b: &[u8], at: usize| {
+        b.get(at..at + 4)
+            .map(|w| u32::from_be_bytes([w[0], w[1], w[2], w[3]]))
+    };
+    let mut pages = BTreeSet::new();
+    let Some(count) = word(page1, 36) else {
+        return (
+            pages,
+            Some("page 1 is too short for a freelist count".into()),
+        );
+    };
+    let mut trunk = word(page1, 32).unwrap_or(0);
+    while trunk != 0 {
+        if !pages.insert(trunk) {
+            return (pages, Some(format!("the freelist loops at trunk {trunk}")));
+        }
+        let Some(bytes) = lookup(trunk) else {
+            return (
+                pages,
+                Some(format!("freelist trunk {trunk} is not available")),
+            );
+        };
+        let (Some(next), Some(leaves)) = (word(bytes, 0), word(bytes, 4)) else {
+            return (pages, Some(format!("freelist trunk {trunk} is too short")));
+        };
+        if (leaves as usize).saturating_mul(4) > bytes.len().saturating_sub(8) {
+            return (
+                pages,
+                Some(format!(
+                    "freelist trunk {trunk} lists {leaves} leaves, more than fit"
+                )),
+            );
+        }
+        for i in 0..leaves as usize {
+            if let Some(leaf) = word(bytes, 8 + 4 * i) {
+                pages.insert(leaf);
+            }
+        }
+        if pages.len() as u64 > u64::from(count) {
+            return (
+                pages,
+                Some(format!(
+                    "the freelist holds more pages than page 1's count ({count})"
+                )),
+            );
+        }
+        trunk = next;
+    }
+    let problem = (pages.len() as u64 != u64::from(count)).then(|| {
+        format!(
+            "the freelist holds {} pages, page 1 counts {count}",
+            pages.len()
+        )
+    });
+    (pages, problem)
+}
