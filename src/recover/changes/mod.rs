@@ -34,6 +34,8 @@ mod schema;
 #[cfg(test)]
 mod capture_tests;
 #[cfg(test)]
+mod guarded_tests;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 mod tests;

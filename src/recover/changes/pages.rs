@@ -219,11 +219,22 @@ impl GenerationPages {
                 DbGeometry::new(page_size, 0).map_err(|source| ChangesError::Geometry { source })?
             }
         };
+        // The kept pages the generation freed without writing them (flag 1 in `<file>-base`);
+        // one it wrote later (reused) is carried, and its kept page is its base above.
+        let freed = base
+            .map(|b| {
+                b.freed
+                    .iter()
+                    .filter(|p| !final_pages.contains_key(p))
+                    .filter_map(|p| Some((*p, b.pages.get(p)?.to_vec())))
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(GenerationPages {
             geometry,
             final_pages,
             base: bases,
-            freed: BTreeMap::new(),
+            freed,
             backfilled,
             notes,
         })

@@ -50,6 +50,21 @@ pub(super) fn run(setup: impl FnOnce(&Connection), ops: impl FnOnce(&Connection)
 }
 
 impl Run {
+    /// A run from its parts: the writer (kept open), the snapshot and the generation's WAL.
+    pub(super) fn from_parts(
+        dir: tempfile::TempDir,
+        conn: Connection,
+        snapshot: Vec<u8>,
+        wal: Vec<u8>,
+    ) -> Run {
+        Run {
+            dir,
+            _conn: conn,
+            snapshot,
+            wal,
+        }
+    }
+
     /// Page `pgno` of the snapshot.
     pub(super) fn snapshot_page(&self, pgno: u32) -> Option<&[u8]> {
         page_of(&self.snapshot, 1024, pgno)
@@ -72,6 +87,7 @@ impl Run {
             page_size: 1024,
             pages_at_start,
             pages,
+            freed: Default::default(),
             over_cap: 0,
         }
     }
