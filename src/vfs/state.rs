@@ -114,6 +114,10 @@ pub(crate) struct DbState {
     /// The process's base-page store of this connection's WAL generation, while it is pinned
     /// (`state/base_pages.rs`).
     base_store: Mutex<Option<Arc<base_pages::BaseStore>>>,
+    /// How the base pages are read from the main file: SQLite's descriptor of it where the shim
+    /// sees into the unix VFS (`vfs/file/open.rs`), else the file object. Apart from `inner`, so
+    /// that no read is made under the state's lock.
+    base_reader: Mutex<Option<Box<dyn ImageSource + Send>>>,
     refusals: AtomicU64,
     /// This connection may have written the main file since `main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
@@ -412,6 +416,7 @@ impl DbState {
             last_wal_offset: AtomicI64::new(i64::MAX),
             frames: frames::Frames::default(),
             base_store: Mutex::new(None),
+            base_reader: Mutex::new(None),
             refusals: AtomicU64::new(0),
             main_judge_due: AtomicBool::new(false),
             main_written: AtomicBool::new(true),
@@ -487,6 +492,11 @@ impl DbState {
 
     pub(crate) fn set_main_image(&self, image: Option<Box<dyn ImageSource + Send>>) {
         self.inner.lock().main_image = image;
+    }
+
+    /// How the base pages are read from the main file (`state/base_pages.rs`).
+    pub(crate) fn set_base_reader(&self, reader: Box<dyn ImageSource + Send>) {
+        *self.base_reader.lock() = Some(reader);
     }
 
     /// Whether the database is on a local filesystem (inotify sees every change there).

@@ -63,6 +63,42 @@ impl ImageSource for MainImage {
     }
 }
 
+/// Reads the main file through SQLite's own descriptor of it (the unix VFS's `h`), not through
+/// its file object: the base pages' reads (`state/base_pages.rs`) run inside a WAL write, and a
+/// VFS stacked above the guard may have installed its own methods in the main file object (the
+/// connection explorer's yield at every read). No descriptor of the guard's own.
+pub(super) struct MainByDescriptor(pub(super) std::os::fd::RawFd);
+
+impl MainByDescriptor {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: SQLite's descriptor of the main file, open while its file object is; the state
+        // drops this reader before the file is closed (`DbState::main_released`, and the WAL's
+        // writes that use it happen only while the connection has the main file open).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) }
+    }
+}
+
+impl ImageSource for MainByDescriptor {
+    fn size(&self) -> io::Result<u64> {
+        Ok(rustix::fs::fstat(self.fd())?.st_size as u64)
+    }
+
+    fn read_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match rustix::io::pread(self.fd(), &mut *buf, offset) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Opens `z_name` through the wrapped VFS and wraps it.
 ///
 /// # Safety
@@ -140,6 +176,10 @@ pub(crate) unsafe fn open(
             );
             DbState::opened_here(&state);
             state.set_main_image(Some(Box::new(MainImage(sub))));
+            state.set_base_reader(match prefix.map(|p| p.h).filter(|&h| h >= 0) {
+                Some(h) => Box::new(MainByDescriptor(h)),
+                None => Box::new(MainImage(sub)),
+            });
             // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS.
             let main_fd = unsafe { main_descriptor(sub_vfs, prefix, &state) };
             state.shield().arm(main_fd, state.db_path());

@@ -327,14 +327,14 @@ impl DbState {
         let (pgno, salts) = frame_page(header);
         let mut keep = store.first_frame(pgno, salts);
         if keep == Keep::Begin {
-            let inner = self.inner.lock();
-            let Some(main) = inner.main_image.as_deref() else {
+            let reader = self.base_reader.lock();
+            let Some(main) = reader.as_deref() else {
                 return;
             };
             if !store.begin(salts, main) {
                 return;
             }
-            drop(inner);
+            drop(reader);
             keep = store.first_frame(pgno, salts);
         }
         if keep != Keep::Read {
@@ -345,9 +345,8 @@ impl DbState {
         };
         let mut page = vec![0u8; page_size as usize].into_boxed_slice();
         let read = self
-            .inner
+            .base_reader
             .lock()
-            .main_image
             .as_deref()
             .map(|main| main.read_at(&mut page, u64::from(pgno - 1) * u64::from(page_size)));
         match read {

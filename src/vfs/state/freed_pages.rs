@@ -55,7 +55,7 @@ impl DbState {
             };
             let mut base = vec![0u8; page_size as usize].into_boxed_slice();
             let read =
-                self.inner.lock().main_image.as_deref().map(|main| {
+                self.base_reader.lock().as_deref().map(|main| {
                     main.read_at(&mut base, u64::from(leaf - 1) * u64::from(page_size))
                 });
             match read {

@@ -243,6 +243,7 @@ impl DbState {
         inner.wal = None;
         inner.generation = None;
         *self.base_store.lock() = None;
+        *self.base_reader.lock() = None;
         inner.wal_index = None;
         self.wal_pinned.store(false, Ordering::Release);
     }
