@@ -1,4 +1,4 @@
-//! The operator's commands: `captures`, `verify`, `recover`.
+//! The operator's commands: `captures`, `verify`, `changes`, `recover`.
 //!
 //! Exit codes (the same table is in each command's `--help`, in docs/recovery.md and in
 //! `hermes-guard help exit-codes`):
@@ -12,6 +12,7 @@
 
 mod base_words;
 mod captures;
+mod changes;
 mod given;
 mod report;
 mod verify;
@@ -28,6 +29,7 @@ use serde_json::json;
 use crate::database_arg::{self, Accept, DatabaseArgError};
 
 pub use captures::{captures, row_of, CapturesArgs, CAPTURES_EXIT_CODES};
+pub use changes::{changes, ChangesArgs, CHANGES_EXIT_CODES};
 pub use verify::{verify, VerifyArgs, VERIFY_EXIT_CODES};
 
 /// Exit code: done.
