@@ -23,7 +23,7 @@ use clap::{Parser, Subcommand};
     // `help <topic>` is ours: it also prints the docs compiled in (`help recovery`).
     disable_help_subcommand = true,
     after_help = "Exit codes: 0 done; 1 failed (nothing written); 2 bad input (nothing written); \
-                  3 something is left over (recover, captures) or needs attention (status). Each command's --help says more.\n\
+                  3 something is left over (recover, captures, changes) or needs attention (status). Each command's --help says more.\n\
                   A write was refused? `hermes-guard help recovery` prints the runbook."
 )]
 struct Cli {
