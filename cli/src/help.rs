@@ -24,7 +24,7 @@ pub const TOPICS: [(&str, &str); 4] = [
     ),
     (
         "exit-codes",
-        "what each exit code of captures, verify and recover means",
+        "what each exit code of captures, verify, changes and recover means",
     ),
     (
         "capture-format",
@@ -40,7 +40,7 @@ pub const TOPICS: [(&str, &str); 4] = [
 pub const HELP_AFTER: &str = "\
 Topics:
   recovery        the recovery runbook: a write was refused, what to run
-  exit-codes      what each exit code of captures, verify and recover means
+  exit-codes      what each exit code of captures, verify, changes and recover means
   capture-format  the capture directory and manifest.json
   merge-rules     how recover merges a capture's rows back, and its limits
 A command's name (e.g. `hermes-guard help recover`) prints that command's --help.

@@ -23,7 +23,7 @@ use clap::{Parser, Subcommand};
     // `help <topic>` is ours: it also prints the docs compiled in (`help recovery`).
     disable_help_subcommand = true,
     after_help = "Exit codes: 0 done; 1 failed (nothing written); 2 bad input (nothing written); \
-                  3 something is left over (recover, captures) or needs attention (status). Each command's --help says more.\n\
+                  3 something is left over (recover, captures, changes) or needs attention (status). Each command's --help says more.\n\
                   A write was refused? `hermes-guard help recovery` prints the runbook."
 )]
 struct Cli {
@@ -45,6 +45,10 @@ enum Command {
     /// Check a capture from its bytes: both files against the manifest, the WAL frame by frame.
     #[command(after_help = recover_cmd::VERIFY_EXIT_CODES)]
     Verify(recover_cmd::VerifyArgs),
+    /// What a capture's own generation inserted, updated and deleted, per table, from its pages
+    /// and their bases alone (read-only).
+    #[command(after_help = recover_cmd::CHANGES_EXIT_CODES)]
+    Changes(recover_cmd::ChangesArgs),
     /// Plan (and with --apply, merge) a capture's missing rows into the live database.
     #[command(after_help = recover_cmd::RECOVER_EXIT_CODES)]
     Recover(recover_cmd::RecoverArgs),
@@ -73,6 +77,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Captures(args) => return recover_cmd::captures(args),
         Command::Verify(args) => return recover_cmd::verify(args),
+        Command::Changes(args) => return recover_cmd::changes(args),
         Command::Recover(args) => return recover_cmd::recover(args),
         Command::Held(args) => return held::held(args),
         Command::Status(args) => return status_cmd::status(args),

@@ -162,6 +162,16 @@ pub enum RecoverError {
         why: String,
     },
 
+    /// The capture's files do not give its generation's pages: its WAL holds no valid header or
+    /// no commit, or its `<file>-base` is not a base file or belongs to another generation.
+    #[error("{capture}: the captured generation's pages cannot be read: {why}")]
+    GenerationPages {
+        /// The capture directory.
+        capture: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+
     /// `manifest.json` could not be parsed.
     #[error("{capture}: manifest.json cannot be read as a capture manifest: {source}")]
     Manifest {

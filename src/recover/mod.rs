@@ -45,6 +45,10 @@ use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 
+pub use changes::{
+    generation_changes, ChangeCounts, ChangedRow, GenerationChangesReport, ShownValue,
+    TableChangesReport, UndecidedRow as UndecidedChange, UpdatedRow,
+};
 pub use error::RecoverError;
 pub use ledger::generation_id;
 pub use open::{list_captures, read_manifest, Capture, CaptureListing};

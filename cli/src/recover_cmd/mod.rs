@@ -1,17 +1,18 @@
-//! The operator's commands: `captures`, `verify`, `recover`.
+//! The operator's commands: `captures`, `verify`, `changes`, `recover`.
 //!
 //! Exit codes (the same table is in each command's `--help`, in docs/recovery.md and in
 //! `hermes-guard help exit-codes`):
 //!
 //! | code | meaning |
 //! |---|---|
-//! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing with nothing missing, verified) |
-//! | 1 | failed: `verify`: not verified; `captures`: a capture is unreadable or does not verify; `recover`: an error while working (I/O, SQLite, the write lock not taken within `--busy-timeout`, a merge rolled back) — nothing written |
-//! | 2 | bad input, the same for the three commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn); a database path (`captures`, `recover --into`/`--main`, as `status`) with nothing at it or not a SQLite database file, in the words of [`crate::database_arg`] |
-//! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database |
+//! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing with nothing missing, verified, a complete `changes` report) |
+//! | 1 | failed: `verify`: not verified; `captures`: a capture is unreadable or does not verify; `recover`: an error while working (I/O, SQLite, the write lock not taken within `--busy-timeout`, a merge rolled back) — nothing written; `changes`: the capture cannot be read |
+//! | 2 | bad input, the same for the four commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn); a database path (`captures`, `recover --into`/`--main`, as `status`) with nothing at it or not a SQLite database file, in the words of [`crate::database_arg`] |
+//! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database; `changes`: rows undecided, a table incomplete or pages unattributed |
 
 mod base_words;
 mod captures;
+mod changes;
 mod given;
 mod report;
 mod verify;
@@ -28,6 +29,7 @@ use serde_json::json;
 use crate::database_arg::{self, Accept, DatabaseArgError};
 
 pub use captures::{captures, row_of, CapturesArgs, CAPTURES_EXIT_CODES};
+pub use changes::{changes, ChangesArgs, CHANGES_EXIT_CODES};
 pub use verify::{verify, VerifyArgs, VERIFY_EXIT_CODES};
 
 /// Exit code: done.

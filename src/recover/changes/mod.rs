@@ -20,15 +20,11 @@
 //! stored as an integer, columns missing from rows written before an `ALTER TABLE … ADD
 //! COLUMN`, and text in a UTF-16 database's encoding.
 
-// Nothing outside the tests calls this yet: its consumer is step 7 of the plan, the `changes`
-// merge rule that applies these changes to the live database. Until then its items are unused in
-// a non-test build.
-#![cfg_attr(not(test), allow(dead_code, unused_imports))]
-
 mod attribution;
 mod compute;
 mod error;
 mod pages;
+mod report;
 mod schema;
 
 #[cfg(test)]
@@ -42,7 +38,13 @@ mod tests;
 
 pub(crate) use compute::compute;
 pub(crate) use error::ChangesError;
-pub(crate) use pages::{freelist, Base, GenerationPages};
+pub(crate) use pages::GenerationPages;
+#[cfg(test)]
+pub(crate) use pages::{freelist, Base};
+pub use report::{
+    generation_changes, ChangeCounts, ChangedRow, GenerationChangesReport, ShownValue,
+    TableChangesReport, UndecidedRow, UpdatedRow,
+};
 
 use crate::recover::value::Val;
 
@@ -108,6 +110,7 @@ pub(crate) struct GenerationChanges {
 
 impl GenerationChanges {
     /// The changes of the table `name`, if it has any.
+    #[cfg(test)]
     pub(crate) fn table(&self, name: &str) -> Option<&TableChanges> {
         self.tables.iter().find(|t| t.name == name)
     }
