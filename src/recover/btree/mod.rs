@@ -19,8 +19,8 @@
 //! pages: decoding one is a page-type error), and the text encoding's conversion (text is kept as
 //! the stored bytes; [`DbGeometry::text_encoding`] says which encoding they are in).
 
-// Nothing outside the tests calls the decoder yet: the changes rule (plan step 6) is its
-// consumer. Until then its items and the re-exports below are unused in a non-test build.
+// The change computation (`recover/changes/`) uses most of it; a few items — the index walk,
+// the overflow assembler, the text encoding, `local_size` — only its tests use so far.
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
 mod cell;
