@@ -234,8 +234,15 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         }
         Err(e) => {
             if let Some(staging) = &staging_fd {
+                // Every file a capture may hold: its directory must be empty to go.
                 let wal_name = format!("{file_name}-wal");
-                for f in [MANIFEST_NAME, file_name.as_str(), wal_name.as_str()] {
+                let base_name = format!("{file_name}-base");
+                for f in [
+                    MANIFEST_NAME,
+                    file_name.as_str(),
+                    wal_name.as_str(),
+                    base_name.as_str(),
+                ] {
                     let _ = rustix::fs::unlinkat(staging, f, AtFlags::empty());
                 }
             }
