@@ -72,7 +72,8 @@ fn writer_with_three_rows() -> (tempfile::TempDir, std::path::PathBuf, rusqlite:
 fn a_retirement_with_frames_in_its_wal_says_they_are_captured() {
     let (dir, path, w) = writer_with_three_rows();
     remove(&path, "-wal");
-    assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
+    let refused = insert(&w, "refused").unwrap_err();
+    assert!(is_refusal(&refused), "not a refusal: {refused:?}");
 
     let line = retirement_line(&path);
     assert!(
@@ -99,7 +100,8 @@ fn a_retirement_whose_wal_was_checkpointed_empty_says_nothing_is_captured_and_wh
     w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
         .unwrap();
     remove(&path, "-wal");
-    assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
+    let refused = insert(&w, "refused").unwrap_err();
+    assert!(is_refusal(&refused), "not a refusal: {refused:?}");
 
     let line = retirement_line(&path);
     assert!(line.contains("Nothing is captured"), "{line}");
@@ -120,7 +122,8 @@ fn a_retirement_whose_wal_the_newer_generation_truncated_says_the_rows_are_live(
     let (dir, path, w) = writer_with_three_rows();
     remove(&path, "-shm");
     write_second_generation(&path, "stock", 2);
-    assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
+    let refused = insert(&w, "refused").unwrap_err();
+    assert!(is_refusal(&refused), "not a refusal: {refused:?}");
 
     let line = retirement_line(&path);
     assert!(line.contains("Nothing is captured"), "{line}");
