@@ -40,8 +40,9 @@ mod tests;
 pub(crate) use cell::{local_size, Cell};
 pub(crate) use error::{BtreeError, RecordError};
 pub(crate) use page::{decode_page, Page, PageKind};
-pub(crate) use record::decode_record;
+pub(crate) use record::{body_len, decode_record};
 pub(crate) use tree::{index_records, table_rows, TableLeafRow};
+pub(crate) use varint::{read_varint, write_varint};
 
 /// The sizes every page of a database shares, from page 1's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

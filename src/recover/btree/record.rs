@@ -62,7 +62,7 @@ pub(crate) fn decode_record(record: &[u8]) -> Result<Vec<Val>, RecordError> {
 }
 
 /// The body bytes of a serial type, or `None` for the reserved 10 and 11.
-fn body_len(serial_type: u64) -> Option<u64> {
+pub(crate) fn body_len(serial_type: u64) -> Option<u64> {
     Some(match serial_type {
         0 | 8 | 9 => 0,
         1..=4 => serial_type,

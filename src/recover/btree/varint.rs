@@ -18,8 +18,7 @@ pub(crate) fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
     None
 }
 
-/// Writes `value` as SQLite does (the shortest form), for the tests' hand-made pages and records.
-#[cfg(test)]
+/// Writes `value` as SQLite does (the shortest form).
 pub(crate) fn write_varint(value: u64, out: &mut Vec<u8>) {
     if value > 0x00ff_ffff_ffff_ffff {
         // Nine bytes: eight of 7 bits, then the low 8 bits whole.

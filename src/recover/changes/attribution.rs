@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::pages::{freelist, Base, GenerationPages};
 use super::schema::{Tree, TreeKind};
-use crate::recover::btree::{decode_page, Cell, Page, PageKind};
+use crate::recover::btree::{decode_page, read_varint, Cell, Page, PageKind};
 
 /// SQLite's deepest tree (`BTCURSOR_MAX_DEPTH`).
 const MAX_DEPTH: usize = 20;
@@ -371,31 +371,16 @@ pub(crate) fn fits(page: &Page<'_>, tree: &Tree, strict: bool) -> bool {
 /// The serial types of a record's header, read from its first bytes; `None` when the header is
 /// not all there or malformed.
 fn serial_types(record: &[u8]) -> Option<Vec<u64>> {
-    let (size, mut at) = varint(record)?;
+    let (size, mut at) = read_varint(record)?;
     let end = usize::try_from(size).ok()?;
     if end < at || end > record.len() {
         return None;
     }
     let mut types = Vec::new();
     while at < end {
-        let (t, n) = varint(record.get(at..end)?)?;
+        let (t, n) = read_varint(record.get(at..end)?)?;
         types.push(t);
         at += n;
     }
     Some(types)
-}
-
-/// SQLite's varint: 1 to 9 bytes, big-endian, 7 bits a byte and all 8 of the ninth.
-fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
-    let mut v: u64 = 0;
-    for (i, b) in bytes.iter().take(9).enumerate() {
-        if i == 8 {
-            return Some(((v << 8) | u64::from(*b), 9));
-        }
-        v = (v << 7) | u64::from(b & 0x7f);
-        if b & 0x80 == 0 {
-            return Some((v, i + 1));
-        }
-    }
-    None
 }

@@ -19,7 +19,10 @@ use super::attribution::{attribute, version_of, Attribution, Version};
 use super::pages::{Base, GenerationPages};
 use super::schema::{read_schema, Tree, TreeKind};
 use super::{GenerationChanges, RowChange, TableChanges};
-use crate::recover::btree::{decode_page, decode_record, table_rows, BtreeError, Cell, DbGeometry};
+use crate::recover::btree::{
+    body_len, decode_page, decode_record, read_varint, table_rows, write_varint, BtreeError, Cell,
+    DbGeometry,
+};
 use crate::recover::value::{same_row, Val};
 
 /// How many pages of the image the schema's walk may fetch (a bound on its retries).
@@ -269,14 +272,7 @@ fn local_key(local: &[u8], key_values: usize) -> Option<Vec<Val>> {
     while types.len() < key_values && at < header_end {
         let (t, n) = read_varint(local.get(at..header_end)?)?;
         at += n;
-        body += match t {
-            0 | 8 | 9 => 0,
-            1..=4 => t as usize,
-            5 => 6,
-            6 | 7 => 8,
-            10 | 11 => return None,
-            n => usize::try_from((n - 12) / 2).ok()?,
-        };
+        body += usize::try_from(body_len(t)?).ok()?;
         types.push(t);
     }
     if types.len() < key_values {
@@ -293,44 +289,6 @@ fn local_key(local: &[u8], key_values: usize) -> Option<Vec<Val>> {
     record.extend_from_slice(&header);
     record.extend_from_slice(local.get(header_end..header_end.checked_add(body)?)?);
     decode_record(&record).ok()
-}
-
-/// SQLite's varint: 1 to 9 bytes, big-endian, 7 bits a byte and all 8 of the ninth.
-fn read_varint(bytes: &[u8]) -> Option<(u64, usize)> {
-    let mut v: u64 = 0;
-    for (i, b) in bytes.iter().take(9).enumerate() {
-        if i == 8 {
-            return Some(((v << 8) | u64::from(*b), 9));
-        }
-        v = (v << 7) | u64::from(b & 0x7f);
-        if b & 0x80 == 0 {
-            return Some((v, i + 1));
-        }
-    }
-    None
-}
-
-/// Appends `v` as SQLite's varint.
-fn write_varint(v: u64, out: &mut Vec<u8>) {
-    if v > 0x00ff_ffff_ffff_ffff {
-        for i in (1..9).rev() {
-            out.push(((v >> (i * 7 + 1)) as u8 & 0x7f) | 0x80);
-        }
-        out.push(v as u8);
-        return;
-    }
-    let mut bytes = Vec::new();
-    let mut rest = v;
-    loop {
-        bytes.push((rest & 0x7f) as u8);
-        rest >>= 7;
-        if rest == 0 {
-            break;
-        }
-    }
-    for (i, b) in bytes.iter().rev().enumerate() {
-        out.push(if i + 1 < bytes.len() { b | 0x80 } else { *b });
-    }
 }
 
 /// A table's rows on its base pages and on its final pages.

@@ -49,10 +49,10 @@ impl DbState {
         let (Some(salts), to_read) = store.freed_to_read(&freed) else {
             return;
         };
+        let Some(page_size) = store.page_size(salts) else {
+            return;
+        };
         for leaf in to_read {
-            let Some(page_size) = store.page_size(salts) else {
-                return;
-            };
             let mut base = vec![0u8; page_size as usize].into_boxed_slice();
             let read =
                 self.base_reader.lock().as_deref().map(|main| {
