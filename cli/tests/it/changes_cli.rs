@@ -25,8 +25,78 @@ fn history(i: i64) -> String {
     format!("history {i} {}", "x".repeat(200))
 }
 
+/// What the newer generation does after the loss, in another process.
+#[derive(Clone, Copy)]
+enum Newer {
+    /// Commits 5 rows (`second generation %`) and checkpoints (TRUNCATE): `write_second_generation`.
+    Inserts,
+    /// Through the given VFS (`stock` or `guard`): deletes rows W never touched, enough to free
+    /// leaves (rowids 10..=60), updates 4 of them (1..=4), inserts 5 rows, and checkpoints
+    /// (TRUNCATE): [`NEWER_SQL`].
+    Changes(&'static str),
+}
+
+/// The newer generation's changes for [`Newer::Changes`].
+const NEWER_SQL: &str = "
+    DELETE FROM messages WHERE id BETWEEN 10 AND 60;
+    UPDATE messages SET content = 'second generation updated' WHERE id BETWEEN 1 AND 4;
+    INSERT INTO messages (session, content) VALUES ('n', 'second generation 0'),
+        ('n', 'second generation 1'), ('n', 'second generation 2'),
+        ('n', 'second generation 3'), ('n', 'second generation 4');
+";
+
+/// Runs [`NEWER_SQL`] on `path` in another process (this test binary, as
+/// [`newer_generation_child`]) through `vfs`, then a TRUNCATE checkpoint, and closes.
+fn newer_changes(path: &Path, vfs: &str) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "changes_cli::newer_generation_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("HERMES_GUARD_NEWER_DB", path)
+        .env("HERMES_GUARD_NEWER_VFS", vfs)
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && printed.contains("NEWER_DONE"),
+        "the newer generation ({vfs}) did not finish: {printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "child process body of newer_changes"]
+fn newer_generation_child() {
+    let Some(path) = std::env::var_os("HERMES_GUARD_NEWER_DB") else {
+        return;
+    };
+    let path = PathBuf::from(path);
+    let conn = match std::env::var("HERMES_GUARD_NEWER_VFS").as_deref() {
+        Ok("guard") => open_guarded(&path),
+        _ => open_stock(&path),
+    };
+    conn.execute_batch(NEWER_SQL).unwrap();
+    let (busy, _, _): (i64, i64, i64) = conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .unwrap();
+    assert_eq!(busy, 0, "the TRUNCATE checkpoint ran");
+    drop(conn);
+    println!("NEWER_DONE");
+}
+
 /// The scenario above; returns the temporary directory (kept alive) and W's capture.
 fn lost_generation_under_a_newer_one() -> (tempfile::TempDir, PathBuf) {
+    lost_generation_under(Newer::Inserts)
+}
+
+/// The scenario above with the newer generation doing `newer`.
+fn lost_generation_under(newer: Newer) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let w = open_guarded(&path);
@@ -55,7 +125,12 @@ fn lost_generation_under_a_newer_one() -> (tempfile::TempDir, PathBuf) {
     )
     .unwrap();
     lose_sidecars(&path, false);
-    write_second_generation(&path, "stock", NEWER);
+    match newer {
+        Newer::Inserts => {
+            write_second_generation(&path, "stock", NEWER);
+        }
+        Newer::Changes(vfs) => newer_changes(&path, vfs),
+    }
     assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
     hermes_guard::close(w).map_err(|(_, e)| e).unwrap();
     let [capture] = &artifacts(dir.path())[..] else {
@@ -94,7 +169,27 @@ fn gw(rowid: i64, content: &str) -> (i64, String, String) {
 #[test]
 fn changes_reports_exactly_the_lost_generations_inserts_updates_and_deletes_not_the_newer_ones() {
     let (_dir, capture) = lost_generation_under_a_newer_one();
-    let (code, out, err) = changes(&capture, &["--json"]);
+    assert_reports_exactly_ws_changes(&capture);
+}
+
+/// A stock newer generation that deletes rows W never touched (freeing leaves), updates others,
+/// inserts and checkpoints with TRUNCATE: the report is still exactly W's changes, none of its.
+#[test]
+fn changes_leaves_out_a_stock_newer_generations_deletes_updates_and_freed_pages() {
+    let (_dir, capture) = lost_generation_under(Newer::Changes("stock"));
+    assert_reports_exactly_ws_changes(&capture);
+}
+
+/// The same newer generation through the guard.
+#[test]
+fn changes_leaves_out_a_guarded_newer_generations_deletes_updates_and_freed_pages() {
+    let (_dir, capture) = lost_generation_under(Newer::Changes("guard"));
+    assert_reports_exactly_ws_changes(&capture);
+}
+
+/// `changes --json` of `capture` is complete and lists W's inserts, updates and deletes exactly.
+fn assert_reports_exactly_ws_changes(capture: &Path) {
+    let (code, out, err) = changes(capture, &["--json"]);
     assert_eq!(code, 0, "{out}{err}");
     let doc: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(doc["has_base_file"], true);
@@ -138,9 +233,6 @@ fn changes_rows_shows_an_updated_rows_old_and_new_values_on_one_line() {
     let (_dir, capture) = lost_generation_under_a_newer_one();
     let (code, out, err) = changes(&capture, &["--rows"]);
     assert_eq!(code, 0, "{out}{err}");
-    if std::env::var_os("HERMES_SHOW_CHANGES").is_some() {
-        println!("{out}");
-    }
     assert!(
         out.contains("messages: 3 inserted, 2 updated, 151 deleted, 0 undecided"),
         "{out}"
