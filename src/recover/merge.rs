@@ -6,11 +6,12 @@ use std::path::Path;
 
 use rusqlite::Connection;
 
+use super::changes::Loaded;
 use super::ledger::{self, Generation};
 use super::objects;
 use super::report::{MergeOptions, MergeReport, MergeRule, NotMerged, Progress};
 use super::schema::{quote, Schema, Table};
-use super::table::{Remaps, TableMerge};
+use super::table::{ChangeContext, Remaps, TableMerge};
 use super::RecoverError;
 
 /// The schema names of the capture and its image attached to the live connection for the
@@ -43,6 +44,8 @@ pub(crate) struct Merge<'a> {
     /// A `whole` merge after delta merges only of this generation: recorded even when it
     /// inserts nothing (see [`ledger::Start::widens_to_whole`]).
     pub widens_to_whole: bool,
+    /// [`MergeRule::Changes`]: the generation's computed changes, and how to judge them.
+    pub changes: Option<(&'a Loaded, ChangeContext)>,
 }
 
 impl Merge<'_> {
@@ -155,6 +158,8 @@ impl Merge<'_> {
                 });
                 continue;
             }
+            // The changes rule reads no row through the image.
+            let in_image = in_image.filter(|_| self.changes.is_none());
             let mut t = TableMerge::new(live, captured, in_image, &target, self.rule, absent);
             t.set_whole_base(whole_base.as_ref().and_then(|b| b.tables.get(key)));
             tables.push(t);
@@ -200,11 +205,35 @@ impl Merge<'_> {
                 .load(self.target, key)
                 .map_err(self.sq("read hermes_guard_moved"))?;
         }
+        let changed = |t: &TableMerge<'_>| {
+            self.changes.map(|(loaded, context)| {
+                let table = loaded
+                    .changes
+                    .tables
+                    .iter()
+                    .find(|c| c.name.eq_ignore_ascii_case(&t.report.table));
+                (table, context)
+            })
+        };
         for t in &mut tables {
-            t.merge_rows(&self, &mut remaps, progress)?;
+            match changed(t) {
+                Some((Some(c), context)) => t.merge_changed_rows(&self, &mut remaps, c, context)?,
+                Some((None, _)) => {}
+                None => t.merge_rows(&self, &mut remaps, progress)?,
+            }
         }
         for t in tables.iter_mut().rev() {
-            t.merge_deletions(&self, &remaps)?;
+            match changed(t) {
+                Some((Some(c), context)) => {
+                    t.merge_changed_deletions(&self, &remaps, c, context)?
+                }
+                Some((None, _)) => {}
+                None => t.merge_deletions(&self, &remaps)?,
+            }
+        }
+        if let Some((loaded, _)) = self.changes {
+            report.unattributed_pages = loaded.changes.unattributed_pages.clone();
+            report.change_notes = loaded.changes.notes.clone();
         }
         remaps.finish(self.target);
         report.tables = tables.into_iter().map(|t| t.report).collect();

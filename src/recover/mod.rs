@@ -259,6 +259,15 @@ fn run_merge(
         report.capture_integrity = capture.integrity().to_vec();
         return Ok(report);
     }
+    let loaded = match rule {
+        MergeRule::Changes => Some(changes::load(capture.dir(), start.base_frames)?),
+        _ => None,
+    };
+    let context = loaded.as_ref().map(|l| table::ChangeContext {
+        text_encoding: l.text_encoding,
+        shared_wal: capture.manifest().path_generation_at_capture.wal.is_some(),
+        backfill_known: l.backfill_known,
+    });
     let source = capture.connection();
     let _ = source.execute_batch("BEGIN");
     let merge = Merge {
@@ -274,8 +283,9 @@ fn run_merge(
         merged_before: start.merged_before,
         base_frames: start.base_frames,
         // The attached image is the bare one: a delta from a merged prefix goes row by row.
-        bulk: bulk && start.base_frames == 0,
+        bulk: bulk && start.base_frames == 0 && rule != MergeRule::Changes,
         widens_to_whole: start.widens_to_whole,
+        changes: loaded.as_ref().zip(context),
     };
     let result = merge.run(progress);
     let _ = source.execute_batch("ROLLBACK");
@@ -366,6 +376,17 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
     #[cfg(not(feature = "explore-faults"))]
     let base_ignored = false;
     if m.base_verdict() != crate::capture::BaseVerdict::Own && !base_ignored {
+        if m.base_pages.is_some() {
+            return (
+                MergeRule::Changes,
+                "the capture cannot show that its main image is the file its WAL generation was \
+                 written on (see its base), but it holds the base of every page its WAL carries \
+                 (<file>-base): what that generation itself inserted, updated and deleted is \
+                 read from those pages, and applied only where the live row is still as that \
+                 generation found it"
+                    .into(),
+            );
+        }
         return (
             MergeRule::AddOnly,
             "the capture cannot show that its main image is the file its WAL generation was \

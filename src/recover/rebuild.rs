@@ -243,6 +243,7 @@ fn build(
         base_frames: 0,
         bulk: false,
         widens_to_whole: false,
+        changes: None,
     };
     let mut report = merge.run(&mut |_| {})?;
     let after = foreign_key_violations(&conn).map_err(sq("foreign_key_check"))?;

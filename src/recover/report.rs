@@ -64,6 +64,13 @@ pub enum MergeRule {
     /// or overwritten, and what a proven base would have changed or deleted is listed as
     /// undecided.
     AddOnly,
+    /// The capture holds the base of every page its WAL carries (`<file>-base`), so what its
+    /// generation itself inserted, updated and deleted is computed from those pages alone
+    /// (`recover::generation_changes`), not read through the main image. An insert goes in
+    /// (under a fresh rowid when the live rowid holds any row); an update or delete applies
+    /// only where the live row is still the row the generation changed; anything else is
+    /// undecided and left as it is live. A row the generation did not change is never touched.
+    Changes,
 }
 
 impl MergeRule {
@@ -87,6 +94,11 @@ impl MergeRule {
                 "only rows the captured generation wrote that the live database lacks are added; \
                  nothing is deleted or overwritten (the capture cannot show that its image is \
                  the file its WAL was written on)"
+            }
+            MergeRule::Changes => {
+                "the captured generation's own inserts, updates and deletes, read from the pages \
+                 its WAL carries against their kept bases: an update or delete only where the \
+                 live row is still as that generation found it"
             }
         }
     }
@@ -174,6 +186,11 @@ pub struct TableReport {
     pub undecided_rows: Vec<UndecidedRow>,
     /// Parts of the table the capture could not read.
     pub unreadable: Vec<Unreadable>,
+    /// [`MergeRule::Changes`]: pages of the table whose rows before the captured generation
+    /// are not known (no base kept, or not attributable): a change of a row on one of them is
+    /// not seen, so the table's changes may be incomplete (counts in
+    /// [`MergeReport::left_over`]).
+    pub unknown_base_pages: Vec<u32>,
 }
 
 impl TableReport {
@@ -200,6 +217,9 @@ pub struct UndecidedRow {
     pub live: Option<Vec<String>>,
     /// The columns.
     pub columns: Vec<String>,
+    /// Why it is undecided, when the rule says more than the three rows show
+    /// ([`MergeRule::Changes`]).
+    pub reason: Option<String>,
 }
 
 /// A table that is not merged, and why.
@@ -256,6 +276,11 @@ pub struct MergeReport {
     /// live file (as far as `delta_from_frame`, or as far as this capture reaches when
     /// `healed_at_close` says so): those rows are not merged again.
     pub healed_by: Option<String>,
+    /// [`MergeRule::Changes`]: pages holding rows that no table could be found for; a change
+    /// on one of them is in no table's report (counts in [`MergeReport::left_over`]).
+    pub unattributed_pages: Vec<u32>,
+    /// [`MergeRule::Changes`]: what the change computation found that a person should know.
+    pub change_notes: Vec<String>,
 }
 
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {
@@ -280,6 +305,8 @@ impl MergeReport {
             fts_rebuilt: Vec::new(),
             healed_at_close: None,
             healed_by: None,
+            unattributed_pages: Vec::new(),
+            change_notes: Vec::new(),
         }
     }
 
@@ -322,16 +349,29 @@ impl MergeReport {
     }
 
     /// What a merge cannot settle by itself: conflicts kept live, rows the live schema refused,
-    /// damaged parts of the capture, and tables not merged that may hold rows.
+    /// damaged parts of the capture, and tables not merged that may hold rows; under
+    /// [`MergeRule::Changes`] also the undecided rows and each page whose rows' change cannot
+    /// be seen (an unknown base, no table found).
     pub fn left_over(&self) -> u64 {
+        let changes = self.rule == MergeRule::Changes;
         let tables: u64 = self
             .tables
             .iter()
             .map(|t| {
-                t.conflicts.saturating_sub(t.replaced) + t.rejected + t.unreadable.len() as u64
+                let undecided = if changes {
+                    t.undecided + t.unknown_base_pages.len() as u64
+                } else {
+                    0
+                };
+                t.conflicts.saturating_sub(t.replaced)
+                    + t.rejected
+                    + t.unreadable.len() as u64
+                    + undecided
             })
             .sum();
-        tables + self.not_merged.iter().filter(|n| n.leaves_rows).count() as u64
+        tables
+            + self.not_merged.iter().filter(|n| n.leaves_rows).count() as u64
+            + self.unattributed_pages.len() as u64
     }
 
     /// Everything of the capture is already in the live database and nothing is left over.

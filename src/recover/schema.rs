@@ -19,6 +19,11 @@ pub(crate) struct Column {
     pub pk: i64,
     /// A generated column (never inserted, never compared).
     pub generated: bool,
+    /// Its value is in the table's records: every column but a `VIRTUAL` generated one.
+    pub stored: bool,
+    /// Its declared `DEFAULT` expression, as `table_xinfo` gives it: what a record written
+    /// before an `ALTER TABLE … ADD COLUMN` of it reads as.
+    pub default: Option<String>,
 }
 
 /// A single-column foreign key.
@@ -199,8 +204,9 @@ fn read_table(
     name: &str,
     without_rowid: bool,
 ) -> rusqlite::Result<Table> {
-    let mut stmt =
-        conn.prepare("SELECT name, type, pk, hidden FROM pragma_table_xinfo(?1, ?2) ORDER BY cid")?;
+    let mut stmt = conn.prepare(
+        "SELECT name, type, pk, hidden, dflt_value FROM pragma_table_xinfo(?1, ?2) ORDER BY cid",
+    )?;
     let columns = stmt
         .query_map([name, db], |r| {
             let hidden: i64 = r.get(3)?;
@@ -209,6 +215,8 @@ fn read_table(
                 decl_type: r.get::<_, Option<String>>(1)?.unwrap_or_default(),
                 pk: r.get(2)?,
                 generated: hidden == 2 || hidden == 3,
+                stored: hidden != 2,
+                default: r.get(4)?,
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;

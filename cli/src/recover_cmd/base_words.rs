@@ -31,6 +31,11 @@ pub(crate) fn recovery_words(m: &Manifest, rule: Option<MergeRule>) -> &'static 
         return "recovery needs the database file its WAL was written on (--main), and replays \
                 what this generation did to it";
     }
+    if rule == Some(MergeRule::Changes) {
+        return "recovery applies this generation's own inserts, updates and deletes, read from \
+                the pages its WAL carries against their kept bases (a live row it did not \
+                change is never touched)";
+    }
     let replays = match rule {
         Some(MergeRule::Delta | MergeRule::DeltaSharedWal) => true,
         Some(_) => false,

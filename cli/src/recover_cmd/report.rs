@@ -75,6 +75,10 @@ pub(crate) fn print_report(
         commits_line(capture, wal),
         if capture.is_clean() {
             "ok".to_owned()
+        } else if report.rule == hermes_guard::recover::MergeRule::Changes {
+            "not used (image + WAL mixes two generations; the changes are read from the \
+             generation's own pages)"
+                .to_owned()
         } else {
             format!("FAILS ({})", capture.integrity().join("; "))
         }
@@ -161,7 +165,23 @@ pub(crate) fn print_report(
         for k in &t.conflict_keys {
             println!("    conflict: key {k} differs (live kept unless --take-capture)");
         }
-        if t.undecided > 0 {
+        if t.undecided > 0 && report.rule == hermes_guard::recover::MergeRule::Changes {
+            println!(
+                "    {} row(s) undecided: the captured generation changed them, but the live row \
+                 is not the one it changed (the newer generation changed or deleted it too), or \
+                 the change cannot be read; kept live as they are ({}{}); see them side by side: \
+                 hermes-guard recover {} --into {} --undecided",
+                t.undecided,
+                t.undecided_keys.join(", "),
+                if t.undecided > t.undecided_keys.len() as u64 {
+                    ", ..."
+                } else {
+                    ""
+                },
+                shell_word(&report.capture),
+                shell_word(&report.database)
+            );
+        } else if t.undecided > 0 {
             println!(
                 "    {} row(s) undecided: the capture says its generation changed or deleted \
                  them, but cannot show its image was that generation's own; kept live as they \
@@ -212,6 +232,15 @@ pub(crate) fn print_report(
                 t.rejected
             );
         }
+        if !t.unknown_base_pages.is_empty() {
+            println!(
+                "    INCOMPLETE: the capture holds no base for page(s) {:?} of this table (written \
+                 first by another process, or past the kept pages' cap): a change of a row on \
+                 them is not seen; `hermes-guard changes {}` lists what is known",
+                t.unknown_base_pages,
+                shell_word(&report.capture)
+            );
+        }
         for u in &t.unreadable {
             println!(
                 "    UNREADABLE in the capture: rows after rowid {} and before {}{}: {}",
@@ -225,6 +254,16 @@ pub(crate) fn print_report(
     }
     for n in &report.not_merged {
         println!("not merged: {}: {}", n.table, n.reason);
+    }
+    if !report.unattributed_pages.is_empty() {
+        println!(
+            "INCOMPLETE: page(s) {:?} hold rows no table could be found for: a change on them \
+             is in no table above",
+            report.unattributed_pages
+        );
+    }
+    for n in &report.change_notes {
+        println!("note:    {n}");
     }
     for f in &report.fts_rebuilt {
         println!("rebuilt the full-text index {f}");
@@ -318,6 +357,11 @@ fn case_words(report: &MergeReport) -> &'static str {
              only rows missing from the live database are added; no live row is deleted or \
              overwritten"
         }
+        MergeRule::Changes => {
+            "the capture holds the base of each page its generation wrote: that generation's own \
+             inserts are added (beside any live row of the same rowid), its updates and deletes \
+             applied where the live row is still as it found it; no other live row is touched"
+        }
         MergeRule::Whole => {
             "the live file does not descend from the capture's image: only rows missing from \
              the live database are added; no live row is deleted or overwritten"
@@ -355,7 +399,14 @@ pub(crate) fn print_undecided(report: &MergeReport) {
         println!("undecided rows of {} ({columns}):", t.table);
         for u in &t.undecided_rows {
             println!("  {}", u.key);
-            println!("    image     ({})", u.image.join(", "));
+            let before = match report.rule {
+                hermes_guard::recover::MergeRule::Changes => "base    ",
+                _ => "image   ",
+            };
+            if let Some(reason) = &u.reason {
+                println!("    why       {reason}");
+            }
+            println!("    {before}  ({})", u.image.join(", "));
             println!(
                 "    captured  {}",
                 rows(&u.captured, "deleted by the captured generation")

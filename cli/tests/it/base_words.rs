@@ -40,10 +40,31 @@ fn captures_says_an_image_of_its_own_generation_means_recovery_replays_it() {
     );
 }
 
+/// The words of a capture that holds its base pages (as every capture does now).
+const CHANGES_WORDS: &str = "recovery applies this generation's own inserts, updates and \
+                             deletes, read from the pages its WAL carries against their kept \
+                             bases (a live row it did not change is never touched)";
+
 #[test]
-fn captures_says_an_image_that_may_hold_newer_changes_means_only_missing_rows_are_added() {
+fn captures_says_an_image_that_may_hold_newer_changes_means_its_own_changes_are_applied() {
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = newer_checkpointed_first(dir.path());
+    let out = run(&[os("captures"), path.as_os_str()]);
+    assert!(
+        out.contains(&format!(
+            "\n    base unknown: this capture's main image may include a newer generation's \
+             changes: {CHANGES_WORDS}\n"
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn captures_says_an_image_that_may_hold_newer_changes_without_its_base_file_means_only_missing_rows_are_added(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, capture) = newer_checkpointed_first(dir.path());
+    crate::common::without_base_file(&capture);
     let out = run(&[os("captures"), path.as_os_str()]);
     assert!(
         out.contains(
@@ -96,10 +117,10 @@ fn the_demo_says_the_base_in_words_and_with_verbose_its_evidence() {
     assert!(!out.contains("directory watch"), "{out}");
     let out = run(&[os("demo"), os("--newer-first"), os("--verbose")]);
     assert!(
-        out.contains(
+        out.contains(&format!(
             "base unknown: this capture's main image may include a newer generation's changes: \
-             recovery adds only missing rows"
-        ),
+             {CHANGES_WORDS}"
+        )),
         "{out}"
     );
     assert!(

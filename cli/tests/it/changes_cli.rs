@@ -13,21 +13,21 @@ use serde_json::Value;
 
 use crate::common::*;
 
-const HISTORY: i64 = 300;
-const INSERTED: [&str; 3] = ["w insert 0", "w insert 1", "w insert 2"];
+pub(crate) const HISTORY: i64 = 300;
+pub(crate) const INSERTED: [&str; 3] = ["w insert 0", "w insert 1", "w insert 2"];
 /// (rowid, new content) of W's updates.
-const UPDATED: [(i64, &str); 2] = [(5, "w updated 5"), (7, "w updated 7")];
-const DELETED: std::ops::RangeInclusive<i64> = 100..=250;
+pub(crate) const UPDATED: [(i64, &str); 2] = [(5, "w updated 5"), (7, "w updated 7")];
+pub(crate) const DELETED: std::ops::RangeInclusive<i64> = 100..=250;
 const NEWER: u32 = 5;
 
 /// History row `i`'s content (rowid `i + 1`): long enough that 300 rows fill many leaves.
-fn history(i: i64) -> String {
+pub(crate) fn history(i: i64) -> String {
     format!("history {i} {}", "x".repeat(200))
 }
 
 /// What the newer generation does after the loss, in another process.
 #[derive(Clone, Copy)]
-enum Newer {
+pub(crate) enum Newer {
     /// Commits 5 rows (`second generation %`) and checkpoints (TRUNCATE): `write_second_generation`.
     Inserts,
     /// Through the given VFS (`stock` or `guard`): deletes rows W never touched, enough to free
@@ -96,7 +96,7 @@ fn lost_generation_under_a_newer_one() -> (tempfile::TempDir, PathBuf) {
 }
 
 /// The scenario above with the newer generation doing `newer`.
-fn lost_generation_under(newer: Newer) -> (tempfile::TempDir, PathBuf) {
+pub(crate) fn lost_generation_under(newer: Newer) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let w = open_guarded(&path);

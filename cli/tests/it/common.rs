@@ -509,6 +509,24 @@ pub fn hermes_guard_cli(args: &[&std::ffi::OsStr]) -> (i32, String, String) {
     )
 }
 
+/// Makes `capture` what a capture taken before captures held their base pages is: its
+/// `<file>-base` removed and its manifest without the `base_pages` entry (recovery then falls
+/// back to the rules that read image + WAL).
+pub fn without_base_file(capture: &Path) {
+    let mut m = manifest(capture);
+    let base = m["base_pages"]["file"]
+        .as_str()
+        .expect("the capture has a base file")
+        .to_owned();
+    std::fs::remove_file(capture.join(base)).unwrap();
+    m.as_object_mut().unwrap().remove("base_pages");
+    std::fs::write(
+        capture.join("manifest.json"),
+        serde_json::to_vec_pretty(&m).unwrap(),
+    )
+    .unwrap();
+}
+
 /// The operator's runbook on `database`: `hermes-guard captures --json`, then every `recover`
 /// command it lists, with `--apply`. Returns what they printed, for a failing test's message.
 pub fn apply_every_listed_recovery(database: &Path) -> String {

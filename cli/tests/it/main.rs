@@ -54,6 +54,7 @@ mod bench_smoke;
 mod capture_identity;
 mod capture_permissions;
 mod capture_pool;
+mod changes_applied;
 mod changes_cli;
 mod churn_beside_checkpoints;
 mod churn_siblings;

@@ -8,11 +8,12 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 
-/// A capture whose base is unknown (add-only): a guarded writer holds 20 rows of history and 4
+/// A capture whose base is unknown: a guarded writer holds 20 rows of history and 4
 /// rows only in its WAL when its `-wal` and `-shm` are unlinked; another process commits 10
 /// rows and checkpoints them into the main file (rowids 21–30) before the writer's next write,
-/// which is refused and captured. The delta calls rowids 21–24 changed (to the 4 retired rows)
-/// and 25–30 deleted: 10 rows undecided. The database and the capture.
+/// which is refused and captured. Read as image + WAL (the add-only rule, for a capture without
+/// its base file), the delta calls rowids 21–24 changed (to the 4 retired rows) and 25–30
+/// deleted: 10 rows undecided. The database and the capture.
 pub(crate) fn newer_checkpointed_first(dir: &Path) -> (PathBuf, PathBuf) {
     let path = dir.join("state.db");
     let conn = open_guarded(&path);
@@ -43,9 +44,10 @@ fn apply(capture: &Path, path: &Path, json: bool) -> (i32, String, String) {
 }
 
 #[test]
-fn a_second_apply_says_the_generation_was_merged_and_why_fewer_rows_are_undecided() {
+fn a_second_add_only_apply_says_the_generation_was_merged_and_why_fewer_rows_are_undecided() {
     let dir = tempfile::tempdir().unwrap();
     let (path, capture) = newer_checkpointed_first(dir.path());
+    without_base_file(&capture);
 
     let (code, out, err) = apply(&capture, &path, false);
     assert_eq!(code, 0, "{out}{err}");
@@ -108,4 +110,30 @@ fn a_second_apply_says_the_generation_was_merged_and_why_fewer_rows_are_undecide
         4,
         "each retired row once"
     );
+}
+
+/// The same capture with its base file: the retired generation's 4 inserts go in beside the
+/// newer generation's rows of the same rowids, nothing is undecided, and a second run merges
+/// nothing.
+#[test]
+fn a_second_apply_of_the_changes_rule_merges_nothing_and_says_the_generation_was_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, capture) = newer_checkpointed_first(dir.path());
+    let (code, out, err) = apply(&capture, &path, true);
+    assert_eq!(code, 0, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["rule"], "changes", "{doc}");
+    assert_eq!(
+        (&doc["inserted"], &doc["undecided"]),
+        (&4.into(), &0.into()),
+        "{doc}"
+    );
+    let (code, out, err) = apply(&capture, &path, true);
+    assert_eq!(code, 0, "{out}{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(doc["merged_before"].is_string(), "{doc}");
+    assert_eq!(doc["inserted"], 0, "{doc}");
+    let conn = open_stock(&path);
+    assert_eq!(count_like(&conn, "retired %"), 4, "each retired row once");
+    assert_eq!(count_like(&conn, "second generation %"), 10, "{doc}");
 }

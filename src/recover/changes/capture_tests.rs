@@ -84,7 +84,7 @@ fn a_capture_directory_gives_the_same_changes_as_its_parts() {
         serde_json::to_vec(&manifest).unwrap(),
     )
     .unwrap();
-    let mut from_capture = GenerationPages::from_capture(&capture).unwrap();
+    let mut from_capture = GenerationPages::from_capture(&capture, 0).unwrap();
     assert_eq!(from_capture.final_pages, pages.final_pages);
     assert_eq!(from_capture.base, pages.base);
     from_capture.freed = pages.freed.clone();
@@ -103,12 +103,12 @@ fn a_capture_directory_gives_the_same_changes_as_its_parts() {
     ));
     std::fs::write(capture.join("g.db-base"), b"not a base file").unwrap();
     assert!(matches!(
-        GenerationPages::from_capture(&capture),
+        GenerationPages::from_capture(&capture, 0),
         Err(ChangesError::BaseFile { .. })
     ));
     std::fs::remove_file(capture.join("g.db-wal")).unwrap();
     assert!(matches!(
-        GenerationPages::from_capture(&capture),
+        GenerationPages::from_capture(&capture, 0),
         Err(ChangesError::Read { .. })
     ));
 }

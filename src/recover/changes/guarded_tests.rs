@@ -44,7 +44,7 @@ fn guarded_run() -> (Run, std::path::PathBuf) {
 fn a_guarded_generations_capture_gives_exactly_its_changes() {
     let (run, capture) = guarded_run();
     let want = oracle(&run, TABLES);
-    let pages = GenerationPages::from_capture(&capture).unwrap();
+    let pages = GenerationPages::from_capture(&capture, 0).unwrap();
     assert!(
         !pages.freed.is_empty(),
         "the deletes freed pages, kept by the guard"

@@ -45,6 +45,7 @@ pub use report::{
     generation_changes, ChangeCounts, ChangedRow, GenerationChangesReport, ShownValue,
     TableChangesReport, UndecidedRow, UpdatedRow,
 };
+pub(crate) use report::{load, Loaded};
 
 use crate::recover::value::Val;
 

@@ -241,8 +241,12 @@ impl GenerationPages {
     }
 
     /// The pages of the capture in `dir`: its WAL, its `<file>-base` if it has one, and its
-    /// `backfill_at_loss`.
-    pub(crate) fn from_capture(dir: &Path) -> Result<GenerationPages, ChangesError> {
+    /// `backfill_at_loss`, raised to `merged_frames` (the frames an earlier merge of this
+    /// generation took into the live database, which count as the newer generation's too).
+    pub(crate) fn from_capture(
+        dir: &Path,
+        merged_frames: u64,
+    ) -> Result<GenerationPages, ChangesError> {
         let manifest = crate::recover::read_manifest(dir)?;
         let read = |name: &str| {
             let path = dir.join(name);
@@ -261,7 +265,10 @@ impl GenerationPages {
             }
             None => None,
         };
-        let backfilled = manifest.backfill_at_loss.map(|b| u64::from(b.backfilled));
+        let backfilled = manifest
+            .backfill_at_loss
+            .map(|b| u64::from(b.backfilled).max(merged_frames))
+            .or((merged_frames > 0).then_some(merged_frames));
         GenerationPages::from_parts(&wal, base.as_ref(), backfilled)
     }
 

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::pages::capture_image;
-use super::{compute, ChangesError, GenerationPages, RowChange, TableChanges};
+use super::{compute, ChangesError, GenerationChanges, GenerationPages, RowChange, TableChanges};
 use crate::recover::value::Val;
 use crate::recover::RecoverError;
 
@@ -247,6 +247,39 @@ impl From<&TableChanges> for TableChangesReport {
 /// ([`RecoverError::GenerationPages`]).
 pub fn generation_changes(capture_dir: &Path) -> Result<GenerationChangesReport, RecoverError> {
     let manifest = crate::recover::read_manifest(capture_dir)?;
+    let loaded = load(capture_dir, 0)?;
+    let changes = loaded.changes;
+    Ok(GenerationChangesReport {
+        capture: capture_dir.to_path_buf(),
+        database: manifest.database.clone(),
+        has_base_file: loaded.has_base_file,
+        tables: changes
+            .tables
+            .iter()
+            .map(TableChangesReport::from)
+            .collect(),
+        unattributed_pages: changes.unattributed_pages,
+        notes: changes.notes,
+    })
+}
+
+/// The changes of a captured generation, with what reading them needs.
+pub(crate) struct Loaded {
+    pub(crate) changes: GenerationChanges,
+    /// The capture holds a `<file>-base`.
+    pub(crate) has_base_file: bool,
+    /// The database's text encoding (1 UTF-8, 2 UTF-16le, 3 UTF-16be).
+    pub(crate) text_encoding: u32,
+    /// `backfill_at_loss` is recorded: a row under a rowid the newer generation holds is
+    /// provably not one it read.
+    pub(crate) backfill_known: bool,
+}
+
+/// The changes of the generation captured in `capture_dir` after its first `merged_frames`
+/// frames (frames an earlier merge of it took count as the newer generation's, as backfilled
+/// frames do; 0: none).
+pub(crate) fn load(capture_dir: &Path, merged_frames: u64) -> Result<Loaded, RecoverError> {
+    let manifest = crate::recover::read_manifest(capture_dir)?;
     let lift = |e: ChangesError| match e {
         ChangesError::Manifest(e) => e,
         ChangesError::Read { path, source } => RecoverError::Io {
@@ -259,7 +292,7 @@ pub fn generation_changes(capture_dir: &Path) -> Result<GenerationChangesReport,
             why: other.to_string(),
         },
     };
-    let pages = GenerationPages::from_capture(capture_dir).map_err(lift)?;
+    let pages = GenerationPages::from_capture(capture_dir, merged_frames).map_err(lift)?;
     let image = capture_image(capture_dir).map_err(lift)?;
     let page_size = pages.geometry.page_size() as usize;
     let lookup = |pgno: u32| -> Option<Vec<u8>> {
@@ -267,11 +300,10 @@ pub fn generation_changes(capture_dir: &Path) -> Result<GenerationChangesReport,
         let at = (pgno as usize).checked_sub(1)?.checked_mul(page_size)?;
         image.get(at..at + page_size).map(<[u8]>::to_vec)
     };
-    let changes = compute(&pages, Some(&lookup));
+    let mut changes = compute(&pages, Some(&lookup));
     let has_base_file = manifest.base_pages.is_some();
-    let mut notes = changes.notes;
     if !has_base_file {
-        notes.insert(
+        changes.notes.insert(
             0,
             "the capture has no base file (<file>-base): the bases of the pages its generation \
              wrote are unknown, so its updates and deletes on them cannot be seen and its \
@@ -280,23 +312,17 @@ pub fn generation_changes(capture_dir: &Path) -> Result<GenerationChangesReport,
         );
     }
     if image.is_none() {
-        notes.push(
+        changes.notes.push(
             "the capture has no main image: pages are attributed to tables from their content \
              alone"
                 .to_owned(),
         );
     }
-    Ok(GenerationChangesReport {
-        capture: capture_dir.to_path_buf(),
-        database: manifest.database.clone(),
+    Ok(Loaded {
+        changes,
         has_base_file,
-        tables: changes
-            .tables
-            .iter()
-            .map(TableChangesReport::from)
-            .collect(),
-        unattributed_pages: changes.unattributed_pages,
-        notes,
+        text_encoding: pages.geometry.text_encoding(),
+        backfill_known: manifest.backfill_at_loss.is_some(),
     })
 }
 

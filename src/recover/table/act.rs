@@ -142,7 +142,7 @@ impl TableMerge<'_> {
             return Ok(()); // gone from the live database too
         };
         if self.add_only {
-            self.undecided(m, &row.values, None, Some(&live), rowid);
+            self.undecided(m, &row.values, None, Some(&live), rowid, None);
             return Ok(());
         }
         let referenced = self.still_referenced(m, &row.values, rowid)?;
@@ -367,12 +367,7 @@ impl TableMerge<'_> {
                         |r| r.get::<_, Option<i64>>(0),
                     )
                 };
-                let live = max(
-                    m.target,
-                    &self.live.name,
-                    self.live.rowid_name().unwrap_or("rowid"),
-                )
-                .map_err(m.sq("read the largest rowid"))?;
+                let live = self.largest_live_rowid(m)?;
                 let captured = max(
                     m.source,
                     &self.captured.name,
@@ -390,6 +385,18 @@ impl TableMerge<'_> {
             }
             None => Ok(Some(next)),
         }
+    }
+
+    /// The largest rowid of the live table (`None`: it is empty).
+    pub(super) fn largest_live_rowid(&self, m: &Merge<'_>) -> Result<Option<i64>, RecoverError> {
+        let rowid = self.live.rowid_name().unwrap_or("rowid");
+        m.target
+            .query_row(
+                &format!("SELECT MAX({rowid}) FROM main.{}", quote(&self.live.name)),
+                [],
+                |r| r.get::<_, Option<i64>>(0),
+            )
+            .map_err(m.sq("read the largest rowid"))
     }
 
     fn lname(&self) -> String {
@@ -411,7 +418,7 @@ impl TableMerge<'_> {
     }
 
     /// Sets every merged column but the identity's to `values`.
-    fn update(
+    pub(super) fn update(
         &self,
         m: &Merge<'_>,
         values: &[Val],
@@ -445,7 +452,7 @@ impl TableMerge<'_> {
         Ok(())
     }
 
-    fn delete(
+    pub(super) fn delete(
         &self,
         m: &Merge<'_>,
         values: &[Val],
@@ -463,7 +470,7 @@ impl TableMerge<'_> {
     }
 
     /// A live row still refers to this one (a foreign key of the live schema).
-    fn still_referenced(
+    pub(super) fn still_referenced(
         &self,
         m: &Merge<'_>,
         values: &[Val],

@@ -38,7 +38,7 @@ impl TableMerge<'_> {
             // The live database has no row of that identity: the captured row is added.
             None => self.insert(m, remaps, values, rowid, orphan, false),
             Some(live) => {
-                self.undecided(m, &before, Some(&values), Some(&live), rowid);
+                self.undecided(m, &before, Some(&values), Some(&live), rowid, None);
                 if self.identity == RowIdentity::Rowid {
                     // Its content is added beside the live row, under a fresh rowid.
                     self.report.undecided_added_beside += 1;
@@ -51,7 +51,8 @@ impl TableMerge<'_> {
         }
     }
 
-    /// Counts a row left as it is live; keeps its key, and with `--undecided` the three rows.
+    /// Counts a row left as it is live; keeps its key, and with `--undecided` the three rows
+    /// (and why, when the rule says more than they show).
     pub(super) fn undecided(
         &mut self,
         m: &Merge<'_>,
@@ -59,6 +60,7 @@ impl TableMerge<'_> {
         captured: Option<&[Val]>,
         live: Option<&[Val]>,
         rowid: Option<i64>,
+        reason: Option<&str>,
     ) {
         self.report.undecided += 1;
         let key = self.key_text(captured.unwrap_or(image), rowid);
@@ -73,6 +75,7 @@ impl TableMerge<'_> {
                 captured: captured.map(text),
                 live: live.map(text),
                 columns: self.src_cols.clone(),
+                reason: reason.map(str::to_owned),
             };
             self.report.undecided_rows.push(row);
         }

@@ -4,8 +4,10 @@
 mod act;
 mod add_only;
 mod bulk;
+mod changes;
 mod remaps;
 
+pub(crate) use changes::ChangeContext;
 pub(crate) use remaps::Remaps;
 
 use super::merge::Merge;
@@ -396,7 +398,7 @@ impl<'t> TableMerge<'t> {
             RowIdentity::PrimaryKey => self
                 .key_at
                 .iter()
-                .map(|i| values[*i].to_string())
+                .map(|i| values.get(*i).map_or("?".to_owned(), Val::to_string))
                 .collect::<Vec<_>>()
                 .join(", "),
             RowIdentity::Rowid => format!("rowid {}", rowid.map_or("?".into(), |r| r.to_string())),

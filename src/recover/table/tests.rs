@@ -57,6 +57,7 @@ fn merge_t(source: &Connection, target: &Connection, bulk: bool) -> TableReport 
         base_frames: 0,
         bulk,
         widens_to_whole: false,
+        changes: None,
     };
     let (captured, image, live) = (
         Schema::read(source).unwrap(),
@@ -145,6 +146,8 @@ fn statements_name_the_rowid_only_where_it_is_not_a_column() {
                 decl_type: (*ty).into(),
                 pk: *p,
                 generated: false,
+                stored: true,
+                default: None,
             })
             .collect(),
         foreign_keys: Vec::new(),
