@@ -224,9 +224,7 @@ impl Merge<'_> {
         }
         for t in tables.iter_mut().rev() {
             match changed(t) {
-                Some((Some(c), context)) => {
-                    t.merge_changed_deletions(&self, &remaps, c, context)?
-                }
+                Some((Some(c), _)) => t.merge_changed_deletions(&self, &remaps, c)?,
                 Some((None, _)) => {}
                 None => t.merge_deletions(&self, &remaps)?,
             }

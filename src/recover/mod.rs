@@ -264,7 +264,6 @@ fn run_merge(
         _ => None,
     };
     let context = loaded.as_ref().map(|l| table::ChangeContext {
-        text_encoding: l.text_encoding,
         shared_wal: capture.manifest().path_generation_at_capture.wal.is_some(),
         backfill_known: l.backfill_known,
     });

@@ -48,6 +48,23 @@ impl std::fmt::Display for Val {
     }
 }
 
+/// Text as stored in a database of `text_encoding` (page 1's offset 56: 1 UTF-8, 2 UTF-16le,
+/// 3 UTF-16be), as UTF-8 bytes, the way `SELECT` hands it to a UTF-8 caller. UTF-8 text is
+/// returned as it is, valid or not; `None`: UTF-16 text that does not decode.
+pub(crate) fn utf8_text(stored: &[u8], text_encoding: u32) -> Option<Vec<u8>> {
+    let unit = |c: &[u8]| match text_encoding {
+        2 => u16::from_le_bytes([c[0], c[1]]),
+        _ => u16::from_be_bytes([c[0], c[1]]),
+    };
+    match text_encoding {
+        2 | 3 => {
+            let units: Vec<u16> = stored.chunks_exact(2).map(unit).collect();
+            String::from_utf16(&units).ok().map(String::into_bytes)
+        }
+        _ => Some(stored.to_vec()),
+    }
+}
+
 /// Exactly the same value: same storage class and bytes; reals bit for bit (so `-0.0` differs
 /// from `0.0`, and a NaN equals itself).
 pub(crate) fn same_value(a: &Val, b: &Val) -> bool {
@@ -80,5 +97,15 @@ mod tests {
             &[Val::Null, Val::Text(b"x".to_vec())]
         ));
         assert!(!same_row(&[Val::Null], &[Val::Null, Val::Null]));
+    }
+
+    #[test]
+    fn utf16_text_reads_as_utf8_and_utf8_stays_as_it_is() {
+        let le: Vec<u8> = "ü✓".encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let be: Vec<u8> = "ü✓".encode_utf16().flat_map(u16::to_be_bytes).collect();
+        assert_eq!(utf8_text(&le, 2), Some("ü✓".as_bytes().to_vec()));
+        assert_eq!(utf8_text(&be, 3), Some("ü✓".as_bytes().to_vec()));
+        assert_eq!(utf8_text(&[0xff, 0xfe], 1), Some(vec![0xff, 0xfe]));
+        assert_eq!(utf8_text(&[0x00, 0xd8], 2), None, "a lone surrogate");
     }
 }

@@ -117,3 +117,95 @@ fn recover_applies_the_lost_generations_own_changes_beside_a_stock_newer_generat
 fn recover_applies_the_lost_generations_own_changes_beside_a_guarded_newer_generations() {
     runbook_keeps_both_generations("guard");
 }
+
+/// Values as `SELECT` reads them, not as records store them: in a UTF-16 database, with a REAL
+/// column added by `ALTER TABLE … ADD COLUMN` after the history was written (its records lack
+/// it: it reads as its default), W inserts rows with integral amounts (stored as integers) and
+/// updates a history row's amount; a stock newer generation commits 10 rows under the same
+/// rowids and checkpoints. After the runbook W's rows are live once, text and reals intact, its
+/// update applied (the live row equals its base only when the missing column reads as its
+/// default), the newer rows untouched; a second run changes nothing.
+#[test]
+fn recover_compares_and_writes_values_as_select_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let made = rusqlite::Connection::open(&path).unwrap();
+        made.execute_batch(
+            "PRAGMA encoding = 'UTF-16le';
+             CREATE TABLE messages (id INTEGER PRIMARY KEY, session TEXT, content TEXT);",
+        )
+        .unwrap();
+    }
+    let w = open_guarded(&path);
+    let encoding: String = w.query_row("PRAGMA encoding", [], |r| r.get(0)).unwrap();
+    assert_eq!(encoding, "UTF-16le");
+    w.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+    for i in 0..10 {
+        insert(&w, &format!("history {i} ünïcödé")).unwrap();
+    }
+    w.execute_batch("ALTER TABLE messages ADD COLUMN amount REAL DEFAULT 1.5")
+        .unwrap();
+    for i in 10..20 {
+        w.execute(
+            "INSERT INTO messages (session, content, amount) VALUES ('h', ?1, 2.0)",
+            [format!("history {i} ünïcödé")],
+        )
+        .unwrap();
+    }
+    w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .unwrap();
+    for i in 0..3 {
+        w.execute(
+            "INSERT INTO messages (session, content, amount) VALUES ('w', ?1, ?2)",
+            rusqlite::params![format!("retired {i} ✓"), 3.0 + f64::from(i)],
+        )
+        .unwrap();
+    }
+    // Row 5's record has no amount (it reads as 1.5); row 15's holds 2.0 as the integer 2.
+    w.execute("UPDATE messages SET amount = 7.0 WHERE id = 5", [])
+        .unwrap();
+    w.execute(
+        "UPDATE messages SET content = 'updated 15 ✓' WHERE id = 15",
+        [],
+    )
+    .unwrap();
+    lose_sidecars(&path, false);
+    write_second_generation(&path, "stock", 10);
+    assert!(is_refusal(&insert(&w, "refused").unwrap_err()));
+    hermes_guard::close(w).map_err(|(_, e)| e).unwrap();
+
+    let log = apply_every_listed_recovery(&path);
+    let dump = || -> Vec<(i64, String, String, f64)> {
+        let conn = open_stock(&path);
+        let mut stmt = conn
+            .prepare("SELECT id, content, typeof(amount), amount FROM messages ORDER BY id")
+            .unwrap();
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        rows
+    };
+    let rows = dump();
+    for i in 0..3 {
+        let content = format!("retired {i} ✓");
+        let found: Vec<_> = rows.iter().filter(|r| r.1 == content).collect();
+        assert_eq!(found.len(), 1, "{content} live once:\n{log}");
+        assert_eq!(found[0].2, "real", "{log}");
+        assert_eq!(found[0].3, 3.0 + f64::from(i), "{log}");
+    }
+    let row5 = rows.iter().find(|r| r.0 == 5).unwrap();
+    assert_eq!(
+        (row5.1.as_str(), row5.3),
+        ("history 4 ünïcödé", 7.0),
+        "{log}"
+    );
+    let row15 = rows.iter().find(|r| r.0 == 15).unwrap();
+    assert_eq!((row15.1.as_str(), row15.3), ("updated 15 ✓", 2.0), "{log}");
+    assert_eq!(rows.len(), 20 + 10 + 3, "{log}");
+    assert!(integrity_ok(&open_stock(&path)), "{log}");
+    let again = apply_every_listed_recovery(&path);
+    assert_eq!(dump(), rows, "a second run changes nothing:\n{again}");
+}

@@ -95,6 +95,10 @@ fn valid_frames(wal: &[u8]) -> Result<(u32, [u32; 2], Vec<Frame>), ChangesError>
     Ok((header.page_size, header.salts, frames))
 }
 
+/// The note of a generation whose page 1 is in neither the WAL nor the base file.
+const PAGE1_ASSUMED: &str =
+    "page 1 is neither carried nor kept: no reserved bytes and UTF-8 text assumed";
+
 impl GenerationPages {
     /// The pages of the generation whose WAL is `wal_bytes`, with the base pages its capturing
     /// process kept (`None`: no base file, so only backfilled frames give a base) and the
@@ -212,10 +216,7 @@ impl GenerationPages {
                 g
             }
             None => {
-                notes.push(
-                    "page 1 is neither carried nor kept: no reserved bytes and UTF-8 text assumed"
-                        .to_owned(),
-                );
+                notes.push(PAGE1_ASSUMED.to_owned());
                 DbGeometry::new(page_size, 0).map_err(|source| ChangesError::Geometry { source })?
             }
         };
@@ -269,7 +270,30 @@ impl GenerationPages {
             .backfill_at_loss
             .map(|b| u64::from(b.backfilled).max(merged_frames))
             .or((merged_frames > 0).then_some(merged_frames));
-        GenerationPages::from_parts(&wal, base.as_ref(), backfilled)
+        let mut pages = GenerationPages::from_parts(&wal, base.as_ref(), backfilled)?;
+        pages.header_from_image(dir, &manifest.main.file);
+        Ok(pages)
+    }
+
+    /// When the generation's page 1 was neither carried nor kept, its reserved bytes and text
+    /// encoding are read from the capture's main image's header: neither changes after the
+    /// database is made except by `VACUUM`, which the guard sees as a new main file.
+    fn header_from_image(&mut self, dir: &Path, image: &str) {
+        let Some(at) = self.notes.iter().position(|n| n == PAGE1_ASSUMED) else {
+            return;
+        };
+        let mut header = [0u8; 100];
+        let read = std::fs::File::open(dir.join(image))
+            .and_then(|f| std::os::unix::fs::FileExt::read_exact_at(&f, &mut header, 0));
+        let geometry = read
+            .ok()
+            .and_then(|()| DbGeometry::from_header(&header).ok());
+        if let Some(g) = geometry.filter(|g| g.page_size() == self.geometry.page_size()) {
+            self.geometry = g;
+            self.notes[at] = "page 1 is neither carried nor kept: its reserved bytes and text \
+                              encoding are read from the capture's main image"
+                .to_owned();
+        }
     }
 
     /// The final version of a carried page.

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use super::pages::capture_image;
 use super::{compute, ChangesError, GenerationChanges, GenerationPages, RowChange, TableChanges};
-use crate::recover::value::Val;
+use crate::recover::value::{utf8_text, Val};
 use crate::recover::RecoverError;
 
 /// What one retired generation changed, computed from its capture alone.
@@ -265,11 +265,10 @@ pub fn generation_changes(capture_dir: &Path) -> Result<GenerationChangesReport,
 
 /// The changes of a captured generation, with what reading them needs.
 pub(crate) struct Loaded {
+    /// The changes, text in UTF-8 whatever the database's encoding.
     pub(crate) changes: GenerationChanges,
     /// The capture holds a `<file>-base`.
     pub(crate) has_base_file: bool,
-    /// The database's text encoding (1 UTF-8, 2 UTF-16le, 3 UTF-16be).
-    pub(crate) text_encoding: u32,
     /// `backfill_at_loss` is recorded: a row under a rowid the newer generation holds is
     /// provably not one it read.
     pub(crate) backfill_known: bool,
@@ -318,12 +317,40 @@ pub(crate) fn load(capture_dir: &Path, merged_frames: u64) -> Result<Loaded, Rec
                 .to_owned(),
         );
     }
+    as_utf8(&mut changes, pages.geometry.text_encoding());
     Ok(Loaded {
         changes,
         has_base_file,
-        text_encoding: pages.geometry.text_encoding(),
         backfill_known: manifest.backfill_at_loss.is_some(),
     })
+}
+
+/// Text values of a UTF-16 database as UTF-8, as `SELECT` gives them to a UTF-8 caller (and as
+/// `recover` compares and writes them); text that does not decode is left as stored.
+fn as_utf8(changes: &mut GenerationChanges, text_encoding: u32) {
+    if text_encoding != 2 && text_encoding != 3 {
+        return;
+    }
+    let convert = |row: &mut RowChange| {
+        for v in &mut row.values {
+            if let Val::Text(t) = v {
+                if let Some(utf8) = utf8_text(t, text_encoding) {
+                    *t = utf8;
+                }
+            }
+        }
+    };
+    for t in &mut changes.tables {
+        t.inserts.iter_mut().for_each(convert);
+        t.deletes.iter_mut().for_each(convert);
+        for (old, new) in &mut t.updates {
+            convert(old);
+            convert(new);
+        }
+        for (row, _) in &mut t.undecided {
+            convert(row);
+        }
+    }
 }
 
 fn ser_path<S: serde::Serializer>(p: &Path, s: S) -> Result<S::Ok, S::Error> {

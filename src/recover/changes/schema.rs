@@ -13,7 +13,7 @@ use rusqlite::Connection;
 
 use crate::recover::btree::{table_rows, DbGeometry};
 use crate::recover::schema::quote;
-use crate::recover::value::Val;
+use crate::recover::value::{utf8_text, Val};
 
 /// What a tree's records are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +93,9 @@ pub(crate) fn read_schema<'p>(
         }
     };
     let text = |v: Option<&Val>| match v {
-        Some(Val::Text(t)) => Some(String::from_utf8_lossy(t).into_owned()),
+        Some(Val::Text(t)) => {
+            utf8_text(t, geometry.text_encoding()).map(|t| String::from_utf8_lossy(&t).into_owned())
+        }
         _ => None,
     };
     // (type, name, table, root, sql)

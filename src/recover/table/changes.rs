@@ -17,8 +17,6 @@ use crate::recover::RecoverError;
 /// What the whole capture says about how its rows are read and judged.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChangeContext {
-    /// The database's text encoding as stored (1 UTF-8, 2 UTF-16le, 3 UTF-16be).
-    pub text_encoding: u32,
     /// A WAL file was at the database's path when the capture was taken: the newer generation
     /// may have read the captured commits, so an insert found live under its rowid with the
     /// same content is taken as already there.
@@ -42,7 +40,7 @@ impl TableMerge<'_> {
         context: ChangeContext,
     ) -> Result<(), RecoverError> {
         let defaults = self.record_defaults(m);
-        let map = |row: &RowChange| self.to_columns(row, &defaults, context.text_encoding);
+        let map = |row: &RowChange| self.to_columns(row, &defaults);
         let inserts: Vec<(Option<Vec<Val>>, Option<i64>)> =
             changes.inserts.iter().map(|r| (map(r), r.rowid)).collect();
         let updates: Vec<_> = changes
@@ -94,11 +92,10 @@ impl TableMerge<'_> {
         m: &Merge<'_>,
         remaps: &Remaps,
         changes: &TableChanges,
-        context: ChangeContext,
     ) -> Result<(), RecoverError> {
         let defaults = self.record_defaults(m);
         for row in &changes.deletes {
-            match self.to_columns(row, &defaults, context.text_encoding) {
+            match self.to_columns(row, &defaults) {
                 Some(values) => self.change_delete(m, remaps, values, row.rowid)?,
                 None => self.undecided(m, &[], None, None, row.rowid, Some(UNREADABLE)),
             }
@@ -251,15 +248,10 @@ impl TableMerge<'_> {
     }
 
     /// A computed row as the merged columns (`self.src_cols`, in order), valued as `SELECT`
-    /// reads them: a REAL column's integral value stored as an integer is a real again, text
-    /// is UTF-8, and a column missing from an older record takes its default. `None`: the
+    /// reads them: a REAL column's integral value stored as an integer is a real again, and a
+    /// column missing from an older record takes its default (text is UTF-8 already). `None`: the
     /// record could not be read, or is longer than the table's stored columns.
-    fn to_columns(
-        &self,
-        row: &RowChange,
-        defaults: &[Option<Val>],
-        text_encoding: u32,
-    ) -> Option<Vec<Val>> {
+    fn to_columns(&self, row: &RowChange, defaults: &[Option<Val>]) -> Option<Vec<Val>> {
         if row.values.is_empty() {
             return None;
         }
@@ -281,7 +273,7 @@ impl TableMerge<'_> {
                 Some(v) => v.clone(),
                 None => defaults.get(i).cloned().flatten()?,
             };
-            by_column[i] = Some(as_selected(&columns[i], value, text_encoding)?);
+            by_column[i] = Some(as_selected(&columns[i], value));
         }
         self.src_cols
             .iter()
@@ -294,23 +286,12 @@ impl TableMerge<'_> {
 }
 
 /// A stored value as `SELECT` reads it from `column`: an integer in a column of REAL affinity
-/// is a real (SQLite stores integral reals so); text in a UTF-16 database becomes UTF-8.
-/// `None`: UTF-16 text that does not decode.
-fn as_selected(column: &Column, value: Val, text_encoding: u32) -> Option<Val> {
-    Some(match value {
+/// is a real (SQLite stores integral reals so).
+fn as_selected(column: &Column, value: Val) -> Val {
+    match value {
         Val::Int(i) if real_affinity(&column.decl_type) => Val::Real(i as f64),
-        Val::Text(bytes) if text_encoding == 2 || text_encoding == 3 => {
-            let units: Vec<u16> = bytes
-                .chunks_exact(2)
-                .map(|c| match text_encoding {
-                    2 => u16::from_le_bytes([c[0], c[1]]),
-                    _ => u16::from_be_bytes([c[0], c[1]]),
-                })
-                .collect();
-            Val::Text(String::from_utf16(&units).ok()?.into_bytes())
-        }
         other => other,
-    })
+    }
 }
 
 /// SQLite's affinity rules (section 3.1 of its datatype page), REAL only: no `INT`, no
