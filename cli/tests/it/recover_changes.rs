@@ -19,6 +19,18 @@
 use crate::recover_changes_harness::check_scenario;
 use crate::recover_changes_scenarios::Scenario;
 
+/// The control: W and N only append; every row of both is live once, exit 0 (this holds before
+/// the `changes` rule too: the checks themselves can pass).
+#[test]
+fn control_a_newer_generation_that_only_appends_keeps_every_row_of_both_stock_peer() {
+    check_scenario(Scenario::Appends, "stock");
+}
+
+#[test]
+fn control_a_newer_generation_that_only_appends_keeps_every_row_of_both_guarded_peer() {
+    check_scenario(Scenario::Appends, "guard");
+}
+
 /// T1: N deletes 25 % of the jobs and 6 sessions (TEXT PRIMARY KEY) and marks 1/8 of the jobs
 /// done. No job or session N deleted comes back, no `queued` version beside N's `done`, each of
 /// W's 48 jobs and 4 sessions is live once, W's claims and deletes of rows N left alone are

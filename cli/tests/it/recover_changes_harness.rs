@@ -137,7 +137,7 @@ fn child_writer(path: &Path, plan: &Plan) {
     for table in &plan.tables {
         c.execute_batch(table.create).unwrap();
     }
-    commit_all(c, plan, &[plan.history.clone()]);
+    commit_all(c, plan, std::slice::from_ref(&plan.history));
     assert_eq!(
         checkpoint(c, "TRUNCATE").0,
         0,
@@ -440,7 +440,7 @@ pub fn run_once(scenario: Scenario, seed: u64, vfs: &str, mode: &str) -> Result<
     newer_generation(&newer_path, scenario, seed, vfs, mode);
     let capture = writer.refused_and_closed();
     let listed = artifacts(dir.path());
-    assert_eq!(listed, [capture.clone()], "one capture, W's");
+    assert_eq!(listed, std::slice::from_ref(&capture), "one capture, W's");
     let m = manifest(&capture);
     let over_cap = m["base_pages"]["over_cap"].as_u64().unwrap_or(0);
     if plan.over_cap {
@@ -524,13 +524,14 @@ pub fn run_once(scenario: Scenario, seed: u64, vfs: &str, mode: &str) -> Result<
     }
     Err(format!(
         "{}\n  [W: {} inserts, {} updates, {} deletes; {} undecided expected; captures missing \
-         {missing_before:?} before, {missing_after:?} after; W ready {ready}; rule {}]\n{}",
+         {missing_before:?} before, {missing_after:?} after; W ready {ready}; base {} ({})]\n{}",
         failures.join("\n  "),
         expected.w_inserts,
         expected.w_updates,
         expected.w_deletes,
         expected.undecided,
-        before[0]["base_words"],
+        before[0]["base"],
+        before[0]["base_evidence"],
         if std::env::var_os("HERMES_GUARD_SHOW_RECOVER").is_some() {
             format!("{log}{log_again}")
         } else {
