@@ -124,6 +124,7 @@ impl Expected {
         for op in &plan.history {
             base.apply(op, true);
         }
+        let history = base.clone();
         for op in plan.backfilled.iter().flatten() {
             base.apply(op, false);
         }
@@ -166,6 +167,13 @@ impl Expected {
             };
         }
 
+        for (id, h) in &history.rows {
+            if base.rows.get(id).is_some_and(|b| b.values != h.values) {
+                labels
+                    .entry(c(h))
+                    .or_insert("a version W's backfilled commits replaced");
+            }
+        }
         for (table, values, label) in passing {
             labels.entry(content(name(table), &values)).or_insert(label);
         }
