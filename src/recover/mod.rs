@@ -264,7 +264,10 @@ fn run_merge(
         _ => None,
     };
     let context = loaded.as_ref().map(|l| table::ChangeContext {
-        shared_wal: capture.manifest().path_generation_at_capture.wal.is_some(),
+        // The captured WAL itself at the path (a lost `-shm`): the newer generation read it.
+        // Another `-wal` there is, as a rule, the newer generation's own.
+        shared_wal: capture.manifest().path_generation_at_capture.wal
+            == Some(capture.manifest().wal.identity),
         backfill_known: l.backfill_known,
     });
     let source = capture.connection();

@@ -4,12 +4,17 @@
 //! Final: a page's last frame at or before the last commit frame; pages beyond the database size
 //! that commit records are left out (SQLite no longer counts them as part of the file).
 //!
-//! Base (the plan, §2 "Which base is right"): the version the newer generation started from.
-//! In order: (1) the latest frame of the page at or below `B` = `backfill_at_loss.backfilled`
-//! (frames a checkpoint had copied into the main file before the loss: the newer generation
-//! started from them); (2) the page the guard kept from the main file at the generation's first
-//! frame of it (`<file>-base`); (3) absent, when the page was beyond the main file's end when the
-//! keeping began (new in the generation); (4) unknown.
+//! Base: the version the newer generation started from, the main file's copy at the loss.
+//! SQLite's checkpoint copies a page only when its latest frame is at or below the point it
+//! backfills to (a page with a later frame keeps its older copy), so, in order: (1) a page whose
+//! frames all lie at or below `B` = `backfill_at_loss.backfilled` was copied at its last frame,
+//! its final version: the newer generation has it, and it is no change; (2) the page the guard
+//! kept from the main file at the page's first frame after the last checkpoint of its process
+//! that copied it (`<file>-base`); (3) absent, when the page was beyond the main file's end when
+//! the keeping began and is not kept (no checkpoint of the capturing process copied it; past the
+//! cap, only when it has no frame at or below `B`); (4) unknown (another process wrote it first,
+//! or the cap). A checkpoint run by another process of the generation is not seen: a page it
+//! copied and the generation wrote again has a stale kept base (docs/merge-rules.md, limits).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -22,7 +27,8 @@ use crate::walfile::{parse_wal_header, wal_checksum, WAL_FRAME_HEADER_SIZE, WAL_
 /// What a carried page was when the newer generation started from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Base {
-    /// Its bytes: a frame at or below the backfill mark, or the page the guard kept.
+    /// Its bytes: its last frame, when at or below the backfill mark, or the page the guard
+    /// kept.
     Page(Vec<u8>),
     /// The page did not exist: it was beyond the main file's end when the generation began.
     Absent,
@@ -185,11 +191,17 @@ impl GenerationPages {
         let mut bases = BTreeMap::new();
         for (&pgno, &i) in final_at.range(..=db_size) {
             final_pages.insert(pgno, page_of(i));
-            let b = if let Some(&j) = backfilled_at.get(&pgno) {
-                Base::Page(page_of(j))
+            let copied_before = backfilled_at.contains_key(&pgno);
+            let b = if i < mark {
+                // Every frame of it at or below the mark: copied at its last one.
+                Base::Page(page_of(i))
             } else if let Some(kept) = base.and_then(|b| b.pages.get(&pgno)) {
                 Base::Page(kept.to_vec())
-            } else if base.is_some_and(|b| pgno > b.pages_at_start) {
+            } else if base.is_some_and(|b| {
+                // New in the generation: a checkpoint of the capturing process that copied it
+                // would have had its next frame keep that copy; one past the cap may not have.
+                pgno > b.pages_at_start && !(copied_before && b.over_cap > 0)
+            }) {
                 Base::Absent
             } else {
                 Base::Unknown

@@ -17,9 +17,9 @@ use crate::recover::RecoverError;
 /// What the whole capture says about how its rows are read and judged.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ChangeContext {
-    /// A WAL file was at the database's path when the capture was taken: the newer generation
-    /// may have read the captured commits, so an insert found live under its rowid with the
-    /// same content is taken as already there.
+    /// The captured WAL was still at the database's path when the capture was taken (its
+    /// `-shm` was lost): the newer generation read the captured commits, so an insert found
+    /// live under its rowid with the same content is taken as already there.
     pub shared_wal: bool,
     /// `backfill_at_loss` is recorded. Without it, frames a checkpoint had copied before the
     /// loss read as the generation's changes, so an insert found live under its rowid with

@@ -91,7 +91,12 @@ pub(super) unsafe extern "C" fn write_gated(
     // for a WAL).
     if let Some(state) = unsafe { t.main_state.as_ref() } {
         if state.main_write_goes() {
-            return sub_call!(t, t.sub_object(f), xWrite, buf, amt, ofst);
+            let rc = sub_call!(t, t.sub_object(f), xWrite, buf, amt, ofst);
+            if rc == ffi::SQLITE_OK && state.wal_pinned() {
+                // A checkpoint's copy: the pages' kept bases are the main file's no longer.
+                state.main_written(ofst, amt);
+            }
+            return rc;
         }
     }
     // SAFETY: as the caller promises (same arguments: a tail call).
@@ -144,7 +149,11 @@ unsafe extern "C" fn write_gated_slow(
             return verdict(state, Gate::Refuse, ffi::SQLITE_IOERR_WRITE);
         }
     }
-    sub_call!(t, sub, xWrite, buf, amt, ofst)
+    let rc = sub_call!(t, sub, xWrite, buf, amt, ofst);
+    if rc == ffi::SQLITE_OK && t.kind == Kind::Main && state.wal_pinned() {
+        state.main_written(ofst, amt);
+    }
+    rc
 }
 
 /// The `xWrite` of a WAL while its write gate is open (the write lock held, the generation not
@@ -195,7 +204,7 @@ unsafe fn write_framed(
     let next = state.frames().next(bytes, ofst, powersafe);
     if next.new_frame {
         if let Ok(header) = <&[u8; FRAME_HEADER as usize]>::try_from(bytes) {
-            ffi_guard((), || state.new_frame(header, ofst));
+            ffi_guard((), || state.new_frame(header));
         }
     }
     if next.page_of == 1 || (next.page_of != 0 && next.page_of == state.frames().trunk_due()) {

@@ -209,9 +209,6 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
         state.wal_reset().checkpoint_lock(rc == ffi::SQLITE_OK);
-        if rc == ffi::SQLITE_OK {
-            ffi_guard((), || state.prune_base_pages());
-        }
     }
     rc
 }

@@ -9,11 +9,16 @@
 //! wrapped main file, its own descriptor: one `pread`) and keeps it here, once per process and
 //! generation, for the capture to write beside the WAL (`<file>-base`, docs/capture-format.md).
 //!
-//! The main file's copy of a page is the generation's start until a checkpoint copies a frame of
-//! that page into it, and such a frame lies at or below the checkpoint's `nBackfill`: recovery
-//! takes the latest frame at or below the backfill at the loss first, and a kept page only for a
-//! page with none. So a page read after a peer's checkpoint copied it is never used wrongly.
-//!
+//! The main file's copy of a page changes only when a checkpoint copies a frame of it there, and
+//! SQLite's checkpoint copies a page only when its latest frame is at or below the point it
+//! backfills to: a page with a later frame keeps its older copy, so the main file after a
+//! partial checkpoint is not the generation at that point, page for page. So when a checkpoint
+//! of this process writes a page into the main file, its kept base goes and the page counts as
+//! unseen again: its next frame reads the main file's copy, the one a newer generation would
+//! start from. A page never written again after that has its last frame at or below the
+//! backfill, and recovery takes that frame (docs/plans/recovery-from-changes.md, "Step 7 as
+//! built").
+
 //! The read happens before the frame rule's check of the same write: when that check passes,
 //! nothing at the path changed, so no newer generation had checkpointed into the file read. A
 //! page beyond the main file's size when the store began is new in the generation (its base is
@@ -33,10 +38,6 @@ use parking_lot::Mutex;
 use super::DbState;
 use crate::capture::{BasePages, ImageSource};
 use crate::identity::FileId;
-
-/// A WAL header's size, and a frame header's.
-const WAL_HEADER: i64 = 32;
-const FRAME_HEADER_LEN: u64 = 24;
 
 /// Pages kept per generation per process, at most.
 pub(crate) const CAP_PAGES: usize = 1024;
@@ -66,9 +67,9 @@ struct Generation {
     start_trunk: u32,
     /// The freelist's page count as last seen (page 1's, at the start and at each of its frames).
     free_count: u32,
-    /// The WAL frame (1-based) of each kept page's first frame in the generation (a freed page
-    /// has none).
-    first_frames: HashMap<u32, u32>,
+    /// Pages past `pages_at_start` (new in the generation) that a checkpoint of this process
+    /// copied into the main file since their last frame: their next frame reads that copy.
+    copied: BTreeSet<u32>,
 }
 
 impl Generation {
@@ -83,6 +84,13 @@ impl Generation {
         let i = pgno as usize;
         if let Some(w) = self.seen.get_mut(i / 64) {
             *w |= 1 << (i % 64);
+        }
+    }
+
+    fn unmark(&mut self, pgno: u32) {
+        let i = pgno as usize;
+        if let Some(w) = self.seen.get_mut(i / 64) {
+            *w &= !(1 << (i % 64));
         }
     }
 }
@@ -122,7 +130,14 @@ impl BaseStore {
         let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
             return Keep::Begin;
         };
-        if pgno == 0 || pgno > generation.kept.pages_at_start || generation.seen(pgno) {
+        if pgno > generation.kept.pages_at_start {
+            // New in the generation: its base is "absent" until a checkpoint copied it.
+            return match generation.copied.remove(&pgno) {
+                true => Keep::Read,
+                false => Keep::Nothing,
+            };
+        }
+        if pgno == 0 || generation.seen(pgno) {
             return Keep::Nothing;
         }
         generation.mark(pgno);
@@ -170,7 +185,7 @@ impl BaseStore {
             },
             seen: vec![0; words],
             bytes: 0,
-            first_frames: HashMap::new(),
+            copied: BTreeSet::new(),
             start_trunk: u32::from_be_bytes([header[32], header[33], header[34], header[35]]),
             free_count: u32::from_be_bytes([header[36], header[37], header[38], header[39]]),
         });
@@ -180,19 +195,18 @@ impl BaseStore {
     /// Keeps `page`, the main file's page `pgno` read for the generation of `salts` (dropped if
     /// the store moved on to another generation meanwhile). Past the cap it is counted instead;
     /// `true` the first time that happens in the generation, to be said once.
-    /// `frame`: the WAL frame (1-based) of the page's first frame in the generation.
-    pub(crate) fn keep(&self, pgno: u32, salts: [u32; 2], frame: u32, page: Box<[u8]>) -> bool {
-        self.keep_as(pgno, salts, Some(frame), page)
+    pub(crate) fn keep(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
+        self.keep_as(pgno, salts, false, page)
     }
 
     /// [`BaseStore::keep`] for a page the generation freed without writing it (its base is
     /// where the rows the generation deleted with it are).
     pub(crate) fn keep_freed(&self, pgno: u32, salts: [u32; 2], page: Box<[u8]>) -> bool {
-        self.keep_as(pgno, salts, None, page)
+        self.keep_as(pgno, salts, true, page)
     }
 
-    /// Keeps `page`: at its first frame `frame`, or freed (`None`).
-    fn keep_as(&self, pgno: u32, salts: [u32; 2], frame: Option<u32>, page: Box<[u8]>) -> bool {
+    /// Keeps `page`: at a frame of it, or freed.
+    fn keep_as(&self, pgno: u32, salts: [u32; 2], freed: bool, page: Box<[u8]>) -> bool {
         let mut state = self.state.lock();
         let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
             return false;
@@ -202,38 +216,32 @@ impl BaseStore {
             return generation.kept.over_cap == 1;
         }
         generation.bytes += page.len();
-        generation.kept.pages.insert(pgno, page);
-        match frame {
-            Some(frame) => {
-                generation.first_frames.insert(pgno, frame);
-            }
-            None => {
-                generation.kept.freed.insert(pgno);
-            }
+        if let Some(old) = generation.kept.pages.insert(pgno, page) {
+            generation.bytes -= old.len();
+        }
+        if freed {
+            generation.kept.freed.insert(pgno);
         }
         false
     }
 
-    /// A checkpoint copied the generation of `salts` into the main file up to frame
-    /// `backfilled` (`nBackfill`): a kept page whose first frame is at or below it goes (its
-    /// base for recovery is then the latest frame at or below the backfill at the loss, which
-    /// is never lower). It stays seen: it is not read again. Freed pages stay.
-    pub(crate) fn backfilled(&self, salts: [u32; 2], backfilled: u32) {
+    /// A checkpoint of this process wrote page `pgno` into the main file: what the main file
+    /// holds of it is no longer its kept base. The page's next frame reads the copy now there
+    /// (the one a newer generation would start from); a page with no later frame has its last
+    /// frame at or below the backfill, which recovery takes instead.
+    pub(crate) fn checkpoint_wrote(&self, pgno: u32) {
         let mut state = self.state.lock();
-        let Some(generation) = state.as_mut().filter(|g| g.kept.salts == salts) else {
+        let Some(generation) = state.as_mut() else {
             return;
         };
-        let gone: Vec<u32> = generation
-            .first_frames
-            .iter()
-            .filter(|&(_, &frame)| frame <= backfilled)
-            .map(|(&pgno, _)| pgno)
-            .collect();
-        for pgno in gone {
-            generation.first_frames.remove(&pgno);
-            if let Some(page) = generation.kept.pages.remove(&pgno) {
-                generation.bytes -= page.len();
-            }
+        if let Some(page) = generation.kept.pages.remove(&pgno) {
+            generation.bytes -= page.len();
+        }
+        generation.kept.freed.remove(&pgno);
+        if pgno > generation.kept.pages_at_start {
+            generation.copied.insert(pgno);
+        } else {
+            generation.unmark(pgno);
         }
     }
 
@@ -289,6 +297,11 @@ impl BaseStore {
         }
     }
 
+    /// The page size of the generation the store holds, if any.
+    pub(crate) fn current_page_size(&self) -> Option<u32> {
+        self.state.lock().as_ref().map(|g| g.kept.page_size)
+    }
+
     /// The page size of the generation of `salts`, once begun.
     pub(crate) fn page_size(&self, salts: [u32; 2]) -> Option<u32> {
         let state = self.state.lock();
@@ -320,7 +333,7 @@ impl DbState {
     /// A new frame's header is about to be written (or held): at the generation's first frame of
     /// a page the main file holds, the page is read from the main file and kept. Before the
     /// frame rule's check of the same write, which vouches for what was read.
-    pub(crate) fn new_frame(&self, header: &[u8; 24], offset: i64) {
+    pub(crate) fn new_frame(&self, header: &[u8; 24]) {
         let Some(store) = self.base_store.lock().clone() else {
             return;
         };
@@ -351,11 +364,7 @@ impl DbState {
             .map(|main| main.read_at(&mut page, u64::from(pgno - 1) * u64::from(page_size)));
         match read {
             Some(Ok(())) => {
-                let frame = u64::try_from(offset - WAL_HEADER).unwrap_or(0)
-                    / (FRAME_HEADER_LEN + u64::from(page_size))
-                    + 1;
-                let frame = u32::try_from(frame).unwrap_or(u32::MAX);
-                if store.keep(pgno, salts, frame, page) {
+                if store.keep(pgno, salts, page) {
                     self.base_cap_reached();
                 }
             }
@@ -370,21 +379,26 @@ impl DbState {
         }
     }
 
-    /// A checkpoint of this connection's is about to begin: the kept pages the last one copied
-    /// into the main file go ([`BaseStore::backfilled`]). Once per checkpoint.
-    pub(crate) fn prune_base_pages(&self) {
+    /// A checkpoint of this connection's wrote `len` bytes at `offset` of the main file: the
+    /// pages it covers are no longer their kept bases ([`BaseStore::checkpoint_wrote`]).
+    /// Panic-free: it runs on the main file's write path, outside `catch_unwind`.
+    pub(crate) fn main_written(&self, offset: i64, len: i32) {
         let Some(store) = self.base_store.lock().clone() else {
             return;
         };
-        let progress = {
-            let inner = self.inner.lock();
-            inner
-                .wal_index
-                .as_ref()
-                .and_then(|i| Some((i.salts()?, i.backfill()?)))
+        let Some(page_size) = store.current_page_size().filter(|&p| p > 0) else {
+            return;
         };
-        if let Some((salts, backfill)) = progress {
-            store.backfilled(salts, backfill.backfilled);
+        let (Ok(offset), Ok(len)) = (u64::try_from(offset), u64::try_from(len)) else {
+            return;
+        };
+        let page_size = u64::from(page_size);
+        let first = offset / page_size;
+        let end = offset.saturating_add(len).div_ceil(page_size);
+        for index in first..end {
+            if let Ok(pgno) = u32::try_from(index + 1) {
+                store.checkpoint_wrote(pgno);
+            }
         }
     }
 
@@ -463,7 +477,7 @@ mod tests {
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Begin);
         assert!(store.begin([1, 2], &main));
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Read);
-        assert!(!store.keep(2, [1, 2], 1, vec![2u8; 512].into()));
+        assert!(!store.keep(2, [1, 2], vec![2u8; 512].into()));
         assert_eq!(store.first_frame(2, [1, 2]), Keep::Nothing, "seen");
         assert_eq!(
             store.first_frame(5, [1, 2]),
@@ -481,14 +495,14 @@ mod tests {
         let main = image(4);
         store.begin([1, 2], &main);
         store.first_frame(3, [1, 2]);
-        store.keep(3, [1, 2], 1, vec![3u8; 512].into());
+        store.keep(3, [1, 2], vec![3u8; 512].into());
         assert_eq!(store.first_frame(3, [7, 8]), Keep::Begin);
         store.begin([7, 8], &main);
         assert_eq!(store.first_frame(3, [7, 8]), Keep::Read);
         assert!(store.snapshot([1, 2]).is_none());
         assert!(store.snapshot([7, 8]).unwrap().pages.is_empty());
         assert!(
-            !store.keep(3, [1, 2], 1, vec![3u8; 512].into()),
+            !store.keep(3, [1, 2], vec![3u8; 512].into()),
             "a late page of the old one"
         );
         assert!(store.snapshot([7, 8]).unwrap().pages.is_empty());
@@ -506,7 +520,7 @@ mod tests {
         let mut said = 0;
         for p in 1..=(CAP_PAGES as u32 + 3) {
             assert_eq!(store.first_frame(p, [1, 1]), Keep::Read);
-            said += usize::from(store.keep(p, [1, 1], p, vec![0u8; 512].into()));
+            said += usize::from(store.keep(p, [1, 1], vec![0u8; 512].into()));
         }
         let kept = store.snapshot([1, 1]).unwrap();
         assert_eq!(kept.pages.len(), CAP_PAGES);
@@ -515,24 +529,40 @@ mod tests {
     }
 
     #[test]
-    fn a_checkpoint_drops_the_pages_whose_first_frame_it_copied_but_never_a_freed_one() {
+    fn a_page_a_checkpoint_wrote_is_read_again_at_its_next_frame() {
         let store = BaseStore::default();
         store.begin([1, 2], &image(6));
-        for (pgno, frame) in [(2, 1), (3, 4), (4, 9)] {
+        for pgno in [2, 3] {
             assert_eq!(store.first_frame(pgno, [1, 2]), Keep::Read);
-            store.keep(pgno, [1, 2], frame, vec![0u8; 512].into());
+            store.keep(pgno, [1, 2], vec![pgno as u8; 512].into());
         }
-        assert_eq!(store.freed_to_read(&[5]).1, [5]);
-        store.keep_freed(5, [1, 2], vec![5u8; 512].into());
-        store.backfilled([1, 2], 4);
+        assert_eq!(store.first_frame(8, [1, 2]), Keep::Nothing, "new");
+        store.checkpoint_wrote(2);
+        store.checkpoint_wrote(8);
         let kept = store.snapshot([1, 2]).unwrap();
-        assert_eq!(kept.pages.keys().copied().collect::<Vec<_>>(), [4, 5]);
-        assert_eq!(store.first_frame(2, [1, 2]), Keep::Nothing, "still seen");
-        store.backfilled([9, 9], 100);
+        assert_eq!(kept.pages.keys().copied().collect::<Vec<_>>(), [3]);
         assert_eq!(
-            store.snapshot([1, 2]).unwrap().pages.len(),
-            2,
-            "another generation's"
+            store.first_frame(2, [1, 2]),
+            Keep::Read,
+            "the copy now in main"
+        );
+        assert_eq!(
+            store.first_frame(3, [1, 2]),
+            Keep::Nothing,
+            "still its base"
+        );
+        assert_eq!(
+            store.first_frame(8, [1, 2]),
+            Keep::Read,
+            "a new page once copied"
+        );
+        assert_eq!(store.first_frame(8, [1, 2]), Keep::Nothing, "read once");
+        store.keep(2, [1, 2], vec![9u8; 512].into());
+        let kept = store.snapshot([1, 2]).unwrap();
+        assert_eq!(
+            &kept.pages[&2][..2],
+            &[9, 9],
+            "the copy replaces nothing else"
         );
     }
 
