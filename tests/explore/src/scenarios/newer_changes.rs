@@ -19,6 +19,12 @@
 //! with N's file as the image) finds those rows in W's pages and N's file without them or with
 //! another version: it inserts the deleted rows again, and the old versions beside the new. The
 //! `changes` rule applies only what W itself changed (`check.rs`, invariant 8).
+//!
+//! The loss is both files or the `-shm` alone, never the `-wal` alone: then N maps W's `-shm`,
+//! whose index names W's frames, writes its own frames after them into the new WAL (whose header
+//! and first frames are a hole) wherever it reads no page W wrote, and its checkpoint copies the
+//! hole into the main file: a malformed database that SQLite's trust in a `-shm` whose `-wal` was
+//! removed makes, whatever recovery does (tests/explore/README.md, "Scenarios").
 
 use std::path::Path;
 use std::sync::Arc;
@@ -105,11 +111,22 @@ fn update(id: u32, ver: &'static str, pad_len: usize) -> (String, Did) {
     )
 }
 
-/// W's statement (in this process): a step, its error recorded.
-fn w_exec(w: &Who, conn: &Connection, what: &str, sql: &str) -> bool {
+/// W's statement (in this process): a step, its error recorded. Acknowledged when it returns
+/// Ok, whatever number of rows it changed; a number other than `rows` is recorded among the
+/// errors the replay shows (a statement that read a page a newer generation checkpointed into
+/// the main file under W's transaction can find nothing to change, and commit nothing).
+fn w_exec(w: &Who, conn: &Connection, what: &str, sql: &str, rows: usize) -> bool {
     note(|| what.to_string());
-    match conn.execute_batch(sql) {
-        Ok(()) => true,
+    match conn.execute(sql, []) {
+        Ok(n) => {
+            if n != rows {
+                let step = step_number();
+                w.ledger.lock().errors.push(format!(
+                    "W {what} at step {step}: acknowledged, but changed {n} row(s), not {rows}"
+                ));
+            }
+            true
+        }
         Err(e) => {
             w.saw(what, &e);
             false
@@ -145,11 +162,11 @@ pub(super) fn newer_changes(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     let ledger = Arc::clone(l);
     let retired = part("W", move || {
         w.insert(&conn, "w2");
-        let mut changes: Vec<(String, String, Did)> = W_UPDATES
+        let mut changes: Vec<(String, String, Did, usize)> = W_UPDATES
             .iter()
             .map(|&id| {
                 let (sql, did) = update(id, "w", 150);
-                (format!("update {}", h(id)), sql, did)
+                (format!("update {}", h(id)), sql, did, 1)
             })
             .collect();
         let (sql, did) = delete(W_DELETES.0, W_DELETES.1);
@@ -157,9 +174,10 @@ pub(super) fn newer_changes(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
             format!("delete {}..{}", h(W_DELETES.0), h(W_DELETES.1)),
             sql,
             did,
+            (W_DELETES.1 - W_DELETES.0 + 1) as usize,
         ));
-        for (what, sql, did) in changes {
-            if w_exec(&w, &conn, &what, &sql) {
+        for (what, sql, did, rows) in changes {
+            if w_exec(&w, &conn, &what, &sql, rows) {
                 record(&ledger, "W", did);
             }
         }
