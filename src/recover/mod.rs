@@ -377,8 +377,12 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
     let base_ignored = crate::explore_faults::capture_base_ignored();
     #[cfg(not(feature = "explore-faults"))]
     let base_ignored = false;
+    #[cfg(feature = "explore-faults")]
+    let changes_ignored = crate::explore_faults::changes_ignored();
+    #[cfg(not(feature = "explore-faults"))]
+    let changes_ignored = false;
     if m.base_verdict() != crate::capture::BaseVerdict::Own && !base_ignored {
-        if m.base_pages.is_some() {
+        if m.base_pages.is_some() && !changes_ignored {
             return (
                 MergeRule::Changes,
                 "the capture cannot show that its main image is the file its WAL generation was \

@@ -12,6 +12,10 @@
 //! - [`set_capture_base_ignored`]: recovery's former rule — a capture's delta is replayed
 //!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
 //!   rows checkpointed into the captured image read as deleted by the captured generation.
+//! - [`set_changes_ignored`]: recovery before issue 53 — a capture whose base is not its own is
+//!   merged `add-only` even when it holds the base of its pages (`<file>-base`), never by the
+//!   `changes` rule: rows a newer generation deleted or updated on the pages the captured WAL
+//!   carries come back (deleted rows inserted again, old versions inserted beside the new).
 //! - [`set_judgement_unconfirmed`]: the overwrite judgement's former reading — the close judges
 //!   the main file without `READ(0)` shared, and no judgement confirms the frames' progress
 //!   with the wal-index's salts: a checkpoint copying, or a reset starting a generation, under
@@ -64,4 +68,19 @@ pub fn set_judgement_unconfirmed(on: bool) {
 /// Whether the switch is on.
 pub(crate) fn judgement_unconfirmed() -> bool {
     JUDGEMENT_UNCONFIRMED.load(Ordering::Acquire)
+}
+
+/// Issue 53's switch: recovery never picks the `changes` rule (`true`: `add-only` instead) or
+/// picks it for a capture that holds its pages' base (`false`).
+static CHANGES_IGNORED: AtomicBool = AtomicBool::new(false);
+
+/// Switches recovery to its rules before issue 53 (`true`: a capture whose base is not its own is
+/// merged `add-only`, whatever `<file>-base` it holds) or back to today's, for the whole process.
+pub fn set_changes_ignored(ignored: bool) {
+    CHANGES_IGNORED.store(ignored, Ordering::Release);
+}
+
+/// Whether the switch is on.
+pub(crate) fn changes_ignored() -> bool {
+    CHANGES_IGNORED.load(Ordering::Acquire)
 }

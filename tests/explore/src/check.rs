@@ -14,6 +14,11 @@
 //!    acknowledged row is live exactly once, and the database passes its integrity check.
 //! 7. no WARN or ERROR line of the guard (this process's or a child's) in a schedule without a
 //!    loss: with nothing taken away, a line that wakes someone is a false alarm.
+//! 8. at the end (after `recover --apply` when there is a capture), no row whose deletion was
+//!    acknowledged is live, and a row whose update was acknowledged is live in that version only:
+//!    a newer generation's deletions and updates are not undone by the retired generation's
+//!    recovery, and the retired generation's acknowledged ones are applied (`newer-changes`,
+//!    whose participants never touch the same row).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -226,6 +231,79 @@ pub fn check(
                 }
             }
             Err(e) => bad.push(format!("after recover --apply: {e}")),
+        }
+    }
+    // 8. Acknowledged deletions and updates, at the end.
+    if !ledger.deleted.is_empty() || !ledger.updated.is_empty() {
+        let when = if captures.is_empty() {
+            "at the end (no capture)"
+        } else {
+            "after recover --apply"
+        };
+        match versions(db) {
+            Ok(live) => bad.extend(changes_kept(ledger, &live, when)),
+            Err(e) => bad.push(format!("{when}: {e}")),
+        }
+    }
+    bad
+}
+
+/// The live rows of `t` by `v`, each with the versions (column `ver`) it is live in.
+fn versions(db: &Path) -> Result<HashMap<String, Vec<String>>, String> {
+    let conn = open_direct(db).map_err(|e| format!("the live database cannot be opened: {e}"))?;
+    let mut out: HashMap<String, Vec<String>> = HashMap::new();
+    let mut stmt = conn
+        .prepare("SELECT v, ver FROM t")
+        .map_err(|e| format!("the live database cannot be read: {e}"))?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+        .map_err(|e| format!("the live database cannot be read: {e}"))?;
+    for row in rows {
+        let (v, ver) = row.map_err(|e| format!("the live database cannot be read: {e}"))?;
+        out.entry(v).or_default().push(ver);
+    }
+    Ok(out)
+}
+
+/// Invariant 8 on the rows `live` (by `v`, with their versions), `when` naming the moment.
+fn changes_kept(ledger: &Ledger, live: &HashMap<String, Vec<String>>, when: &str) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (v, who, step) in &ledger.deleted {
+        if let Some(vers) = live.get(v) {
+            bad.push(format!(
+                "{when}, row {v}, whose deletion by {who} was acknowledged at step {step}, is \
+                 live (version(s) {vers:?}): {}",
+                if who == "W" {
+                    "the retired generation's deletion is not applied"
+                } else {
+                    "a deleted row brought back"
+                }
+            ));
+        }
+    }
+    for (v, ver, who, step) in &ledger.updated {
+        let vers = live.get(v).map(Vec::as_slice).unwrap_or_default();
+        let old: Vec<&String> = vers.iter().filter(|x| *x != ver).collect();
+        if !vers.contains(ver) {
+            bad.push(format!(
+                "{when}, row {v}, updated by {who} to version {ver} (acknowledged at step \
+                 {step}), is not live in that version (live: {vers:?}){}",
+                if who == "W" {
+                    ": the retired generation's update is not applied"
+                } else {
+                    ": the update undone"
+                }
+            ));
+        } else if !old.is_empty() {
+            bad.push(format!(
+                "{when}, row {v}, updated by {who} to version {ver} (acknowledged at step \
+                 {step}), is live in an old version too (live: {vers:?}): {}",
+                if who == "W" {
+                    "the retired generation's update inserted beside the row, not applied to it"
+                } else {
+                    "an old version brought back"
+                }
+            ));
         }
     }
     bad

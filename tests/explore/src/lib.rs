@@ -224,11 +224,13 @@ pub mod faults {
     /// The names `--fault` takes: the stale-WAL gate's order before issue 33, recovery's
     /// rules before issue 43 (a capture's delta replayed whatever its base), and the overwrite
     /// judgement before issue 44 (no `READ(0)` at the close, no confirmation with the
-    /// wal-index's salts).
+    /// wal-index's salts), and recovery before issue 53 (`add-only` for a capture that holds its
+    /// pages' base, never `changes`).
     pub const NAMES: &[&str] = &[
         "judged-before-exclusive",
         "capture-base-ignored",
         "judgement-unconfirmed",
+        "changes-ignored",
     ];
 
     /// The environment variable that hands the faults switched on to a child process
@@ -255,6 +257,7 @@ pub mod faults {
             "judgement-unconfirmed" => {
                 hermes_guard::explore_faults::set_judgement_unconfirmed(true)
             }
+            "changes-ignored" => hermes_guard::explore_faults::set_changes_ignored(true),
             _ => return false,
         }
         let bit = NAMES
@@ -270,6 +273,7 @@ pub mod faults {
         hermes_guard::explore_faults::set_stale_wal_judged_before_exclusive(None);
         hermes_guard::explore_faults::set_capture_base_ignored(false);
         hermes_guard::explore_faults::set_judgement_unconfirmed(false);
+        hermes_guard::explore_faults::set_changes_ignored(false);
         ON.store(0, Ordering::Release);
     }
 

@@ -1,4 +1,4 @@
-//! A connection in another process (scenario `newer-checkpointed`): the explorer's own binary
+//! A connection in another process (scenarios `newer-checkpointed`, `newer-changes`, …): the explorer's own binary
 //! run again as `explore --child <db> guarded|stock`, driven one statement at a time over its
 //! stdin, each statement a step of the schedule (its VFS calls are not: nothing schedules them
 //! in the child, which runs while every participant of the schedule is parked).
@@ -104,6 +104,20 @@ impl Other {
         }
     }
 
+    /// A step: runs `sql` (one statement on one line, its own transaction; `what` names it in
+    /// the steps). `true` when it was acknowledged (the scenario records what it did).
+    pub fn exec(&mut self, what: &str, sql: &str) -> bool {
+        debug_assert!(!sql.contains('\n'), "one line");
+        yield_now(Kind::Go, || format!("{what} (another process)"));
+        match self.ask(&format!("exec {sql}")) {
+            Ok(()) => true,
+            Err(e) => {
+                self.saw(what, &e);
+                false
+            }
+        }
+    }
+
     /// A step: `PRAGMA wal_checkpoint(mode)`.
     pub fn checkpoint(&mut self, mode: &str) {
         yield_now(Kind::Go, || format!("checkpoint {mode} (another process)"));
@@ -193,8 +207,8 @@ impl Drop for Other {
 }
 
 /// The child's side (`explore --child <db> guarded|stock`): opens `db` and answers `ok` or `err
-/// <extended code> <message>` to the open and to each line of its stdin: `insert <v>`, `count`,
-/// `checkpoint <mode>`, `close` (then it exits; so it does at the end of its stdin).
+/// <extended code> <message>` to the open and to each line of its stdin: `insert <v>`, `exec
+/// <sql>`, `count`, `checkpoint <mode>`, `close` (then it exits; so it does at the end of its stdin).
 pub fn child_main(db: &Path, how: &str) -> ExitCode {
     crate::vfs::register();
     crate::vfs::never_sleep();
@@ -249,6 +263,7 @@ pub fn child_main(db: &Path, how: &str) -> ExitCode {
                     .map(|_| ())
                     .map_err(|e| failure(&e)),
             ),
+            "exec" => answer(c.execute_batch(arg).map_err(|e| failure(&e))),
             "count" => answer(
                 c.query_row("SELECT count(*) FROM t", [], |r| r.get::<_, i64>(0))
                     .map(|_| ())

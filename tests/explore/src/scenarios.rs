@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
+mod newer_changes;
+
 use crate::process::Other;
 use crate::sched::{Participant, Rng};
 use crate::world::{act, open_direct, sidecar, Act, Shared, Who};
@@ -83,6 +85,13 @@ pub const ALL: &[Scenario] = &[
         horizon: 45,
         unfetch: false,
         build: newer_checkpointed,
+    },
+    Scenario {
+        name: "newer-changes",
+        about: "120 history rows in the main file; a guarded writer (autocheckpoint off: an insert before the schedule; in it an insert, 2 updates, a range deleted, an insert, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: an insert, the oldest rows or a middle range deleted, 2 other rows updated, an insert, a PASSIVE or TRUNCATE checkpoint, close): after recovery none of the newer writer's deletions or updates is undone, the retired writer's are applied (issue 53)",
+        horizon: 80,
+        unfetch: false,
+        build: newer_changes::newer_changes,
     },
     Scenario {
         name: "in-flight",

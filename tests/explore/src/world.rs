@@ -24,6 +24,12 @@ pub struct Ledger {
     pub backup_rows: Option<Vec<String>>,
     /// Rows acknowledged before a restore and only in the WAL it makes stale.
     pub stale_rows: Vec<String>,
+    /// Rows whose deletion was acknowledged (scenario `newer-changes`): (row, participant,
+    /// step). None of them may be live at the end (after recovery).
+    pub deleted: Vec<(String, String, usize)>,
+    /// Rows whose update was acknowledged: (row, the version it wrote, participant, step). The
+    /// row must be live at the end in that version only (none of its old versions).
+    pub updated: Vec<(String, String, String, usize)>,
     /// Writes refused with `SQLITE_READONLY_DBMOVED`: (participant, step).
     pub refusals: Vec<(String, usize)>,
     /// Losses the actors caused: (what, step).

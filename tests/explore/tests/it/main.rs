@@ -5,6 +5,7 @@
 
 mod churn;
 mod explore;
+mod newer_changes;
 mod newer_generation;
 mod stale_wal_order;
 mod wal_reset;
