@@ -112,3 +112,22 @@ fn a_guarded_newer_generations_changes_stay_and_the_retired_deletion_is_applied(
         true,
     );
 }
+
+/// Bug 8, known (`KNOWN` in tests/explore/src/lib.rs; tests/explore/README.md, "Found"): at
+/// these seeds W's `UPDATE h028` takes the write lock, the files go, N deletes the oldest rows
+/// (rebalancing the leaves) and checkpoints, and only then does W read the leaf from the main
+/// file: N's page, where row 28 no longer is. The update changes 0 rows and returns Ok; nothing
+/// reaches the WAL, so the capture and the `changes` rule rightly have no update. The schedules
+/// show the known bug and nothing else; this test fails once the guard refuses that read.
+#[test]
+fn bug_8_a_retired_update_reading_a_page_checkpointed_under_it_changes_nothing() {
+    for seed in [629, 933, 1033, 1266] {
+        let o = run(seed, false);
+        assert!(o.violations.is_empty(), "seed {seed}:\n{}", o.describe());
+        assert!(
+            o.known.iter().any(|k| k.contains("bug 8")),
+            "seed {seed} no longer shows bug 8:\n{}",
+            o.describe()
+        );
+    }
+}
