@@ -163,8 +163,22 @@ pub(crate) fn attribute(
                         let fit: Vec<usize> = (0..trees.len())
                             .filter(|i| fits(&page, &trees[*i], true))
                             .collect();
+                        let anchored = match fit.len() {
+                            0 | 1 => None,
+                            _ => anchored_in(&page, &fit, trees, image, pages),
+                        };
                         if let [only] = fit.as_slice() {
                             owners.insert(pgno, *only);
+                        } else if let Some((tree, anchors)) = anchored {
+                            notes.push(format!(
+                                "page {pgno} ({} version) is in no tree found and its cells fit \
+                                 {} trees; {anchors} of its rows are in the newer generation's \
+                                 file under {} alone, byte for byte: taken for that table's",
+                                name(version),
+                                fit.len(),
+                                trees[tree].name
+                            ));
+                            owners.insert(pgno, tree);
                         } else if fit.len() > 1 && fit.iter().all(|i| !trees[*i].is_table()) {
                             // Only indexes fit: whichever it is, it holds no table's rows.
                         } else {
@@ -334,6 +348,95 @@ impl Walk<'_> {
 /// Whether every cell of `page` fits `tree`'s records: the page's format, at most as many values
 /// as a full record (a row written before an `ADD COLUMN` has fewer), the rowid alias NULL; with
 /// `strict`, also some cell with exactly a full record and the shape known. Values are counted
+
+/// Of the rowid tables in `fit` (the trees a page's cells all fit), the one whose tree in the
+/// capture's main image (the newer generation's file) holds some of the page's rows under the
+/// same rowid with the same bytes, when exactly one does: a row the newer generation left as it
+/// was is where the page's rows were. With how many rows agree. Only local bytes are compared
+/// (a row with overflow pages is not an anchor), and the image is searched by rowid, one page
+/// per level.
+fn anchored_in(
+    page: &Page<'_>,
+    fit: &[usize],
+    trees: &[Tree],
+    image: &dyn Fn(u32) -> Option<Vec<u8>>,
+    pages: &GenerationPages,
+) -> Option<(usize, usize)> {
+    let rows: Vec<(i64, &[u8])> = page
+        .cells
+        .iter()
+        .filter_map(|c| match c {
+            Cell::TableLeaf { rowid, payload } if payload.first_overflow.is_none() => {
+                Some((*rowid, payload.local))
+            }
+            _ => None,
+        })
+        .collect();
+    let mut found: Vec<(usize, usize)> = Vec::new();
+    for &index in fit {
+        let tree = &trees[index];
+        if !matches!(
+            tree.kind,
+            TreeKind::Table {
+                without_rowid: false,
+                ..
+            }
+        ) {
+            continue;
+        }
+        let anchors = rows
+            .iter()
+            .filter(|(rowid, bytes)| {
+                row_in_image(tree.root, *rowid, image, pages).is_some_and(|b| b == *bytes)
+            })
+            .count();
+        if anchors > 0 {
+            found.push((index, anchors));
+        }
+    }
+    match found.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+/// The local bytes of row `rowid` in the table tree rooted at `root` in the image, if it is
+/// there.
+fn row_in_image(
+    root: u32,
+    rowid: i64,
+    image: &dyn Fn(u32) -> Option<Vec<u8>>,
+    pages: &GenerationPages,
+) -> Option<Vec<u8>> {
+    let mut pgno = root;
+    for _ in 0..MAX_DEPTH {
+        let bytes = image(pgno)?;
+        let page = decode_page(&bytes, pgno, &pages.geometry).ok()?;
+        match page.kind {
+            PageKind::LeafTable => {
+                return page.cells.iter().find_map(|c| match c {
+                    Cell::TableLeaf { rowid: r, payload } if *r == rowid => {
+                        Some(payload.local.to_vec())
+                    }
+                    _ => None,
+                });
+            }
+            PageKind::InteriorTable => {
+                let next = page.cells.iter().find_map(|c| match c {
+                    Cell::TableInterior {
+                        left_child,
+                        rowid: key,
+                    } if rowid <= *key => Some(*left_child),
+                    _ => None,
+                });
+                pgno = next.or(page.right_child)?;
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// from the record header in the cell's local bytes.
 pub(crate) fn fits(page: &Page<'_>, tree: &Tree, strict: bool) -> bool {
     if page.kind.is_table() == tree.index_format() {
