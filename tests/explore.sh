@@ -8,7 +8,9 @@
 #   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
 #     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/it/
 #     stale_wal_order.rs); recovery's rules before issue 43 (a fault switch too) over
-#     newer-checkpointed's first 500 seeds (tests/explore/tests/it/newer_generation.rs); the
+#     newer-checkpointed's first 500 seeds (tests/explore/tests/it/newer_generation.rs); add-only
+#     in place of the changes rule over newer-changes' first 500 (tests/explore/tests/it/
+#     newer_changes.rs); the
 #     overwrite judgement before issue 44 (`--fault judgement-unconfirmed`) over churn's first
 #     500 seeds (tests/explore/tests/it/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
 #     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
@@ -141,6 +143,7 @@ for ((first = 0; first < per; first += chunk)); do
 done
 queue fault-base --fault capture-base-ignored --scenario newer-checkpointed --first 0 --schedules 500
 queue fault-judgement --fault judgement-unconfirmed --scenario churn --first 0 --schedules 500
+queue fault-changes --fault changes-ignored --scenario newer-changes --first 0 --schedules 500
 wait
 
 # The seeds of each scenario: the failing schedules' replays, then a line per scenario.
@@ -199,6 +202,20 @@ if [ "$newer" -eq 0 ]; then
     exit 1
 fi
 echo "recovery ignoring the capture's base (--fault capture-base-ignored): newer-checkpointed fails at $found of seeds 0..500, the newer generation's rows lost (today's rules: none, the runs above)"
+
+# Rediscovery 3b: recovery reading a capture as image + WAL where it holds its base pages
+# (`--fault changes-ignored`: `add-only` instead of the `changes` rule): newer-changes' first
+# 500 seeds find rows the newer generation deleted live again, or an old version of a row it
+# updated (its seeds' tests: tests/explore/tests/it/newer_changes.rs).
+out="$(cat "$runs_dir/fault-changes")"
+found="$(grep -c '^  failing seed ' <<<"$out" || true)"
+undone="$(grep -c -e 'a deleted row brought back' -e 'an old version brought back' <<<"$out" || true)"
+if [ "$undone" -eq 0 ]; then
+    cat "$runs_dir/fault-changes" "$runs_dir/fault-changes.err" >&2
+    echo "with the changes rule off, newer-changes seeds 0..500 undid none of the newer generation's changes" >&2
+    exit 1
+fi
+echo "recovery without the changes rule (--fault changes-ignored): newer-changes fails at $found of seeds 0..500, the newer generation's deletes or updates undone (today's rules: none, the runs above)"
 
 # Rediscovery 4: the overwrite judgement before issue 44 (`--fault judgement-unconfirmed`: the
 # close judges without READ(0), no confirmation with the wal-index's salts): churn's first 500

@@ -121,8 +121,8 @@ fn t6_the_lost_generations_deletes_that_freed_leaves_are_applied_guarded_peer() 
 }
 
 /// T7: a reader held W's PASSIVE checkpoint back to part of its WAL before the loss, so N
-/// started from that part: nothing of it is inserted twice or undone, the rest of W's changes
-/// are applied; exit 0.
+/// started from the pages it copied: nothing of it is inserted twice or undone, and the rest of
+/// W's changes (those on pages it did not copy included) are applied; exit 0.
 #[test]
 fn t7_a_partly_backfilled_generation_is_recovered_without_duplicates_stock_peer() {
     check_scenario(Scenario::PartialBackfill, "stock");
