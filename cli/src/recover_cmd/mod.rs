@@ -8,7 +8,7 @@
 //! | 0 | done: what was asked was done (merged, nothing to do, a plan, a listing with nothing missing, verified, a complete `changes` report) |
 //! | 1 | failed: `verify`: not verified; `captures`: a capture is unreadable or does not verify; `recover`: an error while working (I/O, SQLite, the write lock not taken within `--busy-timeout`, a merge rolled back) — nothing written; `changes`: the capture cannot be read |
 //! | 2 | bad input, the same for the four commands: a usage error, a path that does not exist or is not a capture (also `recover`: a capture that disagrees with its manifest, a target that cannot receive it, `--rebuild` on a database that is not torn); a database path (`captures`, `recover --into`/`--main`, as `status`) with nothing at it or not a SQLite database file, in the words of [`crate::database_arg`] |
-//! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged; `captures`: rows of a capture still missing from the live database; `changes`: rows undecided, a table incomplete or pages unattributed |
+//! | 3 | something is left over: `recover`: commits the capture cannot read, conflicts kept live, rows refused, tables not merged, and under the `changes` rule rows undecided or pages whose change cannot be seen; `captures`: rows of a capture still missing from the live database; `changes`: rows undecided, a table incomplete or pages unattributed |
 
 mod base_words;
 mod captures;
@@ -52,8 +52,9 @@ Exit codes:
      that disagrees with its manifest, a target that cannot receive it, --rebuild on a
      database that is not torn): nothing was written
   3  something is left over: commits the capture cannot read, conflicts kept live, rows
-     the live schema refused, tables not merged (see the report); with --apply, everything
-     else was merged
+     the live schema refused, tables not merged, and under the changes rule rows undecided
+     or pages whose change cannot be seen (see the report); with --apply, everything else
+     was merged
 
 Runbook: hermes-guard help recovery";
 
@@ -87,8 +88,9 @@ pub struct RecoverArgs {
     /// How long to wait for the live database's write lock: `30s`, `2m`, `500ms`, or seconds.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     busy_timeout: Duration,
-    /// List, side by side, every row the add-only rule leaves undecided: the capture's image
-    /// row, the captured generation's row (or "deleted") and the live row.
+    /// List, side by side, every undecided row: its base (the changes rule) or the capture's
+    /// image row (add-only), the captured generation's row (or "deleted") and the live row, and
+    /// why it is undecided.
     #[arg(long)]
     undecided: bool,
     /// Also print what the capture recorded as the evidence for its base (whether its main
