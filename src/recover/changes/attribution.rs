@@ -345,10 +345,6 @@ impl Walk<'_> {
     }
 }
 
-/// Whether every cell of `page` fits `tree`'s records: the page's format, at most as many values
-/// as a full record (a row written before an `ADD COLUMN` has fewer), the rowid alias NULL; with
-/// `strict`, also some cell with exactly a full record and the shape known. Values are counted
-
 /// Of the rowid tables in `fit` (the trees a page's cells all fit), the one whose tree in the
 /// capture's main image (the newer generation's file) holds some of the page's rows under the
 /// same rowid with the same bytes, when exactly one does: a row the newer generation left as it
@@ -437,6 +433,9 @@ fn row_in_image(
     None
 }
 
+/// Whether every cell of `page` fits `tree`'s records: the page's format, at most as many values
+/// as a full record (a row written before an `ADD COLUMN` has fewer), the rowid alias NULL; with
+/// `strict`, also some cell with exactly a full record and the shape known. Values are counted
 /// from the record header in the cell's local bytes.
 pub(crate) fn fits(page: &Page<'_>, tree: &Tree, strict: bool) -> bool {
     if page.kind.is_table() == tree.index_format() {
