@@ -290,4 +290,33 @@ pub struct PathGeneration {
     pub wal: Option<FileId>,
     /// `<db>-shm`.
     pub shm: Option<FileId>,
+    /// The salts in the header of the `<db>-wal` at the path, when one was there with a valid
+    /// header: the captured generation's own salts say it is that WAL or a copy of it (whose
+    /// commits a newer generation may have read); others, a newer generation's own WAL.
+    /// Absent in captures written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_salts: Option<[u32; 2]>,
+}
+
+impl PathGeneration {
+    /// The pathnames of `database` and its sidecars as they resolve now (`wal_salts` read from
+    /// the `-wal`'s first 32 bytes).
+    pub(crate) fn of(database: &std::path::Path) -> PathGeneration {
+        use crate::identity::identity_of_path;
+        let wal_path = crate::paths::sidecar(database, "-wal");
+        let wal_salts = std::fs::File::open(&wal_path).ok().and_then(|f| {
+            let mut header = [0u8; 32];
+            std::os::unix::fs::FileExt::read_exact_at(&f, &mut header, 0).ok()?;
+            let parsed = crate::walfile::parse_wal_header(&header);
+            parsed.valid.then_some(parsed.salts)
+        });
+        PathGeneration {
+            main: identity_of_path(database).ok().flatten(),
+            wal: identity_of_path(&wal_path).ok().flatten(),
+            shm: identity_of_path(&crate::paths::sidecar(database, "-shm"))
+                .ok()
+                .flatten(),
+            wal_salts,
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::time::SystemTime;
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use crate::digest::{sha256_stream, ReadAt};
-use crate::identity::{identity_of_path, FileId, PinnedWal};
+use crate::identity::{FileId, PinnedWal};
 use crate::paths::{open_dir, open_dir_to_write_in, path_display, path_hex, sync_dir, DirHandle};
 use crate::permissions::Permissions;
 use crate::status::{Backfill, RetireReason};
@@ -545,15 +545,7 @@ fn fill_staging(
         stale_wal: None,
         base,
         base_pages,
-        path_generation_at_capture: PathGeneration {
-            main: identity_of_path(input.database).ok().flatten(),
-            wal: identity_of_path(&sidecar(input.database, "-wal"))
-                .ok()
-                .flatten(),
-            shm: identity_of_path(&sidecar(input.database, "-shm"))
-                .ok()
-                .flatten(),
-        },
+        path_generation_at_capture: PathGeneration::of(input.database),
     })
 }
 

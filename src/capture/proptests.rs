@@ -164,6 +164,7 @@ fn manifest() -> impl Strategy<Value = Manifest> {
                     main: pm,
                     wal: pw,
                     shm: ps,
+                    wal_salts: None,
                 },
                 backfill_at_loss,
                 main_torn,

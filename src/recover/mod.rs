@@ -264,10 +264,7 @@ fn run_merge(
         _ => None,
     };
     let context = loaded.as_ref().map(|l| table::ChangeContext {
-        // The captured WAL itself at the path (a lost `-shm`): the newer generation read it.
-        // Another `-wal` there is, as a rule, the newer generation's own.
-        shared_wal: capture.manifest().path_generation_at_capture.wal
-            == Some(capture.manifest().wal.identity),
+        shared_wal: wal_read_by_newer(capture.manifest()),
         backfill_known: l.backfill_known,
     });
     let source = capture.connection();
@@ -442,6 +439,16 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         ),
     }
+}
+
+/// Whether the newer generation may have read the captured commits: the captured WAL itself was
+/// at the path when the capture was taken (a lost `-shm`), or a WAL with its salts (a copy of
+/// it put in place). Another WAL there is the newer generation's own, which it started after
+/// the loss.
+fn wal_read_by_newer(m: &crate::capture::Manifest) -> bool {
+    let at_path = &m.path_generation_at_capture;
+    at_path.wal == Some(m.wal.identity)
+        || (at_path.wal.is_some() && at_path.wal_salts == Some(m.wal.header.salts))
 }
 
 /// `table +n ~n -n` for each table that changed.

@@ -1,4 +1,5 @@
-//! Other captures of the same WAL generation that were healed into the live file at close.
+//! Other captures of the same WAL generation: those healed into the live file at close, and the
+//! base pages the others hold.
 //!
 //! A generation can be captured more than once: a peer refused at a write captures it at the
 //! halt, and the writer that held it captures it again at its close — where, if nothing newer
@@ -14,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{list_captures, Capture, WalCheck};
-use crate::capture::HealState;
+use crate::capture::{BasePages, HealState, Manifest};
 
 /// A heal of the generation by another capture.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,4 +83,87 @@ pub(crate) fn healed_elsewhere(
         }
     }
     best
+}
+
+/// The base pages kept by the other processes that captured the generation of the capture in
+/// `capture_dir` (its `manifest`), read from their `<file>-base`: each process keeps the pages it
+/// wrote first, so a generation several processes wrote has its bases spread over their
+/// captures. Found beside the capture's database and beside the capture; a capture of another
+/// generation, or whose base file cannot be read or does not match, is passed over.
+pub(crate) fn sibling_base_pages(capture_dir: &Path, manifest: &Manifest) -> Vec<BasePages> {
+    let Some(generation) = manifest.wal.generation.as_deref() else {
+        return Vec::new();
+    };
+    let own = std::fs::canonicalize(capture_dir).ok();
+    let mut places = vec![manifest.database_path()];
+    if let (Some(parent), Some(name)) = (capture_dir.parent(), places[0].file_name()) {
+        places.push(parent.join(name));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut found = Vec::new();
+    for place in places.iter().filter(|p| p.is_file()) {
+        for entry in list_captures(place).into_iter().flatten() {
+            let canonical = std::fs::canonicalize(&entry.path).ok();
+            if canonical.is_none() || canonical == own || !seen.insert(canonical) {
+                continue;
+            }
+            let Some(m) = &entry.manifest else { continue };
+            let (Some(g), Some(base)) = (m.wal.generation.as_deref(), &m.base_pages) else {
+                continue;
+            };
+            if g != generation {
+                continue;
+            }
+            let Ok(bytes) = std::fs::read(entry.path.join(&base.file)) else {
+                continue;
+            };
+            let digest = crate::digest::sha256_stream(&bytes[..], |_| Ok(())).map(|(d, _)| d);
+            if digest.ok().as_deref() != Some(base.sha256.as_str()) {
+                continue;
+            }
+            if let Ok(pages) = crate::capture::base_file::read(&bytes) {
+                found.push(pages);
+            }
+        }
+    }
+    found
+}
+
+/// `own` with the pages of `others` (the same generation's, from sibling captures) it lacks:
+/// a page only another process kept is taken from it; a page two processes kept with other
+/// bytes (one read it again after a checkpoint of its own copied it) is dropped, its base
+/// unknown. Pages past `own`'s start, new in the generation as this process saw it, stay
+/// "absent". Returns how many pages were added.
+pub(crate) fn union_base_pages(own: &mut BasePages, others: &[BasePages]) -> usize {
+    let mut added = 0;
+    let mut disagree = std::collections::BTreeSet::new();
+    for other in others {
+        if other.salts != own.salts || other.page_size != own.page_size {
+            continue;
+        }
+        own.over_cap += other.over_cap;
+        for (pgno, page) in &other.pages {
+            if *pgno > own.pages_at_start || disagree.contains(pgno) {
+                continue;
+            }
+            match own.pages.get(pgno) {
+                None => {
+                    own.pages.insert(*pgno, page.clone());
+                    if other.freed.contains(pgno) {
+                        own.freed.insert(*pgno);
+                    }
+                    added += 1;
+                }
+                Some(mine) if mine != page => {
+                    disagree.insert(*pgno);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    for pgno in disagree {
+        own.pages.remove(&pgno);
+        own.freed.remove(&pgno);
+    }
+    added
 }

@@ -320,6 +320,7 @@ fn manifest(
             main: identity_of_path(database).ok().flatten(),
             wal: None,
             shm: None,
+            wal_salts: None,
         },
         backfill_at_loss: None,
         main_torn: false,

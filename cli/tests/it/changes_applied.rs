@@ -209,3 +209,118 @@ fn recover_compares_and_writes_values_as_select_reads_them() {
     let again = apply_every_listed_recovery(&path);
     assert_eq!(dump(), rows, "a second run changes nothing:\n{again}");
 }
+
+/// The second writer of [`two_writers_of_one_generation_are_recovered_from_both_captures`]: in
+/// its own process, through the guard, it updates rows 5 and 7 and deletes rows 100..=150 (pages
+/// the first writer never wrote), prints `READY`, and closes when a line comes on its stdin.
+#[test]
+#[ignore = "child process body of two_writers_of_one_generation_are_recovered_from_both_captures"]
+fn second_writer_child() {
+    let Some(path) = std::env::var_os("HERMES_GUARD_SECOND_WRITER_DB") else {
+        return;
+    };
+    let conn = open_guarded(Path::new(&path));
+    conn.execute_batch(
+        "PRAGMA wal_autocheckpoint=0;
+         UPDATE messages SET content = 'w2 updated 5' WHERE id = 5;
+         UPDATE messages SET content = 'w2 updated 7' WHERE id = 7;
+         DELETE FROM messages WHERE id BETWEEN 100 AND 150;",
+    )
+    .unwrap();
+    println!("READY");
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).unwrap();
+    hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
+    println!("CLOSED");
+}
+
+/// One WAL generation written by two guarded processes, each keeping the bases of the pages it
+/// wrote first: W1 (this process) appends 3 rows, W2 (another process) updates 2 rows and
+/// deletes 51; the `-wal` and `-shm` go; a stock newer generation deletes, updates, inserts and
+/// checkpoints; W1 is refused and captures, W2 captures at its close. Each capture alone lacks
+/// the other's bases; read together (the base pages of the generation's other captures), the
+/// runbook applies both writers' changes and leaves the newer generation's as they are.
+#[test]
+fn two_writers_of_one_generation_are_recovered_from_both_captures() {
+    use std::io::{BufRead, BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    {
+        let made = open_stock(&path);
+        let tx = made.unchecked_transaction().unwrap();
+        for i in 0..HISTORY {
+            insert(&tx, &history(i)).unwrap();
+        }
+        tx.commit().unwrap();
+        made.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+    }
+    let w1 = open_guarded(&path);
+    w1.execute_batch("PRAGMA wal_autocheckpoint=0").unwrap();
+    for content in INSERTED {
+        insert(&w1, content).unwrap();
+    }
+    let mut w2 = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "changes_applied::second_writer_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("HERMES_GUARD_SECOND_WRITER_DB", &path)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(w2.stdout.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("READY") {
+        said.clear();
+        assert!(
+            out.read_line(&mut said).unwrap() > 0,
+            "W2 ended before READY"
+        );
+    }
+    lose_sidecars(&path, false);
+    crate::changes_cli::newer_changes(&path, "stock");
+    assert!(is_refusal(&insert(&w1, "refused").unwrap_err()));
+    hermes_guard::close(w1).map_err(|(_, e)| e).unwrap();
+    writeln!(w2.stdin.take().unwrap()).unwrap();
+    assert!(w2.wait().unwrap().success(), "W2 closed");
+    assert_eq!(artifacts(dir.path()).len(), 2, "one capture per writer");
+
+    let log = apply_every_listed_recovery(&path);
+    let rows = live(&path);
+    let count = |content: &str| rows.values().filter(|c| *c == content).count();
+    for content in INSERTED {
+        assert_eq!(
+            count(content),
+            1,
+            "W1's insert {content:?} live once:\n{log}"
+        );
+    }
+    assert_eq!(rows[&5], "w2 updated 5", "{log}");
+    assert_eq!(rows[&7], "w2 updated 7", "{log}");
+    for id in 100..=150 {
+        assert!(
+            !rows.contains_key(&id),
+            "W2's delete of {id} applied:\n{log}"
+        );
+    }
+    for id in 10..=60 {
+        assert!(!rows.contains_key(&id), "N's delete of {id} intact:\n{log}");
+    }
+    for id in 1..=4 {
+        assert_eq!(rows[&id], "second generation updated", "{log}");
+    }
+    for i in 0..5 {
+        assert_eq!(count(&format!("second generation {i}")), 1, "{log}");
+    }
+    assert_eq!(
+        rows.len(),
+        300 - 4 - 51 - 51 + 4 + 5 + 3,
+        "no row more:\n{log}"
+    );
+    assert!(integrity_ok(&open_stock(&path)), "{log}");
+}

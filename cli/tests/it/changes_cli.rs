@@ -47,7 +47,7 @@ const NEWER_SQL: &str = "
 
 /// Runs [`NEWER_SQL`] on `path` in another process (this test binary, as
 /// [`newer_generation_child`]) through `vfs`, then a TRUNCATE checkpoint, and closes.
-fn newer_changes(path: &Path, vfs: &str) {
+pub(crate) fn newer_changes(path: &Path, vfs: &str) {
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",

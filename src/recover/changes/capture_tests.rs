@@ -59,6 +59,7 @@ fn a_capture_directory_gives_the_same_changes_as_its_parts() {
             main: None,
             wal: None,
             shm: None,
+            wal_salts: None,
         },
         backfill_at_loss: Some(crate::status::Backfill {
             frames: summary.frames as u32,

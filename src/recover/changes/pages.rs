@@ -278,11 +278,27 @@ impl GenerationPages {
             }
             None => None,
         };
+        // The pages other processes of the generation kept, from their captures of it.
+        let base = base.map(|mut own| {
+            let siblings = crate::recover::siblings::sibling_base_pages(dir, &manifest);
+            let added = crate::recover::siblings::union_base_pages(&mut own, &siblings);
+            (own, siblings.len(), added)
+        });
+        let sibling_note = base.as_ref().and_then(|(_, captures, added)| {
+            (*captures > 0).then(|| {
+                format!(
+                    "{added} base page(s) taken from {captures} other capture(s) of this \
+                     generation (pages another process wrote first)"
+                )
+            })
+        });
+        let base = base.map(|(own, _, _)| own);
         let backfilled = manifest
             .backfill_at_loss
             .map(|b| u64::from(b.backfilled).max(merged_frames))
             .or((merged_frames > 0).then_some(merged_frames));
         let mut pages = GenerationPages::from_parts(&wal, base.as_ref(), backfilled)?;
+        pages.notes.extend(sibling_note);
         pages.header_from_image(dir, &manifest.main.file);
         Ok(pages)
     }
