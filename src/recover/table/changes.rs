@@ -54,6 +54,15 @@ impl TableMerge<'_> {
             .map(|(row, why)| (map(row), row.rowid, why.clone()))
             .collect();
         self.report.unknown_base_pages = changes.unknown_base_pages.clone();
+        if self.all_live_already(m, &inserts, &updates, changes, &defaults)? {
+            // The live database holds every row exactly as the generation left it: it read the
+            // generation (a WAL a power cut brought back to the path, replayed at the next
+            // open; a merge or heal of another copy), so nothing is inserted again.
+            self.report.added += inserts.len() as u64;
+            self.report.changed += updates.len() as u64;
+            self.report.already_live += (inserts.len() + updates.len()) as u64;
+            return Ok(());
+        }
         let fresh_needed = self.identity == RowIdentity::Rowid && !self.live_absent;
         if fresh_needed && self.next_fresh.is_none() && !inserts.is_empty() {
             // Fresh rowids above every live one and every inserted one, so no later insert
@@ -84,6 +93,50 @@ impl TableMerge<'_> {
             self.undecided(m, &values, None, live.as_deref(), rowid, Some(&why));
         }
         Ok(())
+    }
+
+    /// Whether every insert and update of the table is live under its own rowid (or key) with
+    /// exactly the generation's values and every delete is gone: then the live database has the
+    /// generation's changes of the table. A newer generation's rows that merely repeat some of
+    /// them (equal credits under the same rowids) leave the others out, and are not taken.
+    #[allow(clippy::type_complexity)]
+    fn all_live_already(
+        &self,
+        m: &Merge<'_>,
+        inserts: &[(Option<Vec<Val>>, Option<i64>)],
+        updates: &[(Option<Vec<Val>>, Option<Vec<Val>>, Option<i64>)],
+        changes: &TableChanges,
+        defaults: &[Option<Val>],
+    ) -> Result<bool, RecoverError> {
+        if inserts.is_empty() && updates.is_empty() {
+            return Ok(false);
+        }
+        let final_rows = inserts
+            .iter()
+            .map(|(v, r)| (v, r))
+            .chain(updates.iter().map(|(_, new, r)| (new, r)));
+        for (values, rowid) in final_rows {
+            let Some(values) = values else {
+                return Ok(false);
+            };
+            let rowid = self.rowid_of(values, *rowid);
+            match self.live_row(m, values, rowid)? {
+                Some(live) if same_row(&live, values) => {}
+                _ => return Ok(false),
+            }
+        }
+        for row in &changes.deletes {
+            let Some(values) = self.to_columns(row, defaults) else {
+                return Ok(false);
+            };
+            if self
+                .live_row(m, &values, self.rowid_of(&values, row.rowid))?
+                .is_some()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The generation's deletes of this table (children first).
