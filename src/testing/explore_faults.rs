@@ -12,7 +12,7 @@
 //! - [`set_capture_base_ignored`]: recovery's former rule — a capture's delta is replayed
 //!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
 //!   rows checkpointed into the captured image read as deleted by the captured generation.
-//! - [`set_changes_ignored`]: recovery before issue 53 — a capture whose base is not its own is
+//! - [`set_changes_ignored`]: recovery without the `changes` rule — a capture whose base is not its own is
 //!   merged `add-only` even when it holds the base of its pages (`<file>-base`), never by the
 //!   `changes` rule: rows a newer generation deleted or updated on the pages the captured WAL
 //!   carries come back (deleted rows inserted again, old versions inserted beside the new).
@@ -74,7 +74,7 @@ pub(crate) fn judgement_unconfirmed() -> bool {
 /// picks it for a capture that holds its pages' base (`false`).
 static CHANGES_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// Switches recovery to its rules before issue 53 (`true`: a capture whose base is not its own is
+/// Switches recovery to its rules without the `changes` rule (`true`: a capture whose base is not its own is
 /// merged `add-only`, whatever `<file>-base` it holds) or back to today's, for the whole process.
 pub fn set_changes_ignored(ignored: bool) {
     CHANGES_IGNORED.store(ignored, Ordering::Release);
