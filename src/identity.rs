@@ -41,7 +41,7 @@ impl fmt::Display for FileId {
 impl FileId {
     // st_dev / st_ino are narrower than u64 on some platforms.
     #[allow(clippy::unnecessary_cast)]
-    fn of(st: &rustix::fs::Stat) -> FileId {
+    pub(crate) fn of(st: &rustix::fs::Stat) -> FileId {
         FileId {
             dev: st.st_dev as u64,
             ino: st.st_ino as u64,

@@ -143,7 +143,7 @@ const CLAIMED: i32 = -2;
 
 /// The system's page size (libc's `sysconf`: rustix's reads the auxiliary vector, which
 /// valgrind's memcheck does not let it walk).
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     static PAGE: AtomicUsize = AtomicUsize::new(0);
     match PAGE.load(Ordering::Relaxed) {
         0 => {

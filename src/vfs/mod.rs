@@ -17,6 +17,7 @@ mod shield;
 pub mod sql_functions;
 mod stale_wal;
 pub(crate) mod state;
+mod wal_index;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;
 

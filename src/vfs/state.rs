@@ -145,6 +145,8 @@ pub(crate) struct DbState {
     dir: Mutex<DirSlot>,
     /// The lock shield of this connection (`shield.rs`).
     shield: Shield,
+    /// The connection's mapping of the wal-index: the guard's own node, or SQLite's.
+    wal_index: crate::vfs::wal_index::ShmSlot,
     /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
     stale_wal: StaleWalSlot,
     /// The WAL-reset rule's state for this connection (`crate::wal_reset::slot`).
@@ -427,6 +429,7 @@ impl DbState {
             fast_watch,
             dir,
             shield: Shield::new(),
+            wal_index: Default::default(),
             stale_wal: StaleWalSlot::default(),
             wal_reset: WalResetSlot::new(),
             inner: Mutex::new(Inner {
@@ -434,6 +437,11 @@ impl DbState {
                 ..Inner::default()
             }),
         })
+    }
+
+    /// `<db>-shm`, where SQLite's unix VFS names the shared memory.
+    pub(crate) fn shm_path(&self) -> &Path {
+        &self.shm_path
     }
 
     pub(crate) fn db_path(&self) -> &Path {
@@ -450,6 +458,10 @@ impl DbState {
         self.inner.lock().wal.as_ref().map(f)
     }
 
+    pub(crate) fn wal_index(&self) -> &crate::vfs::wal_index::ShmSlot {
+        &self.wal_index
+    }
+
     pub(crate) fn shield(&self) -> &Shield {
         &self.shield
     }
@@ -457,11 +469,6 @@ impl DbState {
     /// The pinned main file, if its `stat` at the open succeeded.
     pub(crate) fn main_id(&self) -> Option<FileId> {
         self.inner.lock().main_id
-    }
-
-    /// The pinned `-shm`, once region 0 is mapped.
-    pub(crate) fn shm_id(&self) -> Option<FileId> {
-        self.inner.lock().shm_id
     }
 
     /// The current write transaction's frames (`state/frames.rs`).
@@ -516,7 +523,8 @@ impl DbState {
 
     pub(crate) fn status(&self) -> GuardStatus {
         self.check_pins();
-        let (shield_active, shield_shm_active, shield_off_reason) = self.shield.status();
+        let (shield_active, shield_off_reason) = self.shield.status();
+        let shield_shm_active = self.wal_index.dead_man_switch_held();
         // Before this state's lock: the held list locks the held states.
         let (held_generations, held_descriptors) = super::file::held();
         // Before this state's lock too: it reads this state's main identity.

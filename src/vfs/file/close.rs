@@ -25,6 +25,8 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             // Before SQLite's descriptor is closed or parked for reuse.
             state.shield().close();
+            // A node SQLite did not unmap (it always does before a close): let go of, no delete.
+            state.wal_index().unmap(false);
             state.closing_here();
         }
         let rc = match (t.kind, &t.state) {

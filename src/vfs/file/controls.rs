@@ -34,6 +34,20 @@ pub(super) unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
     } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { file_control_answered(f, op, arg) };
+    } else if op == ffi::SQLITE_FCNTL_EXTERNAL_READER {
+        // SAFETY: a guarded main file's `main_state` points into the state its table holds.
+        let state = unsafe { &*t.main_state };
+        // The unix VFS answers from its own node, which a connection mapping through the
+        // guard's does not have: the guard's node answers (a mutex and one `fcntl`, panic-free).
+        match state.wal_index().external_reader() {
+            Some(Ok(reader)) => {
+                // SAFETY: SQLite's argument for this control is an `int *`.
+                unsafe { *(arg as *mut c_int) = c_int::from(reader) };
+                return ffi::SQLITE_OK;
+            }
+            Some(Err(rc)) => return rc,
+            None => {}
+        }
     }
     sub_call!(t, sub_object_for::<HEAP>(t, f), xFileControl, op, arg)
 }
@@ -159,13 +173,12 @@ fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbSta
     }
     // Released whatever the judgement does (a panic is caught here, not above the lock).
     ffi_guard((), || state.judge_main(&open::MainImage(sub)));
-    sub_call!(
+    shm_lock_down(
         t,
         sub,
-        xShmLock,
         READ0,
         1,
-        ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_SHARED
+        ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_SHARED,
     );
 }
 

@@ -367,6 +367,11 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
                 if let Some(rc) = exclusive_beside_sibling(t, sub, state) {
                     return rc;
                 }
+                // What the unix VFS's `unixIsSharingShmNode` tells it, which it cannot ask of the
+                // guard's node: another process (or a stock connection here) maps the `-shm`.
+                if ffi_guard(false, || state.wal_index().shared_with_others()) {
+                    return ffi::SQLITE_BUSY;
+                }
                 Gate::Check(Site::MainWrite)
             } else {
                 Gate::Go

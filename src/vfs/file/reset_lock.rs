@@ -58,7 +58,7 @@ pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
     ffi_guard((), || state.stale_wal().before_reset());
     let slot = state.wal_reset();
     if !slot.applies() {
-        return sub_call!(t, sub, xShmLock, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
+        return shm_lock_down(t, sub, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
     }
     let rc = lock_without_waiting(t, sub, CKPT, LOCK_EXCLUSIVE);
     if rc != ffi::SQLITE_OK {
@@ -74,13 +74,13 @@ pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
         });
         return ffi::SQLITE_BUSY;
     }
-    let rc = sub_call!(t, sub, xShmLock, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
+    let rc = shm_lock_down(t, sub, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
     if rc == ffi::SQLITE_OK {
         slot.reset_guarded();
     } else {
         // Readers hold the read locks: SQLite appends (BUSY), or fails the write (an error);
         // either way CKPT goes back now.
-        sub_call!(t, sub, xShmLock, CKPT, 1, UNLOCK_EXCLUSIVE);
+        shm_lock_down(t, sub, CKPT, 1, UNLOCK_EXCLUSIVE);
     }
     rc
 }
@@ -103,7 +103,7 @@ pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
     // SAFETY: as the caller promises: not NULL, into the state the table holds.
     let state = unsafe { &*t.main_state };
     let sub = sub_object_for::<HEAP>(t, f);
-    let rc = sub_call!(t, sub, xShmLock, RESET_OFST, RESET_N, flags);
+    let rc = shm_lock_down(t, sub, RESET_OFST, RESET_N, flags);
     if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
         // Issue 34 (tests/explore's bug 2): the reset wrote the new generation's salts into
         // the wal-index; its WAL-base record is written now, before its first frame, rather
@@ -111,7 +111,7 @@ pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
         let main = open::MainImage(sub);
         ffi_guard((), || state.stale_wal().at_wal_reset(state, &main));
         if state.wal_reset().take_own_ckpt() {
-            sub_call!(t, sub, xShmLock, CKPT, 1, UNLOCK_EXCLUSIVE);
+            shm_lock_down(t, sub, CKPT, 1, UNLOCK_EXCLUSIVE);
         }
     }
     rc
@@ -140,7 +140,7 @@ pub(super) unsafe extern "C" fn checkpoint_unlock<const HEAP: bool>(
     if n == 1 && flags == UNLOCK_EXCLUSIVE && state.wal_reset().checkpoint_released() {
         ffi_guard((), || state.wal_index_tripwire());
     }
-    sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, CKPT, n, flags)
+    shm_lock_down(t, sub_object_for::<HEAP>(t, f), CKPT, n, flags)
 }
 
 /// `xShmLock(ofst, 1, flags)` on the wrapped file, never waiting: in a build with
@@ -156,6 +156,12 @@ pub(super) fn lock_without_waiting(
     ofst: c_int,
     flags: c_int,
 ) -> c_int {
+    if !t.main_state.is_null() {
+        // SAFETY: not NULL: the state the table holds. The guard's node never waits.
+        if let Some(rc) = unsafe { &*t.main_state }.wal_index().lock(ofst, 1, flags) {
+            return rc;
+        }
+    }
     let mut timeout: c_int = 0;
     let set = sub_call!(
         t,

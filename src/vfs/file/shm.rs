@@ -1,14 +1,20 @@
-//! The shared-memory methods: the mapping (pins and the shield's node), the watched locks (the
-//! WAL write lock and the checkpoint lock), the unmap.
+//! The shared-memory methods: the mapping (the guard's own wal-index node, `vfs/wal_index/`, or
+//! SQLite's where the guard cannot name the `-shm`; the pins), the watched locks (the WAL write
+//! lock and the checkpoint lock), the unmap.
 
 use std::ffi::{c_int, c_void};
 
 use rusqlite::ffi;
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
 use super::reset_lock::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::vfs::boundary::ffi_guard;
 use crate::vfs::state::{DbState, Gate, Site};
+use crate::vfs::wal_index;
 
 pub(super) unsafe extern "C" fn x_shm_map(
     f: *mut ffi::sqlite3_file,
@@ -21,51 +27,162 @@ pub(super) unsafe extern "C" fn x_shm_map(
         // SAFETY: SQLite calls our methods only on our live files.
         let t = unsafe { table(f) };
         let sub = t.sub_object(f);
-        let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
-        if let (Kind::Main, Some(state), ffi::SQLITE_OK) = (t.kind, &t.state, rc) {
-            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
-            let addr = unsafe { *pp } as usize;
-            if region > 0 && addr != 0 {
-                state
-                    .shield()
-                    .mapped_region(region, size, addr, state.db_path());
-            }
+        let (Kind::Main, Some(state)) = (t.kind, &t.state) else {
+            return sub_call!(t, sub, xShmMap, region, size, extend, pp);
+        };
+        let slot = state.wal_index();
+        if slot.is_unmapped() && !own_node_for(t, sub, state) {
+            slot.use_sqlite();
         }
-        if let (Kind::Main, Some(state), ffi::SQLITE_OK, 0) = (t.kind, &t.state, rc, region) {
-            // SAFETY: on success the wrapped VFS stored the region's address (or NULL) in *pp.
+        let (rc, node) = if slot.is_sqlite() {
+            let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
+            (rc, None)
+        } else {
+            let (addr, rc) = slot.map(|| shm_file(t, sub, state), region, size, extend != 0);
+            // SAFETY: `pp` is SQLite's out-pointer for the region's address.
+            unsafe { *pp = addr as *mut c_void };
+            (rc, slot.file())
+        };
+        if rc == ffi::SQLITE_OK && region == 0 {
+            // SAFETY: on success the region's address (or NULL) is in *pp.
             let addr = unsafe { *pp } as *const u8;
             if !addr.is_null() {
-                let node = if t.unix_prefix {
-                    // SAFETY: the wrapped file was checked at its open to have the `unixFile`
-                    // layout; xShmMap just succeeded.
-                    unsafe { shm_node(sub, |fd| state.shm_joined_by_sibling(fd)) }
-                } else {
-                    Err("the wrapped file does not have the unix VFS's layout".into())
-                };
-                state.pin_shm(
-                    || {
-                        node.as_ref()
-                            .ok()
-                            .map(|(_, id, name)| (*id, Some(name.clone())))
-                    },
-                    Box::new(WalIndexView(addr)),
-                );
-                // Issue 19: the record reads the generation's salts from this mapping.
-                state.stale_wal().mapped(addr);
-                if state.shield().enabled() {
-                    // The node's descriptor, `fstat`ed once for the pin too.
-                    match shm_descriptor(node, state) {
-                        Ok((fd, id)) => {
-                            let region0 = (addr as usize, size.max(0) as usize);
-                            state.shield().join_shm(fd, id, Some(region0))
-                        }
-                        Err(reason) => state.shield().disable(reason, state.db_path()),
-                    }
-                }
+                pinned_at_map(t, sub, state, node, addr);
             }
         }
         rc
     })
+}
+
+/// Region 0 is mapped: the `-shm` is pinned (the guard's node names it; SQLite's is read from its
+/// private node), the stale-WAL record reads its salts from the mapping, the shield may hold the
+/// main lock.
+fn pinned_at_map(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+    own: Option<(crate::identity::FileId, std::ffi::CString)>,
+    addr: *const u8,
+) {
+    let mapped = || match own {
+        Some((id, path)) => Some((id, Some(PathBuf::from(OsStr::from_bytes(path.as_bytes()))))),
+        None if t.unix_prefix => {
+            // SAFETY: the wrapped file was checked at its open to have the `unixFile` layout;
+            // its xShmMap just succeeded.
+            unsafe { shm_node(sub, |_| None) }
+                .ok()
+                .map(|(_, id, name)| (id, Some(name)))
+        }
+        None => None,
+    };
+    state.pin_shm(mapped, Box::new(WalIndexView(addr)));
+    // Issue 19: the record reads the generation's salts from this mapping.
+    state.stale_wal().mapped(addr);
+    state.shield().shm_mapped();
+}
+
+/// Whether the connection maps the wal-index through the guard's own node: a unix-VFS main file
+/// in SQLite's buffer, on 64-bit Linux, in a build of SQLite that names the `-shm` `<db>-shm`
+/// ([`names_shm_beside_database`]).
+fn own_node_for(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) -> bool {
+    wal_index::SUPPORTED
+        && t.unix_prefix
+        && t.heap.is_null()
+        && names_shm_beside_database(t, sub, state)
+}
+
+/// Whether the running SQLite opens `<db>-shm` for a WAL database (not a file in an
+/// `SQLITE_SHM_DIRECTORY`, nor an 8.3 name). Neither shows in the public API (the directory is not
+/// among the compile options): asked once per process, of SQLite's own node, on the first
+/// connection that maps — its `xShmMap` of region 0 without extending, the name read from the
+/// node, and its `xShmUnmap`. Undecided (SQLite's node for this connection, asked again at the
+/// next) when that map fails.
+fn names_shm_beside_database(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    static ANSWER: AtomicU8 = AtomicU8::new(0);
+    const YES: u8 = 1;
+    const NO: u8 = 2;
+    match ANSWER.load(Ordering::Acquire) {
+        YES => return true,
+        NO => return false,
+        _ => {}
+    }
+    // SAFETY: returns whether a constant option was compiled in.
+    if unsafe { ffi::sqlite3_compileoption_used(c"ENABLE_8_3_NAMES".as_ptr()) } != 0 {
+        ANSWER.store(NO, Ordering::Release);
+        return false;
+    }
+    let mut p: *mut c_void = std::ptr::null_mut();
+    let rc = sub_call!(t, sub, xShmMap, 0, 32768, 0, &mut p);
+    let name = if rc == ffi::SQLITE_OK || rc == ffi::SQLITE_READONLY {
+        // SAFETY: the wrapped file has the `unixFile` layout (the caller checked); its xShmMap
+        // just succeeded.
+        unsafe { shm_node(sub, |_| None) }
+            .ok()
+            .map(|(_, _, name)| name)
+    } else {
+        None
+    };
+    sub_call!(t, sub, xShmUnmap, 0);
+    let Some(name) = name else {
+        return false;
+    };
+    let beside = name == state.shm_path();
+    ANSWER.store(if beside { YES } else { NO }, Ordering::Release);
+    if !beside {
+        log::info!(
+            "hermes-guard: this SQLite keeps the shared memory of {} in {}: SQLite's own mapping \
+             of it is used (a new connection after a loss waits for the lost generation's \
+             connections to close)",
+            state.db_path().display(),
+            name.display()
+        );
+    }
+    beside
+}
+
+/// What the guard's node opens for this connection: `<db>-shm` with the main file's mode and
+/// owner, read-only where the URI says `readonly_shm`.
+fn shm_file(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+) -> Result<wal_index::ShmFile, c_int> {
+    let path = std::ffi::CString::new(state.shm_path().as_os_str().as_bytes())
+        .map_err(|_| ffi::SQLITE_CANTOPEN)?;
+    // SAFETY: the wrapped file has the `unixFile` layout (checked at its open); its descriptor is
+    // open while the file is.
+    let fd = unsafe { unix_descriptor(sub) };
+    // SAFETY: borrowed for the one `fstat` below, while SQLite holds it open.
+    let main = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
+    // SAFETY: `z_name` is the filename SQLite passed to xOpen, valid until the close.
+    let readonly_shm =
+        unsafe { ffi::sqlite3_uri_boolean(t.z_name, c"readonly_shm".as_ptr(), 0) } != 0;
+    Ok(wal_index::ShmFile {
+        path,
+        mode: st.st_mode & 0o777,
+        owner: (st.st_uid, st.st_gid),
+        readonly_shm,
+    })
+}
+
+/// `xShmLock` down: the guard's node when the connection maps through it, else the wrapped file.
+#[inline(always)]
+pub(super) fn shm_lock_down(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    ofst: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    if !t.main_state.is_null() {
+        // SAFETY: not NULL: the state the table holds.
+        if let Some(rc) = unsafe { &*t.main_state }.wal_index().lock(ofst, n, flags) {
+            return rc;
+        }
+    }
+    sub_call!(t, sub, xShmLock, ofst, n, flags)
 }
 
 /// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
@@ -89,7 +206,7 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     }
     // SAFETY: SQLite calls our methods only on our live files.
     let t = unsafe { table(f) };
-    sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)
+    shm_lock_down(t, sub_object_for::<HEAP>(t, f), ofst, n, flags)
 }
 
 pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
@@ -152,7 +269,7 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
             return unsafe { wal_reset_unlock::<HEAP>(f, ofst, n, flags) };
         }
     }
-    sub_call!(t, sub_object_for::<HEAP>(t, f), xShmLock, ofst, n, flags)
+    shm_lock_down(t, sub_object_for::<HEAP>(t, f), ofst, n, flags)
 }
 
 /// A watched exclusive lock, one slot, of a guarded main file: `OFST` 0, the WAL write lock,
@@ -192,14 +309,7 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
             return rc;
         }
     }
-    let rc = sub_call!(
-        t,
-        sub_object_for::<HEAP>(t, f),
-        xShmLock,
-        OFST,
-        1,
-        LOCK_EXCLUSIVE
-    );
+    let rc = shm_lock_down(t, sub_object_for::<HEAP>(t, f), OFST, 1, LOCK_EXCLUSIVE);
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
         // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
@@ -239,7 +349,6 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
                 delete = 0;
             }
         }
-        let mut left = None;
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             // The WAL is about to be let go of (a close, or a switch out of WAL mode): a full
             // check first, while the wal-index still shows how far the WAL was checkpointed.
@@ -247,9 +356,11 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
             state.shm_unmapping(delete != 0);
             // Issue 19: the record stops reading this mapping.
             state.stale_wal().unmapping();
-            // Before the unmap that may unlink the -shm (and, last, close the node's
-            // descriptor): the DMS lock goes with the node's last guarded connection.
-            left = state.shield().leave_shm();
+            state.shield().shm_unmapping();
+            if state.wal_index().unmap(delete != 0) {
+                state.shm_unmapped();
+                return ffi::SQLITE_OK;
+            }
         }
         let rc = sub_call!(t, sub, xShmUnmap, delete);
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
@@ -257,7 +368,7 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
                 state.shm_unmapped();
             } else {
                 // Still mapped: still shielded.
-                state.shield().rejoin_shm(left);
+                state.shield().shm_mapped();
             }
         }
         rc

@@ -283,24 +283,6 @@ pub(super) unsafe fn shm_node(
     Ok((fd, id, PathBuf::from(std::ffi::OsStr::from_bytes(bytes))))
 }
 
-/// The shield's descriptor of the `-shm`: the node's ([`shm_node`]), verified against the pinned
-/// `-shm`; the reason the shield cannot use it otherwise.
-pub(super) fn shm_descriptor(
-    node: Result<(c_int, FileId, PathBuf), String>,
-    state: &DbState,
-) -> Result<(c_int, FileId), String> {
-    let (fd, now, _) = node?;
-    let Some(pinned) = state.shm_id() else {
-        return Err("the -shm is not pinned".into());
-    };
-    if now != pinned {
-        return Err(format!(
-            "SQLite's -shm descriptor {fd} is {now}, not the pinned -shm {pinned}"
-        ));
-    }
-    Ok((fd, now))
-}
-
 /// A `unixFile`'s descriptor (`h`).
 ///
 /// # Safety

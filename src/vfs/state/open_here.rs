@@ -132,17 +132,6 @@ impl DbState {
         }
     }
 
-    /// The `-shm` behind `fd` when another connection of this process on the same main file maps
-    /// the shared-memory node whose descriptor it is (the unix VFS shares one node per inode):
-    /// that node, and its descriptor, live while that connection maps it, so the identity taken
-    /// at its join still holds and no `fstat` is needed (issue 36).
-    pub(crate) fn shm_joined_by_sibling(&self, fd: std::ffi::c_int) -> Option<FileId> {
-        self.siblings()
-            .iter()
-            .find_map(|s| s.shield.joined_node().filter(|(at, _)| *at == fd))
-            .map(|(_, id)| id)
-    }
-
     /// The other connections open in this process on this connection's main file.
     pub(super) fn siblings(&self) -> Vec<Arc<DbState>> {
         match self.main_id() {

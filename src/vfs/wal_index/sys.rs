@@ -1,0 +1,191 @@
+//! The system calls of the guard's wal-index node: open-file-description locks, the mapping,
+//! the one-byte writes that grow the `-shm`, its truncation at the dead-man switch. Every
+//! `unsafe` of the node is here; the rest of the module is safe code over these.
+
+use std::ffi::{c_int, CStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// The lock kinds of `struct flock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    Read,
+    Write,
+    Unlock,
+}
+
+impl Kind {
+    fn raw(self) -> libc::c_short {
+        (match self {
+            Kind::Read => libc::F_RDLCK,
+            Kind::Write => libc::F_WRLCK,
+            Kind::Unlock => libc::F_UNLCK,
+        }) as libc::c_short
+    }
+}
+
+/// Who holds a lock in the way, as `F_OFD_GETLK` reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Holder {
+    /// Nobody: the lock asked about could be taken.
+    Nobody,
+    /// A read lock is in the way; `pid` is the owner's for a POSIX lock, -1 for an OFD lock.
+    Reader { pid: i32 },
+    /// A write lock is in the way.
+    Writer { pid: i32 },
+}
+
+fn flock(kind: Kind, start: i64, len: i64) -> libc::flock {
+    // SAFETY: `flock` is plain old data; every field the calls read is set below (`l_pid` must be
+    // 0 for OFD locks: zeroed).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind.raw();
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = start as _;
+    fl.l_len = len as _;
+    fl
+}
+
+/// A non-blocking OFD lock change of `len` bytes at `start` on `fd`'s open file description.
+/// `Err` with `EAGAIN`/`EACCES` when another holder is in the way.
+pub(super) fn set_lock(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<()> {
+    let mut fl = flock(kind, start, len);
+    // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is and which outlives
+    // the call; a descriptor that is not open fails with EBADF and touches no memory.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl as *mut libc::flock) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Who holds a lock that would keep `kind` over `len` bytes at `start` from `fd`'s description
+/// (its own locks never count).
+pub(super) fn holder(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<Holder> {
+    let mut fl = flock(kind, start, len);
+    // SAFETY: as in `set_lock`; F_OFD_GETLK writes the conflicting lock into `fl`.
+    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl as *mut libc::flock) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let pid = fl.l_pid;
+    Ok(match fl.l_type as c_int {
+        libc::F_UNLCK => Holder::Nobody,
+        libc::F_RDLCK => Holder::Reader { pid },
+        _ => Holder::Writer { pid },
+    })
+}
+
+/// Opens `path` as SQLite's `robust_open` does for a `-shm`: `O_NOFOLLOW | O_CLOEXEC`, created
+/// with `mode` where `create`, retried on `EINTR`, never as descriptor 0, 1 or 2 (a stray write
+/// to standard output must not land in the wal-index).
+pub(super) fn open(path: &CStr, write: bool, mode: u32) -> io::Result<OwnedFd> {
+    let flags = libc::O_NOFOLLOW
+        | libc::O_CLOEXEC
+        | if write {
+            libc::O_RDWR | libc::O_CREAT
+        } else {
+            libc::O_RDONLY
+        };
+    loop {
+        // SAFETY: `path` is NUL-terminated and outlives the call.
+        let fd = unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: a descriptor just opened, owned by nobody else.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        if fd > 2 {
+            return Ok(owned);
+        }
+        // Moved above 2, and `/dev/null` put in the low descriptor's place, as `robust_open`
+        // does.
+        // SAFETY: duplicating a descriptor we own.
+        let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+        if high < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a NUL-terminated literal; `dup2` over the low descriptor we own (its
+        // description stays referenced by `high`).
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+            if null >= 0 {
+                libc::dup2(null, fd);
+                libc::close(null);
+            }
+        }
+        std::mem::forget(owned);
+        // SAFETY: a descriptor just made by F_DUPFD_CLOEXEC, owned by nobody else.
+        return Ok(unsafe { OwnedFd::from_raw_fd(high) });
+    }
+}
+
+/// Writes one zero byte at `offset` (SQLite grows a `-shm` this way: no `ftruncate`, so that the
+/// pages are allocated and a mapping of them cannot fault).
+pub(super) fn write_zero_byte(fd: &OwnedFd, offset: i64) -> io::Result<()> {
+    let byte = [0u8; 1];
+    loop {
+        // SAFETY: one byte from a live buffer, written to a descriptor we own.
+        let n = unsafe { libc::pwrite(fd.as_raw_fd(), byte.as_ptr().cast(), 1, offset as _) };
+        match n {
+            1 => return Ok(()),
+            n if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            n if n < 0 => return Err(io::Error::last_os_error()),
+            _ => return Err(io::Error::other("a one-byte write wrote nothing")),
+        }
+    }
+}
+
+/// `ftruncate(fd, len)`, retried on `EINTR`.
+pub(super) fn truncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
+    loop {
+        match rustix::fs::ftruncate(fd, len) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return r.map_err(io::Error::from),
+        }
+    }
+}
+
+/// A shared mapping of `len` bytes of `fd` from `offset`, writable unless `readonly`.
+pub(super) fn map(fd: &OwnedFd, len: usize, offset: i64, readonly: bool) -> io::Result<usize> {
+    let prot = if readonly {
+        libc::PROT_READ
+    } else {
+        libc::PROT_READ | libc::PROT_WRITE
+    };
+    // SAFETY: a fresh shared mapping chosen by the kernel; nothing else refers to it yet.
+    let addr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            prot,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            offset as libc::off_t,
+        )
+    };
+    if addr == libc::MAP_FAILED {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(addr as usize)
+    }
+}
+
+/// Unmaps a mapping made by [`map`].
+///
+/// # Safety
+/// `addr..addr+len` is a mapping [`map`] returned, and nothing reads or writes it any more.
+pub(super) unsafe fn unmap(addr: usize, len: usize) {
+    // SAFETY: as the caller promises.
+    unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+}
+
+/// The system's page size.
+pub(super) fn page_size() -> usize {
+    super::super::locked_fds::page_size()
+}
