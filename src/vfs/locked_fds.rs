@@ -26,10 +26,11 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicUsize, Ordering};
 
-/// How many descriptors the shield may hold locks on at once in one process: two per connection
-/// in WAL mode at most (its main file, and its `-shm` node's shared by the process). A connection
-/// beyond it goes without the shield (see [`register`]).
-const SLOTS: usize = 1024;
+/// How many descriptors may hold OFD locks at once in one process: a WAL-mode connection's main
+/// file (the shield) and each `-shm` the process maps (the wal-index nodes, `wal_index/`). Beyond
+/// it a connection goes without the shield, and a node is mapped untracked (a child that
+/// outlives the process would keep its locks; logged: see [`register`]).
+const SLOTS: usize = 4096;
 
 const EMPTY: i32 = -1;
 

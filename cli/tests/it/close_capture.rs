@@ -98,35 +98,30 @@ fn a_refused_write_keeps_refusing_and_is_captured_once() {
 }
 
 #[test]
-fn a_connection_born_on_a_lost_shm_writes_no_capture_of_its_own() {
+fn a_connection_opened_beside_a_lost_generation_writes_and_captures_nothing_of_its_own() {
     // A second connection opened in the same process while the first still maps the unlinked
-    // -shm attaches to that mapping (the unix VFS shares it per inode): it is retired from
-    // birth, but its own WAL holds nothing, so there is nothing for it to capture.
+    // -shm maps the new `-shm` at the path (the guard keeps one mapping per `-shm` file): it is
+    // not retired, it writes, and its close captures nothing; the first one's close captures its
+    // generation.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     let first = open_guarded(&path);
     let sentinel = wal_only_sentinel(&first);
     lose_sidecars(&path, false);
 
-    hermes_guard::register().unwrap();
-    let second = rusqlite::Connection::open_with_flags_and_vfs(
-        &path,
-        rusqlite::OpenFlags::default(),
-        hermes_guard::VFS_NAME,
-    )
-    .unwrap();
-    let _ = second.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get::<_, i64>(0));
+    let second = open_guarded(&path);
+    insert(&second, "through the new generation").unwrap();
     let status = second.guard_status().unwrap();
-    assert!(status.retired, "the second connection maps a lost -shm");
+    assert!(!status.retired, "{status:?}");
     hermes_guard::close(second).map_err(|(_, e)| e).unwrap();
     assert!(
         artifacts(dir.path()).is_empty(),
-        "a capture with nothing in it was written"
+        "a capture of the new generation was written"
     );
-
+    assert!(is_refusal(&insert(&first, "refused").unwrap_err()));
     hermes_guard::close(first).map_err(|(_, e)| e).unwrap();
     let found = artifacts(dir.path());
-    assert_eq!(found.len(), 1);
+    assert_eq!(found.len(), 1, "{found:?}");
     let recovered = recover(&found[0], "state.db", &dir.path().join("recovered"));
     assert_eq!(count_like(&recovered, &sentinel), 1);
 }

@@ -153,16 +153,20 @@ fn shm_file(
     // SAFETY: the wrapped file has the `unixFile` layout (checked at its open); its descriptor is
     // open while the file is.
     let fd = unsafe { unix_descriptor(sub) };
-    // SAFETY: borrowed for the one `fstat` below, while SQLite holds it open.
-    let main = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-    let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
+    let mode_and_owner = Box::new(move || {
+        // SAFETY: borrowed for the one `fstat`, made inside this `xShmMap`, while SQLite holds
+        // the main file open.
+        let main = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
+        Ok((st.st_mode & 0o777, (st.st_uid, st.st_gid)))
+    });
     // SAFETY: `z_name` is the filename SQLite passed to xOpen, valid until the close.
     let readonly_shm =
         unsafe { ffi::sqlite3_uri_boolean(t.z_name, c"readonly_shm".as_ptr(), 0) } != 0;
     Ok(wal_index::ShmFile {
+        known: state.sibling_shm_vouched(),
         path,
-        mode: st.st_mode & 0o777,
-        owner: (st.st_uid, st.st_gid),
+        mode_and_owner,
         readonly_shm,
     })
 }

@@ -132,6 +132,22 @@ impl DbState {
         }
     }
 
+    /// The `-shm` a connection of this process on the same database maps through the guard's
+    /// wal-index node, where the directory watch vouches (as of its last drain: this connection's
+    /// open drained it) that nothing changed on the path since that connection's last full check:
+    /// the file at `<db>-shm` is still that one, and a new connection joins its node with no
+    /// system call. A replacement the watch has not drained yet leaves an event pending, so this
+    /// connection's first check is a full one, and retires it.
+    pub(crate) fn sibling_shm_vouched(&self) -> Option<FileId> {
+        self.siblings().iter().find_map(|s| {
+            if s.db_path != self.db_path || s.is_retired() || !s.vouched_as_of_last_drain() {
+                return None;
+            }
+            let (id, _) = s.wal_index().file()?;
+            (s.inner.lock().shm_id == Some(id)).then_some(id)
+        })
+    }
+
     /// The other connections open in this process on this connection's main file.
     pub(super) fn siblings(&self) -> Vec<Arc<DbState>> {
         match self.main_id() {

@@ -27,6 +27,8 @@ use crate::identity::FileId;
 
 mod node;
 mod sys;
+#[cfg(test)]
+mod tests;
 
 use node::{Attached, Node, Opened};
 
@@ -46,13 +48,17 @@ enum Mode {
     Sqlite,
 }
 
+/// The main file's mode and owner, asked for when a new `-shm` node opens its file.
+pub(crate) type ModeAndOwner = Box<dyn FnOnce() -> Result<(u32, (u32, u32)), c_int>>;
+
 /// What a map asks to open, when the connection has no node yet.
 pub(crate) struct ShmFile {
+    /// The `-shm` at the path, when another connection here knows it without a `stat`.
+    pub(crate) known: Option<FileId>,
     /// `<db>-shm`, bytes as SQLite has them.
     pub(crate) path: CString,
-    /// The main file's mode and owner.
-    pub(crate) mode: u32,
-    pub(crate) owner: (u32, u32),
+    /// The main file's mode and owner (an `fstat`, made only when the `-shm` is opened).
+    pub(crate) mode_and_owner: ModeAndOwner,
     /// The URI's `readonly_shm`.
     pub(crate) readonly_shm: bool,
 }
@@ -89,7 +95,12 @@ impl ShmSlot {
                 Ok(file) => file,
                 Err(rc) => return (0, rc),
             };
-            match node::attach(file.path, file.mode, file.owner, file.readonly_shm) {
+            match node::attach(
+                file.known,
+                file.path,
+                file.mode_and_owner,
+                file.readonly_shm,
+            ) {
                 Ok(Opened::Ready(attached)) => *mode = Mode::Own(attached),
                 Ok(Opened::CannotInit(attached)) => {
                     *mode = Mode::Own(attached);
@@ -109,10 +120,7 @@ impl ShmSlot {
     pub(crate) fn lock(&self, ofst: c_int, n: c_int, flags: c_int) -> Option<c_int> {
         let mut mode = self.0.lock();
         match &mut *mode {
-            Mode::Own(me) => {
-                let node = std::sync::Arc::clone(&me.node);
-                Some(node.lock(me, ofst, n, flags))
-            }
+            Mode::Own(Attached { node, held }) => Some(node.lock(held, ofst, n, flags)),
             Mode::Unmapped | Mode::Sqlite => None,
         }
     }

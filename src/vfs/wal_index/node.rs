@@ -66,9 +66,15 @@ struct Inner {
     refs: u32,
 }
 
-/// A connection's place in a node: the slots it holds.
+/// A connection's place in a node: the node, and the slots it holds.
 pub(crate) struct Attached {
     pub(super) node: Arc<Node>,
+    pub(super) held: Held,
+}
+
+/// The slots a connection holds, one bit each (SQLite's `sharedMask` and `exclMask`).
+#[derive(Default)]
+pub(crate) struct Held {
     shared: u8,
     exclusive: u8,
 }
@@ -81,17 +87,23 @@ pub(super) enum Opened {
     CannotInit(Attached),
 }
 
-/// Finds the node of the `-shm` at `path`, or opens one: `mode`, `uid` and `gid` are the main
-/// file's (a new `-shm` gets them, as SQLite's does); `readonly_shm` is the URI parameter.
+/// Finds the node of the `-shm` at `path` (`known`: its identity, when the caller knows it without
+/// a `stat`), or opens one: a new `-shm` gets the main file's mode and owner (`mode_and_owner`), as
+/// SQLite's does; `readonly_shm` is the URI parameter.
 pub(super) fn attach(
+    known: Option<FileId>,
     path: CString,
-    mode: u32,
-    owner: (u32, u32),
+    mode_and_owner: super::ModeAndOwner,
     readonly_shm: bool,
 ) -> Result<Opened, c_int> {
     let origin = Origin::here();
     let mut nodes = NODES.lock();
     let nodes = nodes.get_or_insert_with(HashMap::new);
+    if let Some(node) = known.and_then(|id| nodes.get(&id)) {
+        if node.origin.current_cheap() {
+            return Ok(Opened::Ready(node.join()));
+        }
+    }
     let at_path = rustix::fs::stat(path.as_c_str())
         .ok()
         .map(|st| FileId::of(&st));
@@ -103,7 +115,10 @@ pub(super) fn attach(
     let parked = at_path.and_then(|id| PARKED.lock().as_mut().and_then(|p| p.remove(&id)));
     let (fd, readonly) = match parked {
         Some(parked) => parked,
-        None => open_file(&path, mode, owner, readonly_shm)?,
+        None => {
+            let (mode, owner) = mode_and_owner()?;
+            open_file(&path, mode, owner, readonly_shm)?
+        }
     };
     let id = identity_of_fd(&fd).map_err(|e| {
         log::warn!("hermes-guard: fstat of {path:?} failed: {e}");
@@ -117,13 +132,13 @@ pub(super) fn attach(
         }
     }
     if !locked_fds::register(fd.as_raw_fd()) {
+        // Mapped all the same (SQLite's own node is not tracked either): only a forked child that
+        // outlives this process would keep the node's locks.
         log::warn!(
-            "hermes-guard: too many -shm descriptors in this process to track across fork; {} \
-             is not mapped",
+            "hermes-guard: too many locked descriptors in this process to track across fork: a \
+             forked child shares this process's locks on {}",
             path.to_string_lossy()
         );
-        park(id, fd, readonly);
-        return Err(ffi::SQLITE_IOERR_SHMOPEN);
     }
     let node = Arc::new(Node {
         id,
@@ -245,8 +260,7 @@ impl Node {
         self.inner.lock().refs += 1;
         Attached {
             node: Arc::clone(self),
-            shared: 0,
-            exclusive: 0,
+            held: Held::default(),
         }
     }
 
@@ -355,7 +369,7 @@ impl Node {
     /// `unixShmLock` for the connection `me`: the same accounting (a slot's count of shared
     /// holders in this process, -1 when one holds it exclusively), an OFD lock on the file where
     /// the process's hold changes. Never waits.
-    pub(super) fn lock(&self, me: &mut Attached, ofst: c_int, n: c_int, flags: c_int) -> c_int {
+    pub(super) fn lock(&self, me: &mut Held, ofst: c_int, n: c_int, flags: c_int) -> c_int {
         if !(0..SLOTS as c_int).contains(&ofst) || n < 1 || ofst + n > SLOTS as c_int {
             return ffi::SQLITE_IOERR_SHMLOCK;
         }
@@ -448,20 +462,18 @@ impl Node {
     /// one, the file is unlinked where `delete` and it is still the one at its path, and the node
     /// goes.
     pub(super) fn detach(me: Attached, delete: bool) {
-        let mut me = me;
-        let node = Arc::clone(&me.node);
+        let Attached { node, mut held } = me;
         for slot in 0..SLOTS as c_int {
             let bit = 1u8 << slot;
-            let kind = if me.exclusive & bit != 0 {
+            let kind = if held.exclusive & bit != 0 {
                 ffi::SQLITE_SHM_EXCLUSIVE
-            } else if me.shared & bit != 0 {
+            } else if held.shared & bit != 0 {
                 ffi::SQLITE_SHM_SHARED
             } else {
                 continue;
             };
-            node.lock(&mut me, slot, 1, ffi::SQLITE_SHM_UNLOCK | kind);
+            node.lock(&mut held, slot, 1, ffi::SQLITE_SHM_UNLOCK | kind);
         }
-        drop(me);
         let mut nodes = NODES.lock();
         let last = {
             let mut inner = node.inner.lock();
