@@ -112,9 +112,11 @@ pub struct GuardStatus {
     /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
     pub stale_wal: Option<StaleWalStatus>,
     /// Connections of this process still open on this database whose generation is retired
-    /// (this one included, when retired). A new connection to the database in this process is
-    /// refused (`shm-lost`) until they are all closed: the unix VFS shares one `-shm` mapping
-    /// per file in a process. Close them (a pool: dispose of it), then reconnect.
+    /// (this one included, when retired). Each holds its generation's files until it closes:
+    /// close them (a pool drops each as it is returned). A new connection works meanwhile (the
+    /// guard maps each `-shm` file on its own), except where SQLite's own mapping is kept (see
+    /// docs/architecture.md, "The wal-index node"): there it is refused (`shm-lost`) until
+    /// they are all closed.
     pub retired_connections_here: usize,
     /// Issue 27: the shim keeps SQLite's WAL resets and checkpoints apart on this connection
     /// (SQLite's WAL-reset race, 3.7.0–3.51.2; `"on"` / `"off"` in JSON). On by default where

@@ -568,8 +568,8 @@ pub fn skip_unless_ci(reason: &str) {
 
 /// Another process holding `path` open through the stock VFS (a restarted application that
 /// is up before the old connection closes): its open made a newer generation's `-wal` and
-/// `-shm`. Closed when dropped. (In this process a second connection would attach to the unix
-/// VFS's shared mapping of a lost `-shm`: another process is what a restart is.)
+/// `-shm`. Closed when dropped. (Another process is what a restart is: its own locks on the
+/// main file, and a stock connection, which the guard's per-`-shm` mapping does not reach.)
 pub struct NewerGenerationOpen {
     child: std::process::Child,
     /// Kept open: the child's test harness writes after the line read here.
