@@ -1,6 +1,6 @@
-//! Pools that heal themselves: the three checks with which a connection pool lets go of the
-//! connections of a lost generation and hands out healthy ones, with no restart. Each is one
-//! call in a pool's hook; none depends on a pool crate:
+//! Pools that heal themselves: one rule, a pool drops a retired connection, with no restart.
+//! The guard answers it with three checks, each one call in a pool's hook (its default settings
+//! otherwise); none depends on a pool crate:
 //!
 //! - [`keep`], at every return of a connection to the pool (r2d2's `has_broken`, sqlx's
 //!   `after_release`, deadpool's recycle): [`GuardExt::is_retired`], an atomic read, no SQL and no
@@ -9,12 +9,22 @@
 //!   recycle): the `stat` of each pinned file and the status pragma. An idle connection whose
 //!   generation was lost while it sat in the pool is retired there, never handed out.
 //! - [`check_new`], on a new connection (r2d2's `connect`, sqlx's `after_connect`, deadpool's
-//!   `post_create`, diesel's `on_acquire`): one read, which maps the `-shm`, then the check.
-//!   SQLite's unix VFS shares one `-shm` mapping per database file in a process, so while any
-//!   connection of the lost generation is still open, a new connection attaches to the lost
-//!   mapping and is retired at once (`shm-lost`): the pool must drop it and open another later,
-//!   once the old ones are closed (each comes back refused at its next write, or is dropped at
-//!   its next checkout).
+//!   `post_create` or a wrapping manager's `create`, diesel's `on_acquire` or its manager's
+//!   `connect`): one read, which maps the `-shm`, then the check. The guard
+//!   maps each `-shm` file itself (one node per file per process, `src/vfs/wal_index`), so a
+//!   new connection opened after a loss maps the new `-shm` and passes at once, while the lost
+//!   generation's connections still open are refused. It fails only when the loss lands between
+//!   the open and the check: the pool drops that one like any retired connection.
+//!
+//! Nothing else is needed: no reaper of idle connections, no idle timeout, no loop reopening a
+//! new connection until it passes, no rule to return a connection before asking for the next.
+//! (SQLite's unix VFS shares one `-shm` mapping per **main** file in a process; before the guard
+//! mapped the wal-index itself, a new connection joined the lost mapping while any connection of
+//! the lost generation was open, and pools needed all four: docs/decisions.md. That is still so
+//! where the guard leaves the wal-index to SQLite's node: a build of SQLite that keeps the
+//! shared memory elsewhere than `<db>-shm` (`SQLITE_SHM_DIRECTORY`, 8.3 names), a VFS under the
+//! guard that is not the unix one, a 32-bit system; the guard logs the first case at its first
+//! map.)
 //!
 //! Each returns the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032) for a retired
 //! connection. [`crate::raw`] has the same three on a raw handle (`*mut sqlite3`: sqlx, diesel);
@@ -43,9 +53,9 @@ pub fn keep(conn: &Connection) -> bool {
     !conn.is_retired()
 }
 
-/// A new connection's test: one read (which maps the `-shm`, where a lost generation's mapping
-/// would be joined), then [`check_out`]. `Err` (the refusal) when the connection attached to a
-/// lost generation: drop it and open another later.
+/// A new connection's test: one read (which maps the `-shm`), then [`check_out`]. After a loss
+/// a new connection maps the new `-shm` and passes at once; `Err` (the refusal) only when the loss
+/// landed between its open and this check: drop it, as any retired connection.
 pub fn check_new(conn: &Connection) -> rusqlite::Result<()> {
     conn.query_row("PRAGMA schema_version", [], |_| Ok(()))?;
     check_out(conn)

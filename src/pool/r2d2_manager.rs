@@ -3,19 +3,11 @@
 
 use std::borrow::Borrow;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use rusqlite::{ffi, Connection, OpenFlags};
 
 use super::{check_new, check_out};
 use crate::{GuardError, GuardExt};
-
-/// How long [`GuardedManager`]'s `connect` keeps reopening a connection that attached to a lost
-/// generation's `-shm` mapping before it returns the refusal to r2d2.
-const RECONNECT_WAIT: Duration = Duration::from_secs(2);
-/// The longest pause between two of those attempts.
-const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
 /// An r2d2 manager that sees the guard's retirement (see the [module](crate::pool)): wraps `M`, whose
 /// connections are opened through the guard (`vfs=hermes-guard`, or
@@ -33,19 +25,18 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 ///   pinned file and the status pragma). An idle connection whose generation was lost while it
 ///   sat in the pool is retired there and dropped by r2d2 (its close captures what it holds),
 ///   never handed out.
-/// - `connect`: SQLite's unix VFS shares one `-shm` mapping per database file in a process, so
-///   while any connection of the lost generation is still open (checked out by another thread),
-///   a new connection attaches to the lost mapping and the guard retires it at once
-///   (`shm-lost`). The manager opens one connection at a time, reads once (which maps the
-///   `-shm`) and asks the status; a new connection that is retired is closed and opened again,
-///   after a pause doubling from 1 ms to 50 ms, for up to [`GuardedManager::with_reconnect_wait`]
-///   (2 s by default); then the refusal is returned, and r2d2 retries on its own schedule
-///   (200 ms, doubling) until its `connection_timeout`. So a new connection is handed out only
-///   once the old ones are closed: each comes back refused at its next write, or is dropped at
-///   its next checkout.
+/// - `connect`: the wrapped manager's connection, then [`check_new`] once: one read (which maps
+///   the `-shm`) and the status. The guard maps each `-shm` file itself, so a new connection
+///   opened after a loss maps the new one and passes at once, however many connections of the
+///   lost generation are still open (checked out by other threads, or idle in the pool). It
+///   fails only when the loss lands between the open and the check; the refusal then goes to
+///   r2d2, which connects again on its own schedule. (Before the guard mapped the wal-index
+///   itself, a new connection joined the lost generation's mapping while any of its connections
+///   was open, and `connect` reopened until one passed, `with_reconnect_wait`: gone.)
 ///
-/// The application retries a refused write once, on a fresh checkout (the refused connection
-/// dropped first, which returns it to the pool, which closes it):
+/// Nothing else: r2d2's default settings, and no rule about returning a connection before asking
+/// for the next. The application retries a refused write once, on a fresh checkout (the refused
+/// connection, dropped, goes back to the pool, which closes it):
 ///
 /// ```no_run
 /// use hermes_guard::pool::{r2d2, FileManager, GuardedManager};
@@ -72,27 +63,12 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 /// the refusal a write gets (`SQLITE_READONLY_DBMOVED`, 1032).
 pub struct GuardedManager<M> {
     inner: M,
-    reconnect_wait: Duration,
-    /// One connect at a time: two new connections probing at once would keep a lost mapping
-    /// alive for each other.
-    connecting: Mutex<()>,
 }
 
 impl<M> GuardedManager<M> {
     /// Wraps `inner`.
     pub fn new(inner: M) -> GuardedManager<M> {
-        GuardedManager {
-            inner,
-            reconnect_wait: RECONNECT_WAIT,
-            connecting: Mutex::new(()),
-        }
-    }
-
-    /// How long `connect` keeps reopening a new connection that attached to a lost
-    /// generation (2 s by default); `Duration::ZERO` tries once.
-    pub fn with_reconnect_wait(mut self, wait: Duration) -> GuardedManager<M> {
-        self.reconnect_wait = wait;
-        self
+        GuardedManager { inner }
     }
 
     /// The wrapped manager.
@@ -112,7 +88,6 @@ impl<M: std::fmt::Debug> std::fmt::Debug for GuardedManager<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GuardedManager")
             .field("inner", &self.inner)
-            .field("reconnect_wait", &self.reconnect_wait)
             .finish()
     }
 }
@@ -127,23 +102,9 @@ where
     type Error = M::Error;
 
     fn connect(&self) -> Result<M::Connection, M::Error> {
-        let _one_at_a_time = self.connecting.lock();
-        let deadline = Instant::now() + self.reconnect_wait;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let conn = self.inner.connect()?;
-            match check_new(connection(&conn)) {
-                Ok(()) => return Ok(conn),
-                Err(e) => {
-                    drop(conn);
-                    if Instant::now() + pause > deadline {
-                        return Err(e.into());
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                }
-            }
-        }
+        let conn = self.inner.connect()?;
+        check_new(connection(&conn))?;
+        Ok(conn)
     }
 
     fn is_valid(&self, conn: &mut M::Connection) -> Result<(), M::Error> {

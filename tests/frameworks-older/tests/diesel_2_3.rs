@@ -4,13 +4,13 @@
 //! connection opened afterwards), read by column name with `sql_query` — the status after the
 //! guard's retirement check, as JSON. An r2d2 manager of the application's wraps diesel's: a new
 //! connection is kept once the status says it is not retired (after a read, which maps the
-//! `-shm`), a checkout checks the status; `has_broken` may not run SQL (r2d2's rule), so a
-//! refused connection leaves at its next checkout, and a failed write is the guard's refusal
-//! when the status says retired.
+//! `-shm`; it is at once after a loss), a checkout checks the status; `has_broken` may not run
+//! SQL (r2d2's rule), so a refused connection leaves at its next checkout, and a failed write is
+//! the guard's refusal when the status says retired. r2d2's default settings otherwise.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
 
 use diesel::r2d2::{self, ConnectionManager, ManageConnection};
 use diesel::sql_types::Text;
@@ -40,8 +40,8 @@ fn refused() -> r2d2::Error {
 /// diesel's manager with the guard's checks, through SQL.
 struct Guarded {
     inner: ConnectionManager<SqliteConnection>,
-    /// One new connection at a time (see `hermes_guard::pool`).
-    connecting: std::sync::Mutex<()>,
+    /// New connections found retired (for the test: none).
+    refused_new: Arc<AtomicUsize>,
 }
 
 impl ManageConnection for Guarded {
@@ -49,27 +49,20 @@ impl ManageConnection for Guarded {
     type Error = r2d2::Error;
 
     fn connect(&self) -> Result<SqliteConnection, r2d2::Error> {
-        let _one_at_a_time = self.connecting.lock().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let mut conn = self.inner.connect()?;
-            diesel::sql_query("PRAGMA busy_timeout = 10000")
-                .execute(&mut conn)
-                .map_err(r2d2::Error::QueryError)?;
-            // One read maps the -shm (where a lost generation's mapping would be joined).
-            diesel::sql_query("PRAGMA schema_version")
-                .execute(&mut conn)
-                .map_err(r2d2::Error::QueryError)?;
-            if !retired(&mut conn).map_err(r2d2::Error::QueryError)? {
-                return Ok(conn);
+        let mut conn = self.inner.connect()?;
+        diesel::sql_query("PRAGMA busy_timeout = 10000")
+            .execute(&mut conn)
+            .map_err(r2d2::Error::QueryError)?;
+        // One read maps the -shm (the one now at the path, after a loss), then the status.
+        diesel::sql_query("PRAGMA schema_version")
+            .execute(&mut conn)
+            .map_err(r2d2::Error::QueryError)?;
+        match retired(&mut conn).map_err(r2d2::Error::QueryError)? {
+            true => {
+                self.refused_new.fetch_add(1, Ordering::SeqCst);
+                Err(refused())
             }
-            drop(conn);
-            if Instant::now() + pause > deadline {
-                return Err(refused());
-            }
-            thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(50));
+            false => Ok(conn),
         }
     }
 
@@ -89,13 +82,13 @@ impl ManageConnection for Guarded {
 #[test]
 fn a_diesel_2_3_r2d2_pool_asking_the_guard_through_sql_lets_go_of_a_lost_generation() {
     let sc = Arc::new(Scenario::new());
+    let refused_new = Arc::new(AtomicUsize::new(0));
     let manager = Guarded {
         inner: ConnectionManager::new(sc.uri()),
-        connecting: std::sync::Mutex::new(()),
+        refused_new: refused_new.clone(),
     };
     let pool = r2d2::Pool::builder()
         .max_size(POOL as u32)
-        .connection_timeout(Duration::from_secs(30))
         .build(manager)
         .unwrap();
 
@@ -135,5 +128,12 @@ fn a_diesel_2_3_r2d2_pool_asking_the_guard_through_sql_lets_go_of_a_lost_generat
         sc.acknowledge(row);
     }
     drop(all);
+    // More than 8 were opened (the refused ones were closed, and 8 were live at once), and no
+    // new one was refused, which r2d2 would have quietly connected again.
+    assert_eq!(
+        refused_new.load(Ordering::SeqCst),
+        0,
+        "diesel 2.3: a new connection was found retired"
+    );
     sc.assert_every_row_kept("diesel 2.3");
 }

@@ -1,16 +1,17 @@
 //! deadpool-sqlite 0.14 in the loss scenario: its `Manager` wrapped in a manager of the
-//! application's (docs/hosts.md's recipe) whose `create` keeps only a new connection that passes
-//! `hermes_guard::pool::check_new` and whose `recycle` asks `check_out` first; a connection whose
-//! write was refused is taken out of the pool (`Object::take`), deadpool's way with a broken one;
-//! and a reaper (`Pool::retain`) closes connections idle for 2 s, as deadpool has no idle timeout.
+//! application's (docs/hosts.md's recipe) whose `create` checks a new connection once
+//! (`hermes_guard::pool::check_new`) and whose `recycle` asks `check_out` first; a connection
+//! whose write was refused is taken out of the pool (`Object::take`), deadpool's way with a
+//! broken one. deadpool's default settings otherwise: no reaper, no retry of `create`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deadpool::managed::{self, Metrics, Object, RecycleError, RecycleResult};
 use deadpool_sqlite::{rusqlite, Config, Runtime};
 use hermes_guard::pool::{check_new, check_out};
+use hermes_guard::GuardExt;
 use hermes_guard_frameworks::{
     rusqlite_write, write_rows_async, Scenario, Write, INSERT, POOL, WRITERS,
 };
@@ -18,9 +19,6 @@ use hermes_guard_frameworks::{
 /// deadpool-sqlite's manager with the guard's checks.
 struct Guarded {
     inner: Counted,
-    /// One new connection at a time: two probing at once would keep a lost `-shm` mapping
-    /// alive for each other.
-    creating: tokio::sync::Mutex<()>,
 }
 
 /// deadpool-sqlite's pooled connection.
@@ -53,30 +51,14 @@ impl managed::Manager for Guarded {
     type Error = rusqlite::Error;
 
     async fn create(&self) -> Result<Self::Type, rusqlite::Error> {
-        let _one_at_a_time = self.creating.lock().await;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let conn = self.inner.create().await?;
-            let checked = conn
-                .interact(|c| {
-                    c.busy_timeout(Duration::from_secs(10))?;
-                    check_new(c)
-                })
-                .await
-                .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))?;
-            match checked {
-                Ok(()) => return Ok(conn),
-                // Attached to a lost generation's mapping: closed, and opened again once the
-                // old connections are gone.
-                Err(e) if Instant::now() + pause > deadline => return Err(e),
-                Err(_) => {
-                    drop(conn);
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-            }
-        }
+        let conn = self.inner.create().await?;
+        conn.interact(|c| {
+            c.busy_timeout(Duration::from_secs(10))?;
+            check_new(c)
+        })
+        .await
+        .map_err(|e| rusqlite::Error::InvalidParameterName(e.to_string()))??;
+        Ok(conn)
     }
 
     async fn recycle(
@@ -93,19 +75,6 @@ impl managed::Manager for Guarded {
 
 type Pool = managed::Pool<Guarded>;
 
-/// deadpool has no idle timeout: a connection left idle since before a loss, which nobody checks
-/// out again, would keep the lost generation's `-shm` mapping for every new connection, and
-/// `create` would wait for it in vain. Every second, connections idle for 2 s are closed.
-fn reap_idle(pool: &Pool) -> tokio::task::JoinHandle<()> {
-    let pool = pool.clone();
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            pool.retain(|_, metrics| metrics.last_used() < Duration::from_secs(2));
-        }
-    })
-}
-
 /// The scenario's pool: deadpool-sqlite's manager wrapped, [`crate::POOL`] connections.
 fn guarded_pool(sc: &Scenario) -> Pool {
     // deadpool-sqlite opens `Connection::open(path)`: with rusqlite's default flags a `file:`
@@ -115,7 +84,6 @@ fn guarded_pool(sc: &Scenario) -> Pool {
             manager: deadpool_sqlite::Manager::from_config(&Config::new(sc.uri()), Runtime::Tokio1),
             opened: AtomicUsize::new(0),
         },
-        creating: tokio::sync::Mutex::new(()),
     };
     managed::Pool::builder(manager)
         .max_size(POOL)
@@ -144,7 +112,6 @@ async fn a_deadpool_sqlite_pool_lets_go_of_a_lost_generation_and_every_refused_w
 ) {
     let sc = Arc::new(Scenario::new());
     let pool = guarded_pool(&sc);
-    let reaper = reap_idle(&pool);
 
     // The writers run as futures of this task (their inserts on deadpool's blocking threads);
     // the loss comes from a blocking thread beside them.
@@ -180,15 +147,18 @@ async fn a_deadpool_sqlite_pool_lets_go_of_a_lost_generation_and_every_refused_w
         sc.acknowledge(row);
     }
     drop(all);
-    reaper.abort();
     sc.assert_every_row_kept("deadpool-sqlite");
 }
 
+/// The case the reaper was for, before the guard mapped the wal-index itself: a connection of
+/// the lost generation still open (checked out, then idle in the pool, where nobody takes it)
+/// while the retry's checkout creates a new one. The new one passes `check_new` at once, the
+/// first opened, and takes the write; the old one, once back in the pool, is dropped at its
+/// next recycle (`check_out`), never handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_connection_idle_since_before_the_loss_is_reaped_so_a_new_one_opens() {
+async fn a_connection_of_the_lost_generation_still_open_does_not_hold_back_a_new_one() {
     let sc = Arc::new(Scenario::new());
     let pool = guarded_pool(&sc);
-    let reaper = reap_idle(&pool);
     let mut refused = Some(pool.get().await.unwrap());
     let idle = pool.get().await.unwrap();
     assert!(matches!(
@@ -200,32 +170,37 @@ async fn a_connection_idle_since_before_the_loss_is_reaped_so_a_new_one_opens() 
     let Write::Refused(_) = insert(&mut refused, "after").await else {
         panic!("the write after the loss was not refused");
     };
-    // The retry's checkout finds no idle connection and creates one, which attaches to the lost
-    // mapping `idle` holds; only then does `idle` go back to the pool, where no checkout will
-    // take it: the reaper must.
-    let retry = tokio::spawn({
-        let pool = pool.clone();
-        async move { pool.get().await }
-    });
-    // Two connections before, the retry's first, and a second once the first found the mapping.
-    while pool.manager().inner.opened.load(Ordering::SeqCst) < 4 {
-        assert!(
-            !retry.is_finished(),
-            "the retry's checkout ended before its new connection found the lost mapping"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    drop(idle);
-    let mut fresh = Some(
-        retry
-            .await
-            .unwrap()
-            .expect("a new connection opens once the idle one is reaped"),
+    // `idle` (of the lost generation) is still checked out: the retry's checkout creates one.
+    let mut fresh = Some(pool.get().await.expect("a new connection opens at once"));
+    assert_eq!(
+        pool.manager().inner.opened.load(Ordering::SeqCst),
+        3,
+        "two connections before the loss, and one new one, which passed check_new at once"
     );
     assert!(matches!(insert(&mut fresh, "after").await, Write::Landed));
     sc.landed_on_retry("after".into());
+    let status = fresh
+        .as_ref()
+        .unwrap()
+        .interact(|c| c.guard_status())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!status.retired, "{status:?}");
     drop(fresh);
-    reaper.abort();
+
+    // The lost generation's connection goes back among the idle ones; the next checkouts
+    // recycle it (`check_out` retires it) and hand out only healthy connections.
+    drop(idle);
+    let mut both = Vec::new();
+    for _ in 0..2 {
+        both.push(pool.get().await.unwrap());
+    }
+    for (i, conn) in both.iter().enumerate() {
+        let status = conn.interact(|c| c.guard_status()).await.unwrap().unwrap();
+        assert!(!status.retired, "checkout {i}: {status:?}");
+    }
+    drop(both);
     pool.close();
-    sc.assert_every_row_kept("deadpool-sqlite, an idle connection reaped");
+    sc.assert_every_row_kept("deadpool-sqlite, a lost connection still open");
 }

@@ -1,14 +1,17 @@
 //! diesel 2.4 in the loss scenario: an r2d2 pool of `SqliteConnection`s (`diesel::r2d2`) opened
 //! through the guard (diesel opens with `SQLITE_OPEN_URI`: `?vfs=hermes-guard`), its
 //! `ConnectionManager` wrapped in a manager of the application's (docs/hosts.md's recipe) that adds
-//! the guard's three checks on the raw handle (`with_raw_connection`, `hermes_guard::raw`).
+//! the guard's three checks on the raw handle (`with_raw_connection`, `hermes_guard::raw`):
+//! `has_broken` drops a refused connection as it is returned, `is_valid` an idle one of the lost
+//! generation at its checkout, `connect` checks a new one once (it passes at once after a loss).
+//! r2d2's default settings otherwise.
 //! diesel's error keeps SQLite's message, not its code (and its statement's reset has cleared
 //! the handle's): a failed write is the guard's refusal when the handle is retired
 //! (`raw::is_retired`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
-use std::time::{Duration, Instant};
 
 use diesel::r2d2::{self, ConnectionManager, ManageConnection};
 use diesel::sql_types::Text;
@@ -20,8 +23,8 @@ use rusqlite::ffi;
 /// diesel's manager with the guard's checks.
 struct Guarded {
     inner: ConnectionManager<SqliteConnection>,
-    /// One new connection at a time (see `hermes_guard::pool`).
-    connecting: std::sync::Mutex<()>,
+    /// New connections `check_new` refused (for the test: none).
+    refused_new: Arc<AtomicUsize>,
 }
 
 /// The guard's check `check` on the connection's raw handle.
@@ -42,24 +45,15 @@ impl ManageConnection for Guarded {
     type Error = r2d2::Error;
 
     fn connect(&self) -> Result<SqliteConnection, r2d2::Error> {
-        let _one_at_a_time = self.connecting.lock().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let mut conn = self.inner.connect()?;
-            diesel::sql_query("PRAGMA busy_timeout = 10000")
-                .execute(&mut conn)
-                .map_err(r2d2::Error::QueryError)?;
-            match on_handle(&mut conn, raw::check_new) {
-                Ok(()) => return Ok(conn),
-                Err(e) if Instant::now() + pause > deadline => return Err(refused(e)),
-                Err(_) => {
-                    drop(conn);
-                    thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-            }
-        }
+        let mut conn = self.inner.connect()?;
+        diesel::sql_query("PRAGMA busy_timeout = 10000")
+            .execute(&mut conn)
+            .map_err(r2d2::Error::QueryError)?;
+        on_handle(&mut conn, raw::check_new).map_err(|e| {
+            self.refused_new.fetch_add(1, Ordering::SeqCst);
+            refused(e)
+        })?;
+        Ok(conn)
     }
 
     fn is_valid(&self, conn: &mut SqliteConnection) -> Result<(), r2d2::Error> {
@@ -75,13 +69,13 @@ impl ManageConnection for Guarded {
 #[test]
 fn a_diesel_r2d2_pool_lets_go_of_a_lost_generation_and_every_refused_write_lands_on_retry() {
     let sc = Arc::new(Scenario::new());
+    let refused_new = Arc::new(AtomicUsize::new(0));
     let manager = Guarded {
         inner: ConnectionManager::new(sc.uri()),
-        connecting: std::sync::Mutex::new(()),
+        refused_new: refused_new.clone(),
     };
     let pool = r2d2::Pool::builder()
         .max_size(POOL as u32)
-        .connection_timeout(Duration::from_secs(30))
         .build(manager)
         .unwrap();
 
@@ -121,5 +115,12 @@ fn a_diesel_r2d2_pool_lets_go_of_a_lost_generation_and_every_refused_write_lands
         sc.acknowledge(row);
     }
     drop(all);
+    // More than 8 were opened (the refused ones were closed, and 8 were live at once), and no
+    // new one was refused, which r2d2 would have quietly connected again.
+    assert_eq!(
+        refused_new.load(Ordering::SeqCst),
+        0,
+        "diesel: a new connection was refused by check_new"
+    );
     sc.assert_every_row_kept("diesel");
 }

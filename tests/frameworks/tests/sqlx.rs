@@ -1,10 +1,12 @@
-//! sqlx 0.9 (and 0.8: tests/frameworks-older runs this file too) in the loss scenario: a `SqlitePool` whose connections are opened through the guard
-//! (`SqliteConnectOptions::vfs`), with the guard's three checks in sqlx's hooks on the raw handle
-//! (`lock_handle().as_raw_handle()`, `hermes_guard::raw`): `after_connect` refuses a new
-//! connection that attached to a lost generation (sqlx closes it and connects again after a
-//! backoff), `before_acquire` drops an idle one whose generation was lost, `after_release`
-//! closes one whose write was refused.
+//! sqlx 0.9 (and 0.8: tests/frameworks-older runs this file too) in the loss scenario: a
+//! `SqlitePool` whose connections are opened through the guard (`SqliteConnectOptions::vfs`),
+//! with the guard's three checks in sqlx's hooks on the raw handle
+//! (`lock_handle().as_raw_handle()`, `hermes_guard::raw`): `after_release` closes a connection
+//! whose write was refused, `before_acquire` drops an idle one whose generation was lost,
+//! `after_connect` checks a new one once (it passes at once after a loss: the guard maps the new
+//! `-shm`). sqlx's default settings otherwise: no `idle_timeout`, its own `acquire_timeout`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,8 +27,12 @@ async fn on_handle<T>(
     Ok(unsafe { check(handle.as_raw_handle().as_ptr()) })
 }
 
-/// sqlx's error for the guard's refusal of a new or idle connection.
+/// New connections `after_connect` refused (for the test: none).
+static REFUSED_NEW: AtomicUsize = AtomicUsize::new(0);
+
+/// sqlx's error for the guard's refusal of a new connection.
 fn refused(e: rusqlite::Error) -> sqlx::Error {
+    REFUSED_NEW.fetch_add(1, Ordering::SeqCst);
     sqlx::Error::Protocol(format!("hermes-guard: {e}"))
 }
 
@@ -50,19 +56,14 @@ async fn an_sqlx_pool_lets_go_of_a_lost_generation_and_every_refused_write_lands
         .busy_timeout(Duration::from_secs(10));
     let pool = SqlitePoolOptions::new()
         .max_connections(POOL as u32)
-        .acquire_timeout(Duration::from_secs(30))
-        // sqlx connects inside the acquire that found an idle connection retired, so idle
-        // connections of the lost generation nobody checks out (they keep its -shm mapping, which
-        // every new connection would join) are let go by the reaper: after 2 s idle.
-        .idle_timeout(Duration::from_secs(2))
-        .after_connect(|conn, _| {
-            Box::pin(async move { on_handle(conn, raw::check_new).await?.map_err(refused) })
+        .after_release(|conn, _| {
+            Box::pin(async move { Ok(!on_handle(conn, raw::is_retired).await?) })
         })
         .before_acquire(|conn, _| {
             Box::pin(async move { Ok(on_handle(conn, raw::check_out).await?.is_ok()) })
         })
-        .after_release(|conn, _| {
-            Box::pin(async move { Ok(!on_handle(conn, raw::is_retired).await?) })
+        .after_connect(|conn, _| {
+            Box::pin(async move { on_handle(conn, raw::check_new).await?.map_err(refused) })
         })
         .connect_with(options)
         .await
@@ -103,5 +104,12 @@ async fn an_sqlx_pool_lets_go_of_a_lost_generation_and_every_refused_write_lands
         sc.acknowledge(row);
     }
     drop(all);
+    // More than 8 were opened (the refused ones were closed, and 8 were live at once), and no
+    // new one was refused, which sqlx would have quietly connected again.
+    assert_eq!(
+        REFUSED_NEW.load(Ordering::SeqCst),
+        0,
+        "sqlx: a new connection was refused by check_new"
+    );
     sc.assert_every_row_kept("sqlx");
 }

@@ -1,11 +1,13 @@
-//! tokio-rusqlite 0.8 in the loss scenario. It has no pool: each writer keeps one connection
-//! (`tokio_rusqlite::Connection`, a rusqlite connection on a thread of its own) across its
-//! batches, checks it at each batch (`hermes_guard::pool::check_out`), and replaces it when a
-//! write is refused: the refused one closed (`close().await`: its close captures what it holds),
-//! the new one opened until it passes `check_new` (docs/hosts.md's recipe, `open_healthy`).
+//! tokio-rusqlite 0.8 in the loss scenario. It has no pool: each writer keeps the connections it
+//! opened (`tokio_rusqlite::Connection`, a rusqlite connection on a thread of its own) in a stash
+//! of its own between batches, checks one as it takes it (`hermes_guard::pool::check_out`: a
+//! retired one is closed), and closes one whose write was refused (`close().await`: its close
+//! captures what it holds). A new connection is checked once (`check_new`, docs/hosts.md's
+//! recipe, `open_healthy`): after a loss it maps the new `-shm` and passes at once, whatever
+//! connections of the lost generation the writers still hold.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hermes_guard::pool::{check_new, check_out};
 use hermes_guard_frameworks::{
@@ -14,48 +16,33 @@ use hermes_guard_frameworks::{
 use rusqlite::OpenFlags;
 use tokio_rusqlite::Connection;
 
-/// A new connection through the guard that did not attach to a lost generation: opened again,
-/// after a pause doubling from 1 ms to 50 ms, while the old generation's connections close.
+/// A new connection through the guard, checked once (`check_new`): it passes at once, even
+/// right after a loss.
 async fn open_healthy(sc: &Scenario) -> Connection {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut pause = Duration::from_millis(1);
-    loop {
-        let conn = Connection::open_with_flags_and_vfs(
-            &sc.db,
-            OpenFlags::default(),
-            hermes_guard::VFS_NAME,
-        )
-        .await
-        .unwrap();
-        let checked = conn
-            .call(|c| {
-                c.busy_timeout(Duration::from_secs(10))?;
-                Ok::<_, rusqlite::Error>(check_new(c))
-            })
+    let conn =
+        Connection::open_with_flags_and_vfs(&sc.db, OpenFlags::default(), hermes_guard::VFS_NAME)
             .await
             .unwrap();
-        match checked {
-            Ok(()) => return conn,
-            Err(e) if Instant::now() + pause > deadline => panic!("no healthy connection: {e}"),
-            Err(_) => {
-                conn.close().await.unwrap();
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-        }
-    }
+    conn.call(|c| {
+        c.busy_timeout(Duration::from_secs(10))?;
+        Ok::<_, rusqlite::Error>(check_new(c))
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("a new connection was refused: {e}"));
+    conn
 }
 
-/// A writer's connection while it writes a batch; back in the writer's slot afterwards.
+/// A writer's connection while it writes a batch; back in the writer's stash afterwards.
 struct Held {
     conn: Option<Connection>,
-    slot: Arc<Mutex<Option<Connection>>>,
+    stash: Arc<Mutex<Vec<Connection>>>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            *self.slot.lock().unwrap() = Some(conn);
+            self.stash.lock().unwrap().push(conn);
         }
     }
 }
@@ -70,31 +57,34 @@ async fn tokio_rusqlite_writers_replace_a_retired_connection_and_every_refused_w
     });
     futures::future::join_all((0..WRITERS).map(|w| {
         let sc = &sc;
-        let slot = Arc::new(Mutex::new(None::<Connection>));
+        let stash = Arc::new(Mutex::new(Vec::<Connection>::new()));
         async move {
             write_rows_async(
                 sc,
                 w,
                 async || {
-                    let kept = slot.lock().unwrap().take();
-                    let conn = match kept {
-                        Some(conn)
-                            if conn
-                                .call(|c| Ok::<_, rusqlite::Error>(check_out(c).is_ok()))
-                                .await
-                                .unwrap() =>
+                    // A kept connection whose generation is retired is closed; none left, a
+                    // new one.
+                    let kept = loop {
+                        let Some(conn) = stash.lock().unwrap().pop() else {
+                            break None;
+                        };
+                        if conn
+                            .call(|c| Ok::<_, rusqlite::Error>(check_out(c).is_ok()))
+                            .await
+                            .unwrap()
                         {
-                            conn
+                            break Some(conn);
                         }
-                        Some(retired) => {
-                            retired.close().await.unwrap();
-                            open_healthy(sc).await
-                        }
+                        conn.close().await.unwrap();
+                    };
+                    let conn = match kept {
+                        Some(conn) => conn,
                         None => open_healthy(sc).await,
                     };
                     Held {
                         conn: Some(conn),
-                        slot: slot.clone(),
+                        stash: stash.clone(),
                     }
                 },
                 async |held: &mut Held, row: &str| {
@@ -113,9 +103,9 @@ async fn tokio_rusqlite_writers_replace_a_retired_connection_and_every_refused_w
                 },
             )
             .await;
-            // The writer's last connection, closed.
-            let last = slot.lock().unwrap().take();
-            if let Some(conn) = last {
+            // The writer's connections, closed.
+            let kept: Vec<Connection> = std::mem::take(&mut *stash.lock().unwrap());
+            for conn in kept {
                 conn.close().await.unwrap();
             }
         }
