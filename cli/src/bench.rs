@@ -12,6 +12,7 @@ mod capture;
 mod cost;
 mod cost_workloads;
 mod ids;
+mod loss;
 mod mp;
 mod recovery;
 mod report;
@@ -32,7 +33,7 @@ use hermes_guard_cli::workloads::{
     self, BenchError, CheckpointMode, Session, Synchronous, Timed, Vfs,
 };
 use ids::{selected, Chunks, Id, Sizes, MIB};
-use report::{number, print_header, print_table, ratio_text, Round, Row};
+use report::{number, print_header, print_loss_table, print_table, ratio_text, Round, Row};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -47,7 +48,8 @@ pub struct BenchArgs {
     /// [default: 1, or 0 with --smoke].
     #[arg(long)]
     warmup: Option<usize>,
-    /// Run only these workloads: comma-separated IDs or ID prefixes (W1, W1-FULL, R, CK, CAP...).
+    /// Run only these workloads: comma-separated IDs or ID prefixes (W1, W1-FULL, R, CK, CAP,
+    /// L1...).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Every workload tiny, seconds in all: proves the code runs; the numbers mean nothing.
@@ -167,13 +169,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return cost::run(&exe, dir, &workloads, args.smoke);
     }
 
-    print_header(dir, rounds, warmup, args.smoke);
+    let losses = ids.iter().any(|id| id.is_loss()).then_some(sizes.loss_runs);
+    let rounds_shown = ids
+        .iter()
+        .any(|id| !id.is_loss())
+        .then_some((rounds, warmup));
+    print_header(dir, rounds_shown, losses, args.smoke);
     let started = Instant::now();
     let mut bench = Bench {
         rounds,
         warmup,
         cold_cache: args.cold_cache,
         rows: Vec::new(),
+        losses: Vec::new(),
     };
     let read_db = if ids.iter().any(|id| matches!(id, Id::R1 | Id::R2)) {
         Some(workloads::build_read_db(dir, sizes.read_rows)?)
@@ -215,13 +223,25 @@ pub fn run(args: BenchArgs) -> Result<()> {
             Id::CapTime => bench.capture(&exe, dir, &sizes)?,
             Id::CapMem | Id::RecMem => {} // measured with CapTime, RecTime
             Id::RecTime => bench.recovery(&exe, dir, &sizes)?,
+            Id::L1Default | Id::L1Normal => bench.losses.push(loss::measure(id, dir, &sizes)?),
         }
     }
-    print_table(&bench.rows, &sizes);
+    if !bench.rows.is_empty() {
+        print_table(&bench.rows, &sizes);
+    }
+    if !bench.losses.is_empty() {
+        print_loss_table(&bench.losses, &sizes);
+    }
+    let mut done = Vec::new();
+    if !bench.rows.is_empty() {
+        done.push(format!("{rounds} rounds per workload (+{warmup} warm-up)"));
+    }
+    if !bench.losses.is_empty() {
+        done.push(format!("{} losses per L1 row", sizes.loss_runs));
+    }
     println!(
-        "\n{} rounds per workload (+{} warm-up), {:.0} s in all.",
-        rounds,
-        warmup,
+        "\n{}, {:.0} s in all.",
+        done.join(", "),
         started.elapsed().as_secs_f64()
     );
     Ok(())
@@ -247,6 +267,8 @@ struct Bench {
     /// CAP-TIME with the page cache dropped before each side (`--cold-cache`).
     cold_cache: bool,
     rows: Vec<Row>,
+    /// L1's rows: counts and times of runs, not ratios.
+    losses: Vec<loss::LossRow>,
 }
 
 impl Bench {

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use super::ids::{Id, Sizes, Target};
+use super::loss::{LossRow, ROWS, WITHIN};
 use super::stats;
 
 /// One round of one row: the baseline's and the guard's figure, and the ratio the target is
@@ -142,7 +143,112 @@ pub(super) fn print_table(rows: &[Row], sizes: &Sizes) {
     );
 }
 
-pub(super) fn print_header(dir: &Path, rounds: usize, warmup: usize, smoke: bool) {
+/// L1's table: per `synchronous` setting, the runs, B's rows per run, the time from the loss to
+/// its last row, the runs within the bound, the runs whose old connection was refused.
+pub(super) fn print_loss_table(rows: &[LossRow], sizes: &Sizes) {
+    let mut table = crate::table::new(
+        &[
+            "id",
+            "workload",
+            "synchronous",
+            "runs",
+            "rows/run",
+            "median ms",
+            "max ms",
+            "within",
+            "old refused",
+            "target",
+            "result",
+        ],
+        &[3, 4, 5, 6, 7, 8],
+    );
+    let bound_ms = WITHIN.as_millis();
+    for row in rows {
+        let n = row.runs.len();
+        let ms: Vec<f64> = row
+            .runs
+            .iter()
+            .map(|r| r.elapsed.as_secs_f64() * 1e3)
+            .collect();
+        let Some(time) = stats::summarize(&ms) else {
+            continue;
+        };
+        let rows_per_run: Vec<u64> = row
+            .runs
+            .iter()
+            .map(|r| r.committed.min(u64::try_from(r.visible).unwrap_or(0)))
+            .collect();
+        let (least, most) = (
+            rows_per_run.iter().min().copied().unwrap_or(0),
+            rows_per_run.iter().max().copied().unwrap_or(0),
+        );
+        let committed = if least == most {
+            format!("{least}/{ROWS}")
+        } else {
+            format!("{least}-{most}/{ROWS}")
+        };
+        let mut modes: Vec<i64> = row.runs.iter().map(|r| r.synchronous).collect();
+        modes.sort_unstable();
+        modes.dedup();
+        let synchronous = modes
+            .iter()
+            .map(|&m| synchronous_name(m))
+            .collect::<Vec<_>>()
+            .join(",");
+        let synchronous = match row.id {
+            Id::L1Default => format!("{synchronous} (default)"),
+            _ => synchronous,
+        };
+        let within = row.runs.iter().filter(|r| r.in_time()).count();
+        let refused = row.runs.iter().filter(|r| r.old_refused).count();
+        table.add_row(vec![
+            row.id.code().to_owned(),
+            row.id.title(sizes),
+            synchronous,
+            n.to_string(),
+            committed,
+            format!("{:.2}", time.median),
+            format!("{:.2}", time.max),
+            format!("{within}/{n}"),
+            format!("{refused}/{n}"),
+            format!("{ROWS}/{ROWS} <= {bound_ms} ms, {n}/{n} runs"),
+            if row.pass() { "PASS" } else { "MISS" }.to_owned(),
+        ]);
+    }
+    println!();
+    println!("{}", crate::table::render(&table));
+    println!(
+        "\nL1 (issue 54): in one process a guarded connection A commits {} rows into its WAL\n\
+         (wal_autocheckpoint=0) and stays open, idle; the database's -wal and -shm are unlinked;\n\
+         from the unlink, a new guarded connection B opens (journal_mode=WAL already on the file,\n\
+         busy_timeout 0: no retry, not even SQLite's) and inserts {ROWS} rows, one transaction each.\n\
+         rows/run: B's rows committed on their only attempt (and read back), min-max over the runs.\n\
+         median/max ms: wall clock from the unlink to B's last commit, B's open included.\n\
+         within: runs whose {ROWS} rows all committed within {bound_ms} ms. old refused: runs where A's\n\
+         write afterwards was refused (SQLITE_READONLY_DBMOVED, A's generation captured).\n\
+         result: PASS when every run is within and its old connection refused.",
+        super::loss::LOST_ROWS
+    );
+}
+
+fn synchronous_name(mode: i64) -> String {
+    match mode {
+        0 => "OFF".into(),
+        1 => "NORMAL".into(),
+        2 => "FULL".into(),
+        3 => "EXTRA".into(),
+        other => other.to_string(),
+    }
+}
+
+/// `rounds`: the ratio rows' rounds and warm-up rounds, when any runs; `losses`: L1's runs per
+/// row, when it runs.
+pub(super) fn print_header(
+    dir: &Path,
+    rounds: Option<(usize, usize)>,
+    losses: Option<usize>,
+    smoke: bool,
+) {
     let machine = machine::describe(dir);
     println!("hermes-guard bench: hermes-guard vs the stock unix VFS, interleaved");
     println!(
@@ -158,7 +264,12 @@ pub(super) fn print_header(dir: &Path, rounds: usize, warmup: usize, smoke: bool
     println!("  cpu: {} x {}", machine.cpus, machine.cpu_model);
     println!("  kernel: {}", machine.kernel);
     println!("  databases in {} ({})", dir.display(), machine.filesystem);
-    println!("  {rounds} rounds, {warmup} warm-up");
+    if let Some((rounds, warmup)) = rounds {
+        println!("  {rounds} rounds, {warmup} warm-up");
+    }
+    if let Some(losses) = losses {
+        println!("  L1: {losses} losses per row, each in a new directory");
+    }
     if smoke {
         println!("  SMOKE RUN: tiny sizes, the numbers mean nothing");
     }

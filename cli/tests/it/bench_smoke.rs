@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-const WORKLOADS: [&str; 14] = [
+const WORKLOADS: [&str; 16] = [
     "W1-NORMAL",
     "W1-FULL",
     "W2",
@@ -18,6 +18,8 @@ const WORKLOADS: [&str; 14] = [
     "CAP-MEM",
     "MERGE-TIME",
     "MERGE-MEM",
+    "L1-DEFAULT",
+    "L1-NORMAL",
 ];
 
 fn bench(dir: &std::path::Path, extra: &[&str]) -> Output {
