@@ -308,7 +308,10 @@ fn a_lost_wal_records_the_backfill_the_wal_index_shows() {
         attempted: 4,
     };
     f.state.pin_shm(|| None, Box::new(FixedIndex(Some(torn))));
-    assert!(f.state.inner.lock().shm_id.is_some(), "pinned by the -shm's pathname");
+    assert!(
+        f.state.inner.lock().shm_id.is_some(),
+        "pinned by the -shm's pathname"
+    );
     assert_eq!(f.lose_wal(), Some(RetireReason::WalLost));
     let inner = f.state.inner.lock();
     assert_eq!(inner.backfill_at_loss, Some(torn));
