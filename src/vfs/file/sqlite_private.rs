@@ -1,14 +1,21 @@
 //! Every read of a SQLite-private structure: the leading fields of `unixFile`, `unixShm` and
 //! `unixShmNode` (os_unix.c), and the wal-index header in the `-shm` (wal.c). Each is checked at
 //! run time before it is trusted (the fields that can be known independently, an `fstat` of a
-//! descriptor), and keyed to the SQLite versions the mirrors were verified against
-//! ([`VERIFIED`]).
+//! descriptor), and keyed to the SQLite versions it was verified against ([`VERIFIED`]).
+//!
+//! What is read, and why it is still needed since the guard maps the wal-index itself
+//! (`vfs/wal_index/`): `unixFile`'s `h` (the shield's main-file lock, the frame rule's
+//! `pwritev`, the `-shm`'s mode and owner), `lastErrno` (set as `unixWrite` sets it), `pInode`'s
+//! `fileId` (the main pin without a `stat`) and `zPath` (a held main file's name); `unixShm` and
+//! `unixShmNode`'s `zFilename` and `hShm` only where SQLite's own node maps the wal-index: the
+//! process's one check of how SQLite names the `-shm`, and the pin of a build that names it
+//! otherwise (`SQLITE_SHM_DIRECTORY`).
 
 /// The SQLite versions the mirrors below were verified against, field by field, in os_unix.c
 /// and wal.c: 3.32.0 to 3.54.1 (with every Linux compile option that moves a struct; issue 17's
 /// review). A running SQLite outside the range is said once at registration
 /// ([`check_running_version`]); the mirrors are still checked at every open against what can be
-/// known independently ([`unix_prefix`], [`shm_descriptor`]), so a layout that differs turns off
+/// known independently ([`unix_prefix`], [`shm_node`]), so a layout that differs turns off
 /// what relies on it (the shield, the move of a held main file) rather than being misread.
 pub(super) const VERIFIED: std::ops::RangeInclusive<c_int> = 3_032_000..=3_054_001;
 
