@@ -19,6 +19,10 @@
 //!    a newer generation's deletions and updates are not undone by the retired generation's
 //!    recovery, and the retired generation's acknowledged ones are applied (`newer-changes`,
 //!    whose participants never touch the same row).
+//! 9. what a scenario's script saw go wrong as it ran (`Ledger::violations`): in
+//!    `two-generations`, a write of the newer generation's connection in the lost one's process
+//!    refused or failed otherwise than busy, or a write of the lost generation's connection after
+//!    the loss not refused.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -61,17 +65,24 @@ pub fn check(
     stale_main: Option<&Path>,
     guard_first: bool,
 ) -> Vec<String> {
-    let mut bad = Vec::new();
+    // 9. What the scripts saw go wrong as they ran.
+    let mut bad = ledger.violations.clone();
     let (live_rows, ok) = match live(db) {
         Ok(x) => x,
-        Err(e) => return vec![e],
+        Err(e) => {
+            bad.push(e);
+            return bad;
+        }
     };
     if ok != "ok" {
         bad.push(format!("integrity_check of the live database: {ok}"));
     }
     let listing = match recover::list_captures(db) {
         Ok(l) => l,
-        Err(e) => return vec![format!("captures cannot be listed: {e}")],
+        Err(e) => {
+            bad.push(format!("captures cannot be listed: {e}"));
+            return bad;
+        }
     };
     let mut captures = Vec::new();
     // The main images of the other captures: a stale WAL's `--main` when the setup kept none

@@ -8,6 +8,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 mod newer_changes;
+mod two_generations;
 
 use crate::process::Other;
 use crate::sched::{Participant, Rng};
@@ -99,6 +100,13 @@ pub const ALL: &[Scenario] = &[
         horizon: 60,
         unfetch: false,
         build: in_flight,
+    },
+    Scenario {
+        name: "two-generations",
+        about: "one process, two generations: a guarded connection A (rows checkpointed and rows in its WAL only; idle or in a read transaction) whose -wal and -shm are removed, a new guarded connection B of the same process (2 commits, never refused), a stock connection in another process sharing B's -shm (count, 2 commits, a PASSIVE or TRUNCATE checkpoint); A's writes after the loss refused (issue 54)",
+        horizon: 100,
+        unfetch: false,
+        build: two_generations::two_generations,
     },
     Scenario {
         name: "churn",

@@ -39,6 +39,10 @@ pub struct Ledger {
     pub warnings: Vec<String>,
     /// Other errors the scripts saw (not violations by themselves): the replay shows them.
     pub errors: Vec<String>,
+    /// What a scenario's own script found wrong as it ran (invariant 9: `two-generations`'
+    /// newer connection refused, or its lost one's write after the loss not refused): each one
+    /// a violation.
+    pub violations: Vec<String>,
     /// Connections abandoned without a close (a killed process's): open until the schedule
     /// ends, dropped (closed through the guard) before the checks.
     pub abandoned: Vec<Connection>,

@@ -289,3 +289,29 @@ fn a_transaction_in_flight_when_the_shm_goes_has_its_commit_refused() {
         );
     }
 }
+
+/// Issue 54: in `two-generations` the newer connection B, in the lost generation's process, is
+/// never refused (invariant 9), and the scenario keeps its point: over its first seeds both of
+/// A's variants run, B's rows are acknowledged in every schedule, the stock process's in some
+/// (in the others it met B's recovery of the new `-shm`: busy), and A is refused in every one.
+#[test]
+fn a_new_connection_in_the_lost_generations_process_writes_at_once() {
+    let _shared = crate::shared();
+    let (mut idle, mut reading, mut stock_wrote) = (false, false, false);
+    for seed in 0..40 {
+        let o = run_one(scenario("two-generations"), seed);
+        assert!(o.violations.is_empty(), "{}", o.describe());
+        let acked = |v: &str| o.acked.iter().any(|(row, _)| row == v);
+        assert!(acked("b1") && acked("b2"), "seed {seed}:\n{}", o.describe());
+        assert!(
+            o.refusals > 0,
+            "seed {seed}: A never refused\n{}",
+            o.describe()
+        );
+        idle |= o.variant.starts_with("A idle");
+        reading |= o.variant.starts_with("A in a read transaction");
+        stock_wrote |= acked("s1");
+    }
+    assert!(idle && reading, "both of A's variants");
+    assert!(stock_wrote, "the stock process never wrote beside B");
+}
