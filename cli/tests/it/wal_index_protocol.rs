@@ -486,3 +486,36 @@ fn closing_the_guarded_connection_leaves_a_stock_ones_dms_lock_of_the_process_vi
     insert(&stock, "after the guarded close").unwrap();
     assert_eq!(count(&stock), 3);
 }
+
+/// `SQLITE_FCNTL_EXTERNAL_READER` on a guarded connection's main file: 1 or 0.
+fn external_reader(conn: &Connection) -> i32 {
+    let mut out: std::ffi::c_int = -1;
+    // SAFETY: the connection's handle is open for the call; "main" is NUL-terminated, and the
+    // control writes one `int` into `out`, which outlives the call.
+    let rc = unsafe {
+        rusqlite::ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            rusqlite::ffi::SQLITE_FCNTL_EXTERNAL_READER,
+            (&mut out as *mut std::ffi::c_int).cast(),
+        )
+    };
+    assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
+    out
+}
+
+#[test]
+fn the_guarded_node_reports_an_external_reader_while_a_stock_one_holds_a_read_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let guarded = open_guarded(&path);
+    assert_own_node(&guarded);
+    insert(&guarded, "row").unwrap();
+    let stock = open_stock(&path);
+    assert_eq!(external_reader(&guarded), 0, "nobody reads");
+    stock.execute_batch("BEGIN").unwrap();
+    count(&stock);
+    assert_eq!(external_reader(&guarded), 1, "the stock reader's mark");
+    stock.execute_batch("COMMIT").unwrap();
+    assert_eq!(external_reader(&guarded), 0, "the mark released");
+}

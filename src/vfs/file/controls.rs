@@ -12,10 +12,11 @@ use crate::vfs::state::DbState;
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
 /// (SQLite sends several per transaction) passes straight down: neither can panic.
-pub(super) const ANSWERED: u32 = 1 << ffi::SQLITE_FCNTL_VFSNAME
+pub(super) const ANSWERED: u64 = 1 << ffi::SQLITE_FCNTL_VFSNAME
     | 1 << ffi::SQLITE_FCNTL_SIZE_HINT
     | 1 << ffi::SQLITE_FCNTL_HAS_MOVED
-    | 1 << ffi::SQLITE_FCNTL_PRAGMA;
+    | 1 << ffi::SQLITE_FCNTL_PRAGMA
+    | 1 << ffi::SQLITE_FCNTL_EXTERNAL_READER;
 
 /// `xFileControl` of a guarded main file: as `x_file_control`, and the commit boundary, which
 /// only stores atomics.
@@ -31,23 +32,9 @@ pub(super) unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
         let state = unsafe { &*t.main_state };
         // Sent after every commit, in every locking mode: the transaction is over.
         state.end_of_transaction();
-    } else if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+    } else if (op as u32) < 64 && ANSWERED & (1 << op) != 0 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { file_control_answered(f, op, arg) };
-    } else if op == ffi::SQLITE_FCNTL_EXTERNAL_READER {
-        // SAFETY: a guarded main file's `main_state` points into the state its table holds.
-        let state = unsafe { &*t.main_state };
-        // The unix VFS answers from its own node, which a connection mapping through the
-        // guard's does not have: the guard's node answers (a mutex and one `fcntl`, panic-free).
-        match state.wal_index().external_reader() {
-            Some(Ok(reader)) => {
-                // SAFETY: SQLite's argument for this control is an `int *`.
-                unsafe { *(arg as *mut c_int) = c_int::from(reader) };
-                return ffi::SQLITE_OK;
-            }
-            Some(Err(rc)) => return rc,
-            None => {}
-        }
     }
     sub_call!(t, sub_object_for::<HEAP>(t, f), xFileControl, op, arg)
 }
@@ -59,7 +46,7 @@ pub(super) unsafe extern "C" fn x_file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    if (op as u32) < 32 && ANSWERED & (1 << op) != 0 {
+    if (op as u32) < 64 && ANSWERED & (1 << op) != 0 {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { file_control_answered(f, op, arg) };
     }
@@ -131,6 +118,19 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
                 match unsafe { pragma(state, arg as *mut *mut c_char) } {
                     Some(rc) => rc,
+                    None => sub_call!(t, sub, xFileControl, op, arg),
+                }
+            }
+            (ffi::SQLITE_FCNTL_EXTERNAL_READER, Kind::Main, Some(state)) => {
+                // The unix VFS answers from its own node, which a connection mapping through the
+                // guard's does not have: the guard's node answers.
+                match state.wal_index().external_reader() {
+                    Some(Ok(reader)) => {
+                        // SAFETY: SQLite's argument for this control is an `int *`.
+                        unsafe { *(arg as *mut c_int) = c_int::from(reader) };
+                        ffi::SQLITE_OK
+                    }
+                    Some(Err(rc)) => rc,
                     None => sub_call!(t, sub, xFileControl, op, arg),
                 }
             }
