@@ -519,3 +519,31 @@ fn the_guarded_node_reports_an_external_reader_while_a_stock_one_holds_a_read_ma
     stock.execute_batch("COMMIT").unwrap();
     assert_eq!(external_reader(&guarded), 0, "the mark released");
 }
+
+/// Connections of one database opening at once in many threads: each new one looks at the
+/// others' nodes to join without a `stat` while they map theirs. Every thread finishes (a lock
+/// taken in the wrong order would hang them: the watchdog's limit is far beyond a normal run).
+#[test]
+fn connections_mapping_at_once_in_eight_threads_all_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let peer = open_guarded(&path);
+    insert(&peer, "row").unwrap();
+    let (done, finished) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let path = path.clone();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            for _ in 0..100 {
+                let conn = open_guarded(&path);
+                assert!(count(&conn) >= 1);
+            }
+            done.send(()).unwrap();
+        });
+    }
+    for thread in 0..8 {
+        finished
+            .recv_timeout(std::time::Duration::from_secs(300))
+            .unwrap_or_else(|_| panic!("thread {thread} of 8 did not finish: a deadlock"));
+    }
+}

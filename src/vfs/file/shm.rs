@@ -38,7 +38,9 @@ pub(super) unsafe extern "C" fn x_shm_map(
             let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
             (rc, None)
         } else {
-            let (addr, rc) = slot.map(|| shm_file(t, sub, state), region, size, extend != 0);
+            // Named before the slot's lock is taken (see `ShmSlot::map`).
+            let file = slot.is_unmapped().then(|| shm_file(t, sub, state));
+            let (addr, rc) = slot.map(file, region, size, extend != 0);
             // SAFETY: `pp` is SQLite's out-pointer for the region's address.
             unsafe { *pp = addr as *mut c_void };
             (rc, slot.file())
@@ -76,7 +78,7 @@ fn pinned_at_map(
         None => None,
     };
     state.pin_shm(mapped, Box::new(WalIndexView(addr)));
-    // Issue 19: the record reads the generation's salts from this mapping.
+    // The WAL-base record reads the generation's salts from this mapping.
     state.stale_wal().mapped(addr);
     state.shield().shm_mapped();
 }
@@ -198,12 +200,12 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // Watched: the WAL write lock (0), the checkpoint lock (1), and (issue 27) the read locks
-    // 1-4 together, `ofst` 4 and `n` 4, which SQLite asks for to reset the WAL. One compare
-    // keeps them apart from what passes straight down: every read mark a read transaction takes
-    // (`ofst` 3 to 7, `n` 1) has `ofst > n`; each watched request has `ofst <= n` (as has the
-    // recovery lock, `ofst` 1 or 2 and `n` 7 or 6, which the slow branch passes down). The
-    // rest of the test is `shm_lock_write_or_checkpoint_slot`'s.
+    // Watched: the WAL write lock (0), the checkpoint lock (1), and the read locks 1-4 together,
+    // `ofst` 4 and `n` 4, which SQLite asks for to reset the WAL (for SQLite's WAL-reset race). One
+    // compare keeps them apart from what passes straight down: every read mark a read transaction
+    // takes (`ofst` 3 to 7, `n` 1) has `ofst > n`; each watched request has `ofst <= n` (as has the
+    // recovery lock, `ofst` 1 or 2 and `n` 7 or 6, which the slow branch passes down). The rest of
+    // the test is `shm_lock_write_or_checkpoint_slot`'s.
     if ofst <= n {
         // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
         return unsafe { shm_lock_write_or_checkpoint_slot::<HEAP>(f, ofst, n, flags) };
@@ -216,14 +218,15 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
 pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
 
 /// `x_shm_lock` with `ofst <= n`: `ofst` 0 or 1, or a request spanning several read locks. An
-/// exclusive lock of one slot (at 0: the WAL write lock, which opens every write transaction;
-/// at 1: the checkpoint lock, every checkpoint) goes on to `shm_lock_exclusive_checked`, as a
-/// tail call; any other call at 0 (a release, above all) clears what the check of that lock
-/// allowed first (clearing only ever costs a check more); one at 1 goes to `checkpoint_unlock`
-/// (the same, and issue 27's tripwire); the read locks 1-4 (`ofst` 4, `n` 4) go to issue 27's
-/// rule (`wal_reset.rs`); the rest passes down. Out of line so that the pass-through of every
-/// other lock stays a few instructions; `extern "C"` (cannot unwind) with the caller's arguments, so that the caller
-/// reaches it with a tail call. It stores flags and tail-calls, so it pushes nothing.
+/// exclusive lock of one slot (at 0: the WAL write lock, which opens every write transaction; at 1:
+/// the checkpoint lock, every checkpoint) goes on to `shm_lock_exclusive_checked`, as a tail call;
+/// any other call at 0 (a release, above all) clears what the check of that lock allowed first
+/// (clearing only ever costs a check more); one at 1 goes to `checkpoint_unlock` (the same, and the
+/// tripwire of the WAL-reset race); the read locks 1-4 (`ofst` 4, `n` 4) go to that race's rule, a
+/// resetting writer takes the checkpoint lock (`wal_reset.rs`); the rest passes down. Out of line
+/// so that the pass-through of every other lock stays a few instructions; `extern "C"` (cannot
+/// unwind) with the caller's arguments, so that the caller reaches it with a tail call. It stores
+/// flags and tail-calls, so it pushes nothing.
 ///
 /// # Safety
 /// `f` is one of our live files.
@@ -316,7 +319,7 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
     let rc = shm_lock_down(t, sub_object_for::<HEAP>(t, f), OFST, 1, LOCK_EXCLUSIVE);
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
-        // Issue 19: a WAL-base record due (the connection's first write, or after a checkpoint)?
+        // A WAL-base record due (the connection's first write, or after a checkpoint)?
         if state.stale_wal().record_due() {
             record_at_write_lock(rc, state, sub_object_for::<HEAP>(t, f));
         }
@@ -358,7 +361,7 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
             // check first, while the wal-index still shows how far the WAL was checkpointed.
             state.check_at_close();
             state.shm_unmapping(delete != 0);
-            // Issue 19: the record stops reading this mapping.
+            // The WAL-base record stops reading this mapping.
             state.stale_wal().unmapping();
             state.shield().shm_unmapping();
             if state.wal_index().unmap(delete != 0) {

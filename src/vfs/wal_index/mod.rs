@@ -78,10 +78,12 @@ impl ShmSlot {
         matches!(*self.0.lock(), Mode::Unmapped)
     }
 
-    /// `xShmMap` on the guard's node: attached first if need be (`file` names it).
+    /// `xShmMap` on the guard's node: attached first if need be (`file` names it: asked for by
+    /// the caller before this slot's lock is taken, since naming it may read other connections'
+    /// slots, which may be asking for this one's at the same moment).
     pub(crate) fn map(
         &self,
-        file: impl FnOnce() -> Result<ShmFile, c_int>,
+        file: Option<Result<ShmFile, c_int>>,
         region: c_int,
         size: c_int,
         extend: bool,
@@ -91,9 +93,10 @@ impl ShmSlot {
         };
         let mut mode = self.0.lock();
         if let Mode::Unmapped = *mode {
-            let file = match file() {
-                Ok(file) => file,
-                Err(rc) => return (0, rc),
+            let file = match file {
+                Some(Ok(file)) => file,
+                Some(Err(rc)) => return (0, rc),
+                None => return (0, ffi::SQLITE_IOERR_SHMMAP),
             };
             match node::attach(
                 file.known,
