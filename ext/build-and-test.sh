@@ -72,8 +72,8 @@ grep -q "Build them apart: \`cargo build --release\`" <<<"$unified" || {
     exit 1
 }
 
-# rustdoc with warnings denied, every package (issue 44): a broken or private intra-doc link
-# fails here. The extension is documented on its own (its rusqlite features differ).
+# rustdoc with warnings denied, every package: a broken or private intra-doc link fails here. The
+# extension is documented on its own (its rusqlite features differ).
 echo "== rustdoc, warnings denied (cargo doc --no-deps)"
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -q
 RUSTDOCFLAGS=-Dwarnings cargo doc --no-deps -q -p hermes-guard-ext

@@ -137,7 +137,7 @@ pub fn of_dir(dir: &Path) -> Option<Filesystem> {
 }
 
 /// The filesystem the directory `dir`, on device `dev` (its `stat`'s), is on: `statfs` once per
-/// device, remembered (issue 36: an open asks no more than the device number it has already).
+/// device, remembered, so that an open asks no more than the device number it has already.
 pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
     if let Some(known) = KNOWN.lock().as_ref().and_then(|m| m.get(&dev)) {
         return Some(known.clone());
@@ -156,9 +156,9 @@ pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
 /// Mounts already said at WARN.
 static WARNED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
 
-/// The mount table changed (issue 44): a device number may now be another mount (an unmount
-/// and a new mount can reuse an anonymous one, tmpfs then NFS): every filesystem is asked
-/// afresh, and said again at WARN. Called by the directory watch, which polls the mount table.
+/// The mount table changed: a device number may now be another mount (an unmount and a new mount
+/// can reuse an anonymous one, tmpfs then NFS): every filesystem is asked afresh, and said again at
+/// WARN. Called by the directory watch, which polls the mount table.
 pub(crate) fn forget_mounts() {
     *KNOWN.lock() = None;
     WARNED.lock().clear();

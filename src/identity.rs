@@ -150,11 +150,11 @@ impl PinnedWal {
         })
     }
 
-    /// Pins the inode `file` (SQLite's descriptor of the WAL, see [`WalDescriptor::Sqlite`])
-    /// refers to, if it is the file `path` names: else `None`, and the caller pins by path.
-    /// `seen`: what `path` named just before SQLite opened it, when that was looked at; the same
-    /// inode behind the descriptor means the open found it there, and the path is not asked
-    /// again (issue 36; what it names later is every later check's business).
+    /// Pins the inode `file` (SQLite's descriptor of the WAL, see [`WalDescriptor::Sqlite`]) refers
+    /// to, if it is the file `path` names: else `None`, and the caller pins by path. `seen`: what
+    /// `path` named just before SQLite opened it, when that was looked at; the same inode behind
+    /// the descriptor means the open found it there, and the path is not asked again: an open makes
+    /// no `stat` it does not need (what it names later is every later check's business).
     pub fn borrowed(
         file: ManuallyDrop<File>,
         path: &Path,

@@ -176,12 +176,12 @@ pub(crate) fn open_dir<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Opens the directory `path` (relative to `at`) for the `*at` calls a capture or a heal makes in
-/// it (`openat`, `mkdirat`, `renameat`, `unlinkat`, `fstatat`): read-only when the process may
-/// read it, else — `EACCES`: a directory it may search and write but not list, such as a
-/// service user's mode-0773 directory owned by root (issue 44) — `O_PATH`, which needs no
-/// permission on the directory itself. Creating a name needs search and write permission on the
-/// directory, never read: the `*at` calls take an `O_PATH` descriptor. What it cannot do is
-/// list the directory (`getdents`) or be `fsync`ed: see [`sync_dir`].
+/// it (`openat`, `mkdirat`, `renameat`, `unlinkat`, `fstatat`): read-only when the process may read
+/// it, else — `EACCES`: a directory it may search and write but not list, such as a service user's
+/// mode-0773 directory owned by root — `O_PATH`, which needs no permission on the directory itself.
+/// Creating a name needs search and write permission on the directory, never read: the `*at` calls
+/// take an `O_PATH` descriptor. What it cannot do is list the directory (`getdents`) or be
+/// `fsync`ed: see [`sync_dir`].
 pub(crate) fn open_dir_to_write_in<Fd: AsFd>(at: Fd, path: &Path) -> io::Result<OwnedFd> {
     match open_dir(&at, path) {
         Err(e) if e.raw_os_error() == Some(libc::EACCES) => Ok(rustix::fs::openat(
@@ -261,9 +261,9 @@ mod tests {
         assert_eq!(a.current_path(), dir.path().canonicalize().unwrap());
     }
 
-    /// Issue 44: a directory held `O_PATH` (one this process may write in but not list) cannot
-    /// be `fsync`ed; it is synced through a readable descriptor of something made in it, never
-    /// through one on another filesystem.
+    /// A directory held `O_PATH` (one this process may write in but not list) cannot be `fsync`ed;
+    /// it is synced through a readable descriptor of something made in it, never through one on
+    /// another filesystem.
     #[test]
     fn a_directory_held_o_path_is_synced_through_its_filesystem() {
         let dir = tempfile::tempdir().unwrap();

@@ -38,8 +38,8 @@ pub(crate) fn captured(database: &Path, capture: &Path) {
     );
 }
 
-/// Issue 27's tripwire: the wal-index shows `nBackfill` past `mxFrame` (`message` says where):
-/// `SQLITE_CORRUPT`, what the committed frames it hides amount to.
+/// The WAL-reset race's tripwire: the wal-index shows `nBackfill` past `mxFrame` (`message` says
+/// where): `SQLITE_CORRUPT`, what the committed frames it hides amount to.
 pub(crate) fn wal_index_alarm(message: &str) {
     emit(ffi::SQLITE_CORRUPT, message);
 }

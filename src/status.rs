@@ -29,7 +29,7 @@ pub enum RetireReason {
     /// `<db>` is still the main file this connection opened, but its content was overwritten in
     /// place (a restore by copy, `cp backup.db state.db`): before a checkpoint writes into it,
     /// its first pages are neither what this WAL generation began on nor what its checkpoints
-    /// wrote (issue 34).
+    /// wrote.
     MainOverwritten,
 }
 
@@ -108,8 +108,8 @@ pub struct GuardStatus {
     pub generations_let_go: u64,
     /// Process-wide: capture-failure and let-go log lines left out by the rate limits.
     pub log_lines_suppressed: u64,
-    /// A WAL found at the open that was not written on this database (issue 19): set aside
-    /// into a capture, or the open refused in the strict mode. `None`: nothing of the kind.
+    /// A WAL found at the open that was not written on this database: set aside into a capture, or
+    /// the open refused in the strict mode. `None`: nothing of the kind.
     pub stale_wal: Option<StaleWalStatus>,
     /// Connections of this process still open on this database whose generation is retired
     /// (this one included, when retired). Each holds its generation's files until it closes:
@@ -118,7 +118,7 @@ pub struct GuardStatus {
     /// docs/architecture.md, "The wal-index node"): there it is refused (`shm-lost`) until
     /// they are all closed.
     pub retired_connections_here: usize,
-    /// Issue 27: the shim keeps SQLite's WAL resets and checkpoints apart on this connection
+    /// Whether the shim keeps SQLite's WAL resets and checkpoints apart on this connection
     /// (SQLite's WAL-reset race, 3.7.0–3.51.2; `"on"` / `"off"` in JSON). On by default where
     /// the running SQLite has the race; `PRAGMA hermes_guard_wal_reset_guard = on|off` sets it.
     pub wal_reset_guard: bool,
@@ -131,8 +131,8 @@ pub struct GuardStatus {
     /// Checkpoints of this connection's that ended with the wal-index's `nBackfill` past its
     /// `mxFrame`: the race's damage, from whatever cause (logged at ERROR, and to `sqlite3_log`).
     pub wal_index_alarms: u64,
-    /// Issue 33: the filesystem the database is on (`ext4`, `btrfs`, `nfs`, `fuse.sshfs`, ...),
-    /// found once per mount; `None` when it could not be asked.
+    /// The filesystem the database is on (`ext4`, `btrfs`, `nfs`, `fuse.sshfs`, ...), found once
+    /// per mount; `None` when it could not be asked.
     pub filesystem: Option<String>,
     /// Whether SQLite's WAL mode is safe on that filesystem (every process on one host, with
     /// working shared memory and POSIX locks): `false` on network and cluster filesystems.

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The power-loss filesystem (tests/lazyfs, issue 28): its own rules (tests/lazyfs/tests/it/rules.rs),
-# then every crash-point test (tests/lazyfs/tests/it/crash_point_*.rs: one test binary), which mount it over FUSE and
-# cut the power before each durable step of a workload, with the reordered states of each cut, a
-# failing fsync or write, and a cut during the recovery after a first cut. Prints each test's
-# "N crash points" and "N crash states (<dimension>)" and their sums. Needs /dev/fuse and root
-# (the mount is a direct mount(2); without root, fusermount3 from Debian's fuse3 package). Without
-# FUSE it fails with the reason (it never skips silently); outside CI (CI unset) it is skipped
-# with the reason printed.
+# The power-loss filesystem (tests/lazyfs): its own rules (tests/lazyfs/tests/it/rules.rs), then
+# every crash-point test (tests/lazyfs/tests/it/crash_point_*.rs: one test binary), which mount it
+# over FUSE and cut the power before each durable step of a workload, with the reordered states of
+# each cut, a failing fsync or write, and a cut during the recovery after a first cut. Prints each
+# test's "N crash points" and "N crash states (<dimension>)" and their sums. Needs /dev/fuse and
+# root (the mount is a direct mount(2); without root, fusermount3 from Debian's fuse3 package).
+# Without FUSE it fails with the reason (it never skips silently); outside CI (CI unset) it is
+# skipped with the reason printed.
 # Built in the debug profile (it reuses the root `cargo test` build); a few minutes once built.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

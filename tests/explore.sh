@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# The deterministic scheduler of connections (tests/explore, issue 38): its tests, then every
-# scenario over a range of seeds, one VFS call at a time in the order each seed gives, with the
-# invariants checked after every schedule. Prints `<scenario>: explored N schedules ...` per
-# scenario and `explored N schedules in all; violations V`; fails when V > 0, printing each
-# failing schedule's seed, replay command and steps. Then:
+# The deterministic scheduler of connections (tests/explore): its tests, then every scenario over a
+# range of seeds, one VFS call at a time in the order each seed gives, with the invariants checked
+# after every schedule. Prints `<scenario>: explored N schedules ...` per scenario and
+# `explored N schedules in all; violations V`; fails when V > 0, printing each failing schedule's
+# seed, replay command and steps. Then:
 #   - the enumeration: every schedule within a preemption bound of each scenario (`--dfs`);
-#   - the bug rediscoveries: the stale-WAL gate's order before issue 33, put back by a fault
-#     switch, is found over the CI's seeds (its seeds' tests: tests/explore/tests/it/
-#     stale_wal_order.rs); recovery's rules before issue 43 (a fault switch too) over
+#   - the bug rediscoveries: the stale-WAL gate's old order (judged first, EXCLUSIVE after), put
+#     back by a fault switch, is found over the CI's seeds (its seeds' tests:
+#     tests/explore/tests/it/stale_wal_order.rs); recovery's old rules (a fault switch too) over
 #     newer-checkpointed's first 500 seeds (tests/explore/tests/it/newer_generation.rs); add-only
-#     in place of the changes rule over newer-changes' first 500 (tests/explore/tests/it/
-#     newer_changes.rs); the
-#     overwrite judgement before issue 44 (`--fault judgement-unconfirmed`) over churn's first
-#     500 seeds (tests/explore/tests/it/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built without
-#     `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found without
-#     the guard's rule and not with it (tests/explore/tests/it/wal_reset.rs).
+#     in place of the changes rule over newer-changes' first 500
+#     (tests/explore/tests/it/newer_changes.rs); the old overwrite judgement
+#     (`--fault judgement-unconfirmed`) over churn's first 500 seeds
+#     (tests/explore/tests/it/churn.rs); the WAL-reset race on SQLite 3.50.2 (the explorer built
+#     without `bundled`, run on the libsqlite3.so.0 of tests/unusual-sqlite-builds.sh) is found
+#     without the guard's rule and not with it (tests/explore/tests/it/wal_reset.rs).
 #
 #   bash tests/explore.sh                                   # the CI run (EXPLORE_SCHEDULES per scenario)
 #   bash tests/explore.sh --scenario peer-loss --seed 17    # replays one schedule, step by step
@@ -177,8 +177,9 @@ for spec in "${dfs_specs[@]}"; do
 done
 echo "enumerated $dfs_total schedules in all; violations $violations"
 
-# Rediscovery 1: the gate's order before issue 33 (`--fault judged-before-exclusive`): the CI's
-# seeds of restore-openers find a guarded opener's restore undone by a stock opener.
+# Rediscovery 1: the gate's old order, judged first and EXCLUSIVE after
+# (`--fault judged-before-exclusive`): the CI's seeds of restore-openers find a guarded opener's
+# restore undone by a stock opener.
 found=""
 for ((first = 0; first < per; first += chunk)); do
     found+="$( (grep -o 'failing seed [0-9]*' "$runs_dir/fault-order-$first" || true) | awk '{ printf " %s", $3 }')"
@@ -189,10 +190,9 @@ if [ -z "$found" ]; then
 fi
 echo "the old stale-WAL gate order (--fault judged-before-exclusive): restore-openers fails at seeds$found of 0..$per (today's order: 0)"
 
-# Rediscovery 3: recovery's rules before issue 43 (`--fault capture-base-ignored`: a capture's
-# delta replayed whatever its base): newer-checkpointed's first 500 seeds find the newer
-# generation's rows deleted by the retired writer's recovery (its seeds' tests:
-# tests/explore/tests/it/newer_generation.rs).
+# Rediscovery 3: recovery's old rules (`--fault capture-base-ignored`: a capture's delta replayed
+# whatever its base): newer-checkpointed's first 500 seeds find the newer generation's rows deleted
+# by the retired writer's recovery (its seeds' tests: tests/explore/tests/it/newer_generation.rs).
 out="$(cat "$runs_dir/fault-base")"
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"
 newer="$(grep -c 'VIOLATION: after recover --apply, row n[0-9]* is live 0 times' <<<"$out" || true)"
@@ -217,9 +217,9 @@ if [ "$undone" -eq 0 ]; then
 fi
 echo "recovery without the changes rule (--fault changes-ignored): newer-changes fails at $found of seeds 0..500, the newer generation's deletes or updates undone (today's rules: none, the runs above)"
 
-# Rediscovery 4: the overwrite judgement before issue 44 (`--fault judgement-unconfirmed`: the
-# close judges without READ(0), no confirmation with the wal-index's salts): churn's first 500
-# seeds find a healthy reader retired and captured with nothing taken away (its seeds' tests:
+# Rediscovery 4: the old overwrite judgement (`--fault judgement-unconfirmed`: the close judges
+# without READ(0), no confirmation with the wal-index's salts): churn's first 500 seeds find a
+# healthy reader retired and captured with nothing taken away (its seeds' tests:
 # tests/explore/tests/it/churn.rs).
 out="$(cat "$runs_dir/fault-judgement")"
 found="$(grep -c '^  failing seed ' <<<"$out" || true)"

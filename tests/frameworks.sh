@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# docs/hosts.md's "With your framework" recipes, run (issue 45): tests/frameworks is a project of
-# its own, as a user's would be — hermes-guard (by path, feature `r2d2`) beside r2d2_sqlite 0.35,
+# docs/hosts.md's "With your framework" recipes, run: tests/frameworks is a project of its own, as a
+# user's would be — hermes-guard (by path, feature `r2d2`) beside r2d2_sqlite 0.35,
 # deadpool-sqlite 0.14, tokio-rusqlite 0.8, sqlx 0.9 and diesel 2.4, one rusqlite (0.40) and one
-# libsqlite3-sys in its Cargo.lock — and each test runs the loss scenario through its framework:
-# a pool of 8, 4 writers, the -wal and -shm unlinked mid-stream, every refused write retried once
+# libsqlite3-sys in its Cargo.lock — and each test runs the loss scenario through its framework: a
+# pool of 8, 4 writers, the -wal and -shm unlinked mid-stream, every refused write retried once
 # lands, all 8 connections healthy afterwards, every acknowledged row live once after recovery
 # (tests/frameworks/src/lib.rs). Then tests/frameworks-older, the older ends the library's range
-# reaches, sqlx 0.8 and diesel 2.3 (rusqlite 0.32, libsqlite3-sys 0.30), the same harness and
-# sqlx test, and diesel 2.3 asking the guard through SQL (it has no raw handle).
+# reaches, sqlx 0.8 and diesel 2.3 (rusqlite 0.32, libsqlite3-sys 0.30), the same harness and sqlx
+# test, and diesel 2.3 asking the guard through SQL (it has no raw handle).
 #
 # Needs the network (crates.io) the first time. About 2 minutes on 2 cores from scratch, a second
 # after. ext/build-and-test.sh calls it, so the README's test command runs it.

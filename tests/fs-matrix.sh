@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 33: the filesystem and container matrix. The ground-truth scenarios
-# (cli/tests/it/fs_matrix.rs, fs_matrix_env.rs and fs_matrix_service_user.rs: a lone writer and
-# 1,000 healthy cycles beside another process with no alarm, a lone loss healed, a loss with a peer
-# refused and captured, a restore with a stale WAL set aside, a restore under a running
-# application, a holder in a sibling pid namespace, an unprivileged process in a 0773 directory, a
-# service user — nobody, HOME=/nonexistent — in a root-owned 0773 directory it cannot list, with
-# no capture possible anywhere, and after a restore there, a loss out of descriptors)
-# run once per filesystem this script mounts: ext4, xfs and btrfs on loop images (btrfs at its top
-# and in a subvolume), tmpfs, and overlayfs (a lower and an upper directory, as containers use).
+# The filesystem and container matrix. The ground-truth scenarios (cli/tests/it/fs_matrix.rs,
+# fs_matrix_env.rs and fs_matrix_service_user.rs: a lone writer and 1,000 healthy cycles beside
+# another process with no alarm, a lone loss healed, a loss with a peer refused and captured, a
+# restore with a stale WAL set aside, a restore under a running application, a holder in a sibling
+# pid namespace, an unprivileged process in a 0773 directory, a service user — nobody,
+# HOME=/nonexistent — in a root-owned 0773 directory it cannot list, with no capture possible
+# anywhere, and after a restore there, a loss out of descriptors) run once per filesystem this
+# script mounts: ext4, xfs and btrfs on loop images (btrfs at its top and in a subvolume), tmpfs,
+# and overlayfs (a lower and an upper directory, as containers use).
 #
 # Needs root (mount, losetup, unshare, setpriv) and mkfs.xfs / mkfs.btrfs (Debian's xfsprogs and
 # btrfs-progs, installed here with apt-get when missing). Without them it fails under CI=true

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# tests/node.sh <extension> <hermes-guard command>: hermes-guard in Node (issue 45). Installs
-# better-sqlite3 (tests/node/package-lock.json: from npm, compiled on this machine by node-gyp,
-# about 2 minutes the first time) into <target>/node-host, once per lock file, and runs
-# tests/node/*.test.js with `node --test`: the extension loaded with the entry point that makes
-# the guard the default VFS, and the loss scenario (refused with SQLITE_READONLY_DBMOVED,
-# captured, recovered with the command); then packs the npm package (node/pack.sh), installs the
-# tarball into a fresh project and runs the same tests through it (issue 46), and node/README.md's
-# example as written.
+# tests/node.sh <extension> <hermes-guard command>: hermes-guard in Node. Installs better-sqlite3
+# (tests/node/package-lock.json: from npm, compiled on this machine by node-gyp, about 2 minutes the
+# first time) into <target>/node-host, once per lock file, and runs tests/node/*.test.js with
+# `node --test`: the extension loaded with the entry point that makes the guard the default VFS, and
+# the loss scenario (refused with SQLITE_READONLY_DBMOVED, captured, recovered with the command);
+# then packs the npm package (node/pack.sh), installs the tarball into a fresh project and runs the
+# same tests through it, and node/README.md's example as written.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ext="$1" cli="$2"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The crates package (issue 46): `cargo publish --dry-run` of the library (hermes-guard), the
-# store (hermes-guard-store) and the CLI (hermes-guard-cli, the `hermes-guard` binary) — cargo
-# packages each (the files `cargo package --list` names: the library's src/, docs/, README and
-# LICENSE), then builds each packaged .crate on its own in target/package, the store and the CLI
-# against the just-packaged library through a local registry, every other dependency from
-# crates.io as a user's build gets it — and stops before the upload. The tree as it is, committed
-# or not (`--allow-dirty`). Needs the network (crates.io). About a minute the first time.
+# The crates package: `cargo publish --dry-run` of the library (hermes-guard), the store
+# (hermes-guard-store) and the CLI (hermes-guard-cli, the `hermes-guard` binary) — cargo packages
+# each (the files `cargo package --list` names: the library's src/, docs/, README and LICENSE), then
+# builds each packaged .crate on its own in target/package, the store and the CLI against the
+# just-packaged library through a local registry, every other dependency from crates.io as a user's
+# build gets it — and stops before the upload. The tree as it is, committed or not
+# (`--allow-dirty`). Needs the network (crates.io). About a minute the first time.
 #
 # Environment: CARGO_TARGET_DIR (default target).
 set -euo pipefail

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The rusqlite range (issue 45). The workspace asks for `rusqlite = ">=LOW, <HIGH"` (Cargo.toml),
-# not one version, so that an application whose pool or async wrapper pins an older rusqlite
-# resolves beside hermes-guard. Cargo.lock holds the newest of the range, which `cargo test` (the
-# README's test command) tests; this script tests the oldest:
+# The rusqlite range. The workspace asks for `rusqlite = ">=LOW, <HIGH"` (Cargo.toml), not one
+# version, so that an application whose pool or async wrapper pins an older rusqlite resolves beside
+# hermes-guard. Cargo.lock holds the newest of the range, which `cargo test` (the README's test
+# command) tests; this script tests the oldest:
 #
 #   1. copies the source tree (the files git knows, untracked ones included) with its Cargo.lock
 #      to $CARGO_TARGET_DIR/rusqlite-range/src, and there runs

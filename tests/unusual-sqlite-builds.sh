@@ -8,7 +8,7 @@
 #   - SQLITE_SHM_DIRECTORY: the shared memory lives in that directory, not at <db>-shm
 #     (cli/tests/it/shm_directory.rs);
 #   - SQLITE_THREADSAFE=0: no mutex at all (cli/tests/it/single_threaded_sqlite.rs);
-#   - issue 27: SQLite 3.50.2, a version with the WAL-reset race, from the amalgamation bundled by
+#   - SQLite 3.50.2, a version with the WAL-reset race, from the amalgamation bundled by
 #     libsqlite3-sys 0.35.0 (pinned by tests/sqlite-3-50/, a manifest of its own that is never
 #     built), plain and with SQLITE_ENABLE_SETLK_TIMEOUT and SQLITE_DEBUG (blocking locks, and
 #     the unix VFS's lock-order assertions): cli/tests/it/wal_reset*.rs, which without the rule
@@ -54,8 +54,8 @@ build_from() {
 
 shm_dir="$target_dir/unusual-sqlite/shm"
 # A THREADSAFE=0 library has no sqlite3_mutex_alloc/_free/_enter/_leave/_try (macros for NULL,
-# nothing and SQLITE_OK there), which rusqlite's bindings and the guard's -shm probe (issue 44:
-# it holds the unix VFS's mutex) link: the same no-ops as functions, in a unit of their own.
+# nothing and SQLITE_OK there), which rusqlite's bindings and the guard's -shm probe (it holds the
+# unix VFS's mutex) link: the same no-ops as functions, in a unit of their own.
 noop_mutex="$target_dir/unusual-sqlite/noop-mutex.c"
 mkdir -p "$(dirname "$noop_mutex")"
 cat > "$noop_mutex" <<'C'
@@ -67,7 +67,7 @@ void sqlite3_mutex_leave(sqlite3_mutex *p) { (void)p; }
 int sqlite3_mutex_try(sqlite3_mutex *p) { (void)p; return 0; }
 C
 
-# Issue 27: the WAL-reset race on a SQLite that has it (3.50.2), with the rule and without
+# The WAL-reset race on a SQLite that has it (3.50.2), with the rule and without
 # (cli/tests/it/wal_reset.rs: the test without the rule asserts the loss on such a version).
 manifest_3_50="$(cargo metadata --format-version 1 --locked --manifest-path tests/sqlite-3-50/Cargo.toml \
     2>/dev/null | python3 -c '

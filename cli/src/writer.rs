@@ -51,9 +51,11 @@ pub enum Role {
     /// (automatic checkpoints off), prints `{"event":"ready"}` and waits to be killed (or for
     /// stdin to close).
     Store,
-    /// A writer committing and checkpointing for `--seconds` (issue 44's churn).
+    /// A writer committing and checkpointing for `--seconds`: churn beside which no healthy
+    /// connection may be judged overwritten.
     ChurnWriter,
-    /// A connection opened, read and closed over and over for `--seconds` (issue 44's churn).
+    /// A connection opened, read and closed over and over for `--seconds`: churn in which no
+    /// close may be judged overwritten.
     ChurnReader,
 }
 
@@ -348,7 +350,8 @@ fn store(args: &WriterArgs) -> Result<()> {
     Ok(())
 }
 
-/// Issue 44's churn: a writer that keeps the first pages changing, checkpointing as asked.
+/// Churn: a writer that keeps the first pages changing, checkpointing as asked, beside which
+/// the overwrite judgement must retire no healthy connection.
 fn churn_writer(args: &WriterArgs) -> Result<()> {
     let conn = open(&args.db, args.vfs)?;
     let auto = if args.checkpoint == Checkpoint::Auto {
@@ -409,7 +412,8 @@ fn churn_writer(args: &WriterArgs) -> Result<()> {
     )
 }
 
-/// Issue 44's churn: a connection opened, read and closed, over and over; nothing written.
+/// Churn: a connection opened, read and closed, over and over; nothing written. Each close is
+/// judged beside the writers' checkpoints, and none may be retired.
 fn churn_reader(args: &WriterArgs) -> Result<()> {
     let until = std::time::Instant::now() + std::time::Duration::from_secs_f64(args.seconds);
     let (mut opens, mut failed, mut retired) = (0u64, 0u64, 0u64);

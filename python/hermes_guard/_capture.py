@@ -191,7 +191,7 @@ class Capture:
             base = m.get("base") or {}
             self.base: str = str(base.get("verdict", "unknown"))
             """Whether the main image is the one the WAL generation was written on: `own`,
-            `not-own` or `unknown` (absent in a capture older than issue 43: `unknown`). Only
+            `not-own` or `unknown` (absent in a capture older than the base verdict: `unknown`). Only
             from an `own` capture does `recover` replay changes and deletions."""
             self.base_evidence: str = str(base.get("evidence", ""))
         except (OSError, ValueError, KeyError, TypeError) as e:

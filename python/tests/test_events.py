@@ -1,4 +1,4 @@
-"""Every event reaches a Python user (issue 30), once (issue 35): with only `enable()`, a loss
+"""Every event reaches a Python user, once: with only `enable()`, a loss
 prints on stderr where the rows are and the command that brings them back; with logging
 configured, the same events reach the logger `hermes_guard` instead of stderr; `log=` sets the
 level of whichever route is in use, `"off"` being neither."""

@@ -1,4 +1,4 @@
-"""The guard's last word at a Python process's exit (issue 35): each retired generation the
+"""The guard's last word at a Python process's exit: each retired generation the
 process still holds uncaptured gets one last capture attempt after Python's own exit, and each
 that fails its own ERROR line — none dropped because another was captured or failed first, no
 panic; a forked child that exits says and does nothing about the generations its parent holds.

@@ -1,4 +1,4 @@
-"""A loss healed into the live file at close is never merged again (issue 26): the capture says
+"""A loss healed into the live file at close is never merged again: the capture says
 it was healed (`Capture.healed`), and `recover(..., apply=True)` merges nothing from it — 50 rows
 stay 50."""
 

@@ -142,7 +142,7 @@ def test_a_writer_a_reader_and_forked_workers_share_one_database(tmp_path):
         live.close()
 
 
-# ── The stray close (issue #12's sequence, cli/tests/it/lock_shield.rs) ──────────────────────────
+# ── The stray close (the lock shield's sequence, cli/tests/it/lock_shield.rs) ───────────────────
 #
 # Writer A (this process) has five rows only in its WAL. Something else in A's process opens and
 # closes the database file, which drops every POSIX lock A's process holds on it. Peer B (another

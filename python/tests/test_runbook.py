@@ -1,4 +1,4 @@
-"""The runbook's samples are real output (issue 46): the lines an application logs when its WAL
+"""The runbook's samples are real output: the lines an application logs when its WAL
 is taken away, and the plan `hermes-guard recover` prints, are produced here by that very
 scenario and compared with the runbook (`hermes-guard help recovery`: the docs/recovery.md the
 installed command carries), paths, times and pids set to the runbook's."""

@@ -1,4 +1,4 @@
-"""A stale WAL set aside at open (issue 19) from Python: the capture holds the WAL and no main
+"""A stale WAL set aside at open from Python: the capture holds the WAL and no main
 image (`main.mode` `absent`); `Capture` says so, checks the WAL alone, refuses to open a copy it
 cannot make, and `recover(..., main=<the file the WAL was written on>)` brings the dead
 generation's rows back."""

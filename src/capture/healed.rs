@@ -182,8 +182,8 @@ pub fn heal_state(dir: &Path, database: &Path) -> io::Result<HealState> {
                     return Ok(HealState::RolledBack { record });
                 }
             }
-            // Healed only when the live files show it (issue 34): the WAL it put back at the
-            // path, or every page of its frames in the main file.
+            // Healed only when the live files show it: the WAL it put back at the path, or every
+            // page of its frames in the main file.
             for db in &places {
                 if live_wal_shows(dir, db, &record, put_back)? || main_shows(dir, db, &record)? {
                     return Ok(HealState::Healed {

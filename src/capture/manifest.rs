@@ -63,8 +63,8 @@ pub struct Manifest {
     /// was instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stale_wal: Option<crate::wal_base::Mismatch>,
-    /// Issue 43: whether the main image is the one the WAL generation was written on, and what
-    /// shows it. Absent in captures written before it was recorded (read as unknown).
+    /// Whether the main image is the one the WAL generation was written on, and what shows it.
+    /// Absent in captures written before it was recorded (read as unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseEntry>,
     /// The base of the pages the WAL carries, as far as the capturing process kept them
@@ -73,7 +73,7 @@ pub struct Manifest {
     pub base_pages: Option<super::BasePagesEntry>,
 }
 
-/// Whether a capture's main image is the file its WAL generation was written on (issue 43).
+/// Whether a capture's main image is the file its WAL generation was written on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BaseVerdict {
@@ -146,8 +146,8 @@ impl Manifest {
     /// The base's evidence in words (what a capture without a record means, for one).
     pub fn base_evidence(&self) -> &str {
         self.base.as_ref().map_or(
-            "the capture records no base (written before issue 43): nothing shows whether a \
-             newer generation had checkpointed into its image",
+            "the capture records no base (written before bases were recorded): nothing shows \
+             whether a newer generation had checkpointed into its image",
             |b| b.evidence.as_str(),
         )
     }

@@ -103,8 +103,8 @@ pub struct CaptureInput<'a> {
     pub reason: Option<RetireReason>,
     /// How far the retired WAL had been checkpointed when the loss was seen.
     pub backfill_at_loss: Option<Backfill>,
-    /// Issue 43: judges, once the image has been read, whether it is the file the WAL
-    /// generation was written on (`None`: nothing to judge by, recorded as unknown).
+    /// Judges, once the image has been read, whether it is the file the WAL generation was written
+    /// on (`None`: nothing to judge by, recorded as unknown).
     pub base: Option<&'a dyn Fn() -> BaseEntry>,
     /// The database's permissions, which the capture's directory and files get
     /// (`src/permissions.rs`), wherever the capture is written.
@@ -150,8 +150,8 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
     }
 
     // The directory held since the open, wherever it is now; without one, the parent by path.
-    // Either may be an `O_PATH` descriptor of a directory this process may write in but not list
-    // (issue 44): everything below is relative to it and needs no read permission.
+    // Either may be an `O_PATH` descriptor of a directory this process may write in but not
+    // list: everything below is relative to it and needs no read permission.
     let opened: OwnedFd;
     let (dir_fd, dir_path) = match input.dir {
         Some(dir) => (dir.fd(), dir.current_path()),
@@ -166,7 +166,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
     let file_name = capture_file_name(name);
     if let Some((existing, wal, pid)) = find_identical_capture(input, dir_fd, &stem) {
         let existing = dir_path.join(existing);
-        // Issue 44: a second connection of this process is not "another process".
+        // A second connection of this process is not "another process".
         let by = if pid == std::process::id() {
             format!("by another connection of this process, pid {pid}")
         } else {
@@ -268,11 +268,11 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
 /// pid its manifest names is returned with it. The WAL is hashed only when a candidate's
 /// inodes and size match; anything unreadable is no match.
 ///
-/// A directory this process may not list (opened `O_PATH`, issue 44) shows no candidate: a
-/// capture's name holds another process's pid and the second it was written, which cannot be
-/// guessed. This process's own connections still share one capture (`GenerationCapture`);
-/// another process's capture of the same generation may be written a second time — the same
-/// bytes twice, never a row less.
+/// A directory this process may not list (opened `O_PATH`) shows no candidate: a capture's name
+/// holds another process's pid and the second it was written, which cannot be guessed. This
+/// process's own connections still share one capture (`GenerationCapture`); another process's
+/// capture of the same generation may be written a second time — the same bytes twice, never a row
+/// less.
 fn find_identical_capture(
     input: &CaptureInput<'_>,
     dir: BorrowedFd<'_>,

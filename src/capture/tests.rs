@@ -35,8 +35,8 @@ fn artifact_names_do_not_collide() {
     assert!(third != first && third != second);
 }
 
-/// Issue 44: a directory this process may write in but not list is held `O_PATH`; a free name
-/// is still found and made without listing it.
+/// A directory this process may write in but not list is held `O_PATH`; a free name is still found
+/// and made without listing it.
 #[test]
 fn artifact_names_are_reserved_through_a_descriptor_that_cannot_list() {
     let dir = tempfile::tempdir().unwrap();

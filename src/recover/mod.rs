@@ -234,8 +234,8 @@ fn run_merge(
     progress: &mut dyn FnMut(&Progress<'_>),
 ) -> Result<MergeReport, RecoverError> {
     if capture.heal().is_healed() {
-        // Its rows are in the live file already (issue 26): merging them again would add every
-        // added row a second time.
+        // Its rows are in the live file already (the close healed them back into it, as the
+        // capture records): merging them again would add every added row a second time.
         let (rule, why) = rule_for(capture, database);
         let mut report = MergeReport::new(capture.dir(), database, rule, why);
         report.applied = apply;
@@ -247,7 +247,7 @@ fn run_merge(
     let (generation, start, healed) = ledger_start(capture, conn, database, rule)?;
     if let Some(healed) = healed.as_ref().filter(|h| h.frames >= generation.frames) {
         // Another capture of this generation was healed into the live file as far as this one
-        // reaches (bug 3 of tests/explore): its rows are live, as for a capture healed itself.
+        // reaches: its rows are live, as for a capture healed itself.
         let mut report = MergeReport::new(capture.dir(), database, rule, rule_reason);
         report.applied = apply;
         report.healed_by = Some(healed.capture.clone());

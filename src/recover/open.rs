@@ -138,11 +138,11 @@ impl Capture {
         )
         .map_err(|e| RecoverError::sqlite(&dir, "open the private copy of the capture", e))?;
         if manifest.base_verdict() != crate::capture::BaseVerdict::Own {
-            // Issue 43: an image a newer generation checkpointed into may have grown past the
-            // size the WAL's last commit records, with a page 1 (not in the WAL) saying so.
-            // SQLite calls that file corrupt and reads nothing; with `writable_schema` it reads
-            // the generation at the WAL's size — its own pages and whatever the image has at
-            // the others — which is all the add-only rule takes rows from.
+            // An image a newer generation checkpointed into may have grown past the size the WAL's
+            // last commit records, with a page 1 (not in the WAL) saying so. SQLite calls that file
+            // corrupt and reads nothing; with `writable_schema` it reads the generation at the
+            // WAL's size — its own pages and whatever the image has at the others — which is all
+            // the add-only rule takes rows from.
             conn.pragma_update(None, "writable_schema", true)
                 .map_err(|e| RecoverError::sqlite(&dir, "read the capture's mixed pages", e))?;
         }

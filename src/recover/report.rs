@@ -24,8 +24,8 @@ pub struct MergeOptions {
     pub conflicts: ConflictPolicy,
     /// How long to wait for the live database's write lock.
     pub busy_timeout: Duration,
-    /// Issue 43: list every undecided row with its values ([`TableReport::undecided_rows`]),
-    /// not only the first few keys.
+    /// List every undecided row with its values ([`TableReport::undecided_rows`]), not only the
+    /// first few keys.
     pub list_undecided: bool,
 }
 
@@ -57,12 +57,11 @@ pub enum MergeRule {
     /// or the live file is another file): every row of the captured generation is compared
     /// with the live row of the same rowid or key; nothing is deleted.
     Whole,
-    /// Issue 43: the capture cannot show that its main image is the file its WAL generation was
-    /// written on (a newer generation may have checkpointed into it), so its delta cannot tell
-    /// what that generation changed or deleted. Only the rows it added or changed that the live
-    /// database lacks are added (under a fresh rowid when theirs is taken); nothing is deleted
-    /// or overwritten, and what a proven base would have changed or deleted is listed as
-    /// undecided.
+    /// The capture cannot show that its main image is the file its WAL generation was written on (a
+    /// newer generation may have checkpointed into it), so its delta cannot tell what that
+    /// generation changed or deleted. Only the rows it added or changed that the live database
+    /// lacks are added (under a fresh rowid when theirs is taken); nothing is deleted or
+    /// overwritten, and what a proven base would have changed or deleted is listed as undecided.
     AddOnly,
     /// The capture holds the base of every page its WAL carries (`<file>-base`), so what its
     /// generation itself inserted, updated and deleted is computed from those pages alone
@@ -168,9 +167,9 @@ pub struct TableReport {
     pub rejected: u64,
     /// The first few conflicting keys, for the operator.
     pub conflict_keys: Vec<String>,
-    /// Issue 43, [`MergeRule::AddOnly`]: rows the capture's delta says the captured generation
-    /// changed or deleted, whose live row is kept as it is because the capture cannot show
-    /// that its image was that generation's base.
+    /// Under [`MergeRule::AddOnly`]: rows the capture's delta says the captured generation changed
+    /// or deleted, whose live row is kept as it is because the capture cannot show that its image
+    /// was that generation's base.
     pub undecided: u64,
     /// The first few undecided keys.
     pub undecided_keys: Vec<String>,
@@ -203,8 +202,8 @@ impl TableReport {
     }
 }
 
-/// A row the add-only rule left as it is (issue 43), side by side: the image's row, the
-/// captured generation's, and the live one. Values as SQL literals.
+/// A row the add-only rule left as it is, side by side: the image's row, the captured generation's,
+/// and the live one. Values as SQL literals.
 #[derive(Debug, Clone, Serialize)]
 pub struct UndecidedRow {
     /// `rowid 21`, or the declared key's values.
@@ -332,7 +331,7 @@ impl MergeReport {
             .sum()
     }
 
-    /// Rows the add-only rule kept as they are live (issue 43; see [`TableReport::undecided`]).
+    /// Rows the add-only rule kept as they are live (see [`TableReport::undecided`]).
     pub fn undecided(&self) -> u64 {
         self.tables.iter().map(|t| t.undecided).sum()
     }

@@ -2,19 +2,19 @@
 //! `explore-faults` feature, which only tests/explore enables: each puts back a bug the guard
 //! once had, so that the explorer can show it finds it. All off until switched on.
 //!
-//! - [`set_stale_wal_judged_before_exclusive`]: the stale-WAL gate in its former order — the quick look and "is the `-shm` in use" first, EXCLUSIVE on the main file only
-//!   after (`src/vfs/stale_wal/gate/old_order.rs`). A `-shm` in use let the WAL be replayed
-//!   without a judgement (a restore under a running app undone), and the time the look took
-//!   was a window in which a stock opener took SHARED first and replayed the WAL (a restore a
-//!   guarded opener saw first undone). The window is a real time span, which one step of the
-//!   explorer does not have: the switch takes a function the gate calls there (the explorer's
-//!   yield point).
+//! - [`set_stale_wal_judged_before_exclusive`]: the stale-WAL gate in its former order — the quick
+//!   look and "is the `-shm` in use" first, EXCLUSIVE on the main file only after
+//!   (`src/vfs/stale_wal/gate/old_order.rs`). A `-shm` in use let the WAL be replayed without a
+//!   judgement (a restore under a running app undone), and the time the look took was a window in
+//!   which a stock opener took SHARED first and replayed the WAL (a restore a guarded opener saw
+//!   first undone). The window is a real time span, which one step of the explorer does not have:
+//!   the switch takes a function the gate calls there (the explorer's yield point).
 //! - [`set_capture_base_ignored`]: recovery's former rule — a capture's delta is replayed
 //!   (updates and deletions) whatever its manifest says of its base, so a newer generation's
 //!   rows checkpointed into the captured image read as deleted by the captured generation.
-//! - [`set_changes_ignored`]: recovery without the `changes` rule — a capture whose base is not its own is
-//!   merged `add-only` even when it holds the base of its pages (`<file>-base`), never by the
-//!   `changes` rule: rows a newer generation deleted or updated on the pages the captured WAL
+//! - [`set_changes_ignored`]: recovery without the `changes` rule — a capture whose base is not its
+//!   own is merged `add-only` even when it holds the base of its pages (`<file>-base`), never by
+//!   the `changes` rule: rows a newer generation deleted or updated on the pages the captured WAL
 //!   carries come back (deleted rows inserted again, old versions inserted beside the new).
 //! - [`set_judgement_unconfirmed`]: the overwrite judgement's former reading — the close judges
 //!   the main file without `READ(0)` shared, and no judgement confirms the frames' progress
@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// The window function, as a `usize` (0: the switch is off).
 static STALE_WAL_JUDGED_BEFORE_EXCLUSIVE: AtomicUsize = AtomicUsize::new(0);
 
-/// Switches the stale-WAL gate to its order before issue 33 (`Some(window)`: `window` is called
-/// between the judgement and the EXCLUSIVE attempt) or back to today's (`None`), for the whole
-/// process.
+/// Switches the stale-WAL gate to its former order, judging before it tries EXCLUSIVE
+/// (`Some(window)`: `window` is called between the judgement and the EXCLUSIVE attempt) or back
+/// to today's (`None`), for the whole process.
 pub fn set_stale_wal_judged_before_exclusive(window: Option<fn()>) {
     STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.store(window.map_or(0, |f| f as usize), Ordering::Release);
 }
@@ -40,11 +40,11 @@ pub(crate) fn stale_wal_judged_before_exclusive() -> Option<fn()> {
     (f != 0).then(|| unsafe { std::mem::transmute::<usize, fn()>(f) })
 }
 
-/// Issue 43's switch: recovery ignores the capture's `base` (`true`) or honours it (`false`).
+/// Whether recovery ignores the capture's `base` (`true`) or honours it (`false`).
 static CAPTURE_BASE_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// Switches recovery to its rules before issue 43 (`true`: a capture's delta is replayed whatever
-/// its base) or back to today's, for the whole process.
+/// Switches recovery to its former rules (`true`: a capture's delta is replayed whatever its
+/// base) or back to today's, for the whole process.
 pub fn set_capture_base_ignored(ignored: bool) {
     CAPTURE_BASE_IGNORED.store(ignored, Ordering::Release);
 }
@@ -54,13 +54,12 @@ pub(crate) fn capture_base_ignored() -> bool {
     CAPTURE_BASE_IGNORED.load(Ordering::Acquire)
 }
 
-/// Issue 44's switch: the overwrite judgement without its lock and confirmation (`true`) or
-/// with them (`false`).
+/// Whether the overwrite judgement goes without its lock and confirmation (`true`) or with
+/// them (`false`).
 static JUDGEMENT_UNCONFIRMED: AtomicBool = AtomicBool::new(false);
 
-/// Switches the overwrite judgement to its form before issue 44 (`true`: the close judges
-/// without `READ(0)` shared, the wal-index's salts are not compared) or back to today's, for the
-/// whole process.
+/// Switches the overwrite judgement to its former form (`true`: the close judges without `READ(0)`
+/// shared, the wal-index's salts are not compared) or back to today's, for the whole process.
 pub fn set_judgement_unconfirmed(on: bool) {
     JUDGEMENT_UNCONFIRMED.store(on, Ordering::Release);
 }
@@ -70,12 +69,13 @@ pub(crate) fn judgement_unconfirmed() -> bool {
     JUDGEMENT_UNCONFIRMED.load(Ordering::Acquire)
 }
 
-/// Issue 53's switch: recovery never picks the `changes` rule (`true`: `add-only` instead) or
-/// picks it for a capture that holds its pages' base (`false`).
+/// Whether recovery never picks the `changes` rule (`true`: `add-only` instead) or picks it
+/// for a capture that holds its pages' base (`false`).
 static CHANGES_IGNORED: AtomicBool = AtomicBool::new(false);
 
-/// Switches recovery to its rules without the `changes` rule (`true`: a capture whose base is not its own is
-/// merged `add-only`, whatever `<file>-base` it holds) or back to today's, for the whole process.
+/// Switches recovery to its rules without the `changes` rule (`true`: a capture whose base is
+/// not its own is merged `add-only`, whatever `<file>-base` it holds) or back to today's, for
+/// the whole process.
 pub fn set_changes_ignored(ignored: bool) {
     CHANGES_IGNORED.store(ignored, Ordering::Release);
 }

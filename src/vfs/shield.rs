@@ -1,7 +1,6 @@
-//! The lock shield (issue #12): open-file-description locks beside SQLite's own POSIX locks, so
-//! that a stray `close()` of the database file elsewhere in the process — which drops every POSIX
-//! lock the process holds on that inode — cannot make this connection look absent to other
-//! processes.
+//! The lock shield: open-file-description locks beside SQLite's own POSIX locks, so that a stray
+//! `close()` of the database file elsewhere in the process — which drops every POSIX lock the
+//! process holds on that inode — cannot make this connection look absent to other processes.
 //!
 //! One read lock taken with `F_OFD_SETLK` on SQLite's **own** descriptor (never on one of ours,
 //! whose close would itself drop the process's POSIX locks): the main file's SHARED range

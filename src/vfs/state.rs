@@ -122,8 +122,8 @@ pub(crate) struct DbState {
     /// This connection may have written the main file since `main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
     main_written: AtomicBool,
-    /// Issue 34: a checkpoint took its lock; its first main-file write judges the main file
-    /// first (`state/overwrite.rs`).
+    /// A checkpoint took its lock; its first main-file write judges the main file first, for an
+    /// overwrite in place (`state/overwrite.rs`).
     main_judge_due: AtomicBool,
     /// The database directory's watch, and its generation at the last full check that passed:
     /// while they match, no name in the directory has changed, no directory above it moved and
@@ -147,20 +147,20 @@ pub(crate) struct DbState {
     shield: Shield,
     /// The connection's mapping of the wal-index: the guard's own node, or SQLite's.
     wal_index: crate::vfs::wal_index::ShmSlot,
-    /// Issue 19: the WAL-base record this connection writes, and what it did with a stale WAL.
+    /// The WAL-base record this connection writes, and what it did with a stale WAL.
     stale_wal: StaleWalSlot,
     /// The WAL-reset rule's state for this connection (`crate::wal_reset::slot`).
     wal_reset: WalResetSlot,
     inner: Mutex<Inner>,
-    /// Issue 33: the filesystem the database is on (found once per mount).
+    /// The filesystem the database is on (found once per mount).
     filesystem: Option<Filesystem>,
-    /// The database directory's identity at the open (issue 36: shared with the connections
-    /// opened beside this one, `state/open_here.rs`).
+    /// The database directory's identity at the open (shared with the connections opened beside
+    /// this one, `state/open_here.rs`).
     dir_id: Option<FileId>,
-    /// Issue 36: the connection has started to close (`state/open_here.rs`).
+    /// The connection has started to close (`state/open_here.rs`).
     closing: AtomicBool,
-    /// Issue 36: this close leaves its checks to another connection of the generation, decided
-    /// once per close (`state/open_here.rs`).
+    /// This close leaves its checks to another connection of the generation, decided once per
+    /// close (`state/open_here.rs`).
     left_to_sibling: AtomicBool,
 }
 
@@ -213,8 +213,8 @@ struct Inner {
     frames_left: bool,
     /// This close left its WAL, pinned, for the opener of this process inside its open.
     left: bool,
-    /// Issue 43: the directory watch's creation counts of this database's names when its
-    /// `-shm` was pinned (`state/base.rs`).
+    /// The directory watch's creation counts of this database's names when its `-shm` was
+    /// pinned (`state/base.rs`).
     creations_at_pin: Option<crate::vfs::watch::Creations>,
 }
 
@@ -251,7 +251,7 @@ pub(crate) trait WalIndex: Send {
     /// The salts of the generation the wal-index describes now (as the WAL header gives them),
     /// `None` when it is not initialised. A WAL reset writes them here before it writes a byte
     /// of the WAL file (its header comes with the generation's first frame), so the WAL file's
-    /// header can lag behind them, never run ahead (issue 44: `state/overwrite.rs`).
+    /// header can lag behind them, never run ahead (`state/overwrite.rs`).
     fn salts(&self) -> Option<[u32; 2]>;
 }
 
@@ -360,8 +360,8 @@ impl DbState {
     }
 
     /// [`DbState::new`], the main file pinned to `main_id` when SQLite's own `fstat` of its
-    /// descriptor gave it (issue 36: no `stat` of the path; the first full check compares the
-    /// path with it), else to what the path names now.
+    /// descriptor gave it (no `stat` of the path; the first full check compares the path with
+    /// it), else to what the path names now.
     pub(crate) fn new_pinned(
         db_path: PathBuf,
         main_fd: Option<RawFd>,
@@ -453,7 +453,7 @@ impl DbState {
         &self.stale_wal
     }
 
-    /// Runs `f` on the pinned WAL (issue 19: its WAL-base record is written through it).
+    /// Runs `f` on the pinned WAL (its WAL-base record is written through it).
     pub(crate) fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R> {
         self.inner.lock().wal.as_ref().map(f)
     }
@@ -512,7 +512,7 @@ impl DbState {
     }
 
     /// The filesystem the database is on, when WAL mode is not safe there and the policy
-    /// (`HERMES_GUARD_UNSAFE_FS=refuse`) refuses it (issue 33).
+    /// (`HERMES_GUARD_UNSAFE_FS=refuse`) refuses it.
     pub(crate) fn wal_refused_on(&self) -> Option<&Filesystem> {
         self.filesystem.as_ref().filter(|f| {
             !f.wal_safe

@@ -66,7 +66,7 @@ impl SetAside {
 
 /// A complete capture in `dir` (other than `except`) of the WAL generation `wal` describes, at
 /// least as far, with its main image: the newest such, by the furthest frame. None found in a
-/// directory this process cannot list (`O_PATH`, issue 44).
+/// directory this process cannot list (`O_PATH`).
 fn same_generation_with_image(
     dir: &impl AsFd,
     stem: &str,
@@ -106,7 +106,7 @@ fn same_generation_with_image(
 /// capture beside it, with a manifest of reason `stale-wal`. On failure everything moved is put
 /// back and the staging directory removed. The WAL is hard-linked into the staging directory and
 /// unlinked from the path only once the capture is renamed into place and its directory fsynced:
-/// a crash at any point leaves it at the path or in a complete capture (issue 28).
+/// a crash at any point leaves it at the path or in a complete capture.
 pub(crate) fn set_aside(
     database: &Path,
     wal: &File,
@@ -120,7 +120,7 @@ pub(crate) fn set_aside(
         source,
     };
     let (parent, name) = capture::split_database(database)?;
-    // `O_PATH` when this process may write in the directory but not list it (issue 44).
+    // `O_PATH` when this process may write in the directory but not list it.
     let dir = open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
     let (wal_src, shm_src) = (
         crate::paths::sidecar(Path::new(name), "-wal"),
@@ -144,8 +144,8 @@ pub(crate) fn set_aside(
     let result = (|| -> io::Result<()> {
         let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
         // Linked in, not renamed: the WAL stays at the path until the capture is complete and
-        // durable, so a crash (a kill, a power cut) before that never leaves it in the
-        // `.partial` directory alone (issue 28). A filesystem without hard links renames.
+        // durable, so a crash (a kill, a power cut) before that never leaves it in the `.partial`
+        // directory alone. A filesystem without hard links renames.
         match rustix::fs::linkat(
             &dir,
             &wal_src,

@@ -59,7 +59,7 @@ pub fn parse_main_header(bytes: &[u8]) -> MainHeader {
 
 /// A 16-bit page-size field as SQLite writes it, in the database header (offset 16, big-endian)
 /// and in the wal-index header (`szPage`): 1 means 65536, any other value is the size. The one
-/// decoder of that field (issue 44: a second one read `00 01` as no page size at all).
+/// decoder of that field: a second one once read `00 01` as no page size at all.
 pub(crate) fn page_size_field(raw: u16) -> u32 {
     if raw == 1 {
         MAX_PAGE_SIZE

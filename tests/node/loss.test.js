@@ -1,7 +1,7 @@
-// hermes-guard in Node, through better-sqlite3 (issue 45): the extension is loaded once with the
-// entry point that makes the guard the default VFS, and every Database opened afterwards is
-// guarded (better-sqlite3 compiles SQLite without URI filenames, so `?vfs=` is not available,
-// and it opens a file only after `new Database`: the one-throwaway-connection bootstrap).
+// hermes-guard in Node, through better-sqlite3: the extension is loaded once with the entry point
+// that makes the guard the default VFS, and every Database opened afterwards is guarded
+// (better-sqlite3 compiles SQLite without URI filenames, so `?vfs=` is not available, and it opens
+// a file only after `new Database`: the one-throwaway-connection bootstrap).
 //
 // Run by tests/node.sh (from ext/build-and-test.sh) with node --test, twice: by hand, and through
 // the npm package installed from its tarball.

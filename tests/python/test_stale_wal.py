@@ -1,6 +1,6 @@
-"""Issue 19 through the loadable extension: a writer process (the extension loaded) is killed
-with committed frames in its WAL, an older copy of the database is restored over the file, and
-the next open through the guard gives exactly the restored rows, with the stale WAL set aside in
+"""The stale-WAL rule through the loadable extension: a writer process (the extension loaded) is
+killed with committed frames in its WAL, an older copy of the database is restored over the file,
+and the next open through the guard gives exactly the restored rows, with the stale WAL set aside in
 a capture of reason `stale-wal`; the strict mode (HERMES_GUARD_STALE_WAL=refuse) refuses the open
 and moves nothing; a crash without a restore replays as always."""
 

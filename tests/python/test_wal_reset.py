@@ -1,8 +1,8 @@
-"""Issue 27: SQLite's WAL-reset race (3.7.0-3.51.2), kept clear of by the guard in whatever host
-SQLite the extension is loaded into: the rule is on by default exactly where the host has the
-race, and a checkpoint lock held elsewhere (another process's checkpoint) defers a WAL reset, the
-commit appending instead. The forced race itself is in cli/tests/it/wal_reset.rs (a pausing VFS),
-run on the system SQLite and on SQLite 3.50.2 by tests/system-sqlite.sh."""
+"""SQLite's WAL-reset race (3.7.0-3.51.2), kept clear of by the guard in whatever host SQLite the
+extension is loaded into: the rule is on by default exactly where the host has the race, and a
+checkpoint lock held elsewhere (another process's checkpoint) defers a WAL reset, the commit
+appending instead. The forced race itself is in cli/tests/it/wal_reset.rs (a pausing VFS), run on
+the system SQLite and on SQLite 3.50.2 by tests/system-sqlite.sh."""
 
 import fcntl
 import os

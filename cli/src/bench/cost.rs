@@ -188,14 +188,14 @@ fn print_table(rows: &[(CostWorkload, Figures, Figures)]) {
         let (per_txn, max_pct) = w.target();
         // A checkpoint is a write of its own, checked like a transaction (W2's autocheckpoints:
         // a few hundredths per transaction), and stamped once it synced the main file (the
-        // `stat` a heal at close compares with, issue 22): two per checkpoint. Issue 19: a WAL
-        // restart (one after each complete checkpoint) also records the main file the new
-        // generation is written on: one `pread` of its first pages and one `fsetxattr` on the
-        // WAL, two more per checkpoint for write workloads (R1 writes nothing). The count is the
-        // guard run's, the same as stock's.
-        // Issue 34: before a checkpoint's first main-file write, the main file is judged against
-        // the generation's record: three more per checkpoint.
-        // Issue 27: with the WAL-reset rule on, two `fcntl` more at that restart.
+        // `stat` a heal at close compares with): two per checkpoint. A WAL restart (one after
+        // each complete checkpoint) also records the main file the new generation is written
+        // on, by which a later open tells a stale WAL: one `pread` of its first pages and one
+        // `fsetxattr` on the WAL, two more per checkpoint for write workloads (R1 writes
+        // nothing). The count is the guard run's, the same as stock's.
+        // Before a checkpoint's first main-file write, the main file is judged against the
+        // generation's record (was it overwritten in place?): three more per checkpoint.
+        // With the WAL-reset rule on, two `fcntl` more at that restart.
         let rule = if hermes_guard::wal_reset_guard_on() {
             WAL_RESET_RULE_SYSCALLS
         } else {

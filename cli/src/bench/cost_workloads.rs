@@ -11,16 +11,16 @@ use hermes_guard_cli::workloads::{self, Context, Synchronous, Vfs};
 pub(super) const CHECKPOINT_SYSCALLS: f64 = 2.0;
 
 /// What the guard may add per WAL restart (one after each complete checkpoint): the WAL-base
-/// record's `pread` of the main file's first pages and its `fsetxattr` (issue 19).
+/// record's `pread` of the main file's first pages and its `fsetxattr`.
 pub(super) const WAL_RESTART_SYSCALLS: f64 = 2.0;
 
-/// What the overwrite judgement adds per checkpoint that writes the main file (issue 34): the
-/// WAL-base record's `fgetxattr`, the WAL header's `pread` and one `pread` of the main file's
-/// recorded first pages, before the checkpoint's first write.
+/// What the overwrite judgement adds per checkpoint that writes the main file: the WAL-base
+/// record's `fgetxattr`, the WAL header's `pread` and one `pread` of the main file's recorded first
+/// pages, before the checkpoint's first write.
 pub(super) const OVERWRITE_JUDGE_SYSCALLS: f64 = 3.0;
 
-/// What the WAL-reset rule adds per WAL restart while it is on (issue 27; by default only on a
-/// SQLite with the race, `HERMES_GUARD_WAL_RESET_GUARD=on` elsewhere): CKPT taken and released.
+/// What the WAL-reset rule adds per WAL restart while it is on (by default only on a SQLite with
+/// the race, `HERMES_GUARD_WAL_RESET_GUARD=on` elsewhere): CKPT taken and released.
 pub(super) const WAL_RESET_RULE_SYSCALLS: f64 = 2.0;
 
 /// A workload the cost mode measures.

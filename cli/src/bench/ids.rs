@@ -29,7 +29,7 @@ pub(super) struct Sizes {
     pub(super) cap_main_bytes: u64,
     pub(super) rec_rows: u64,
     pub(super) rec_newer_rows: u64,
-    /// L1's losses per `synchronous` setting (issue 54: 20).
+    /// L1's losses per `synchronous` setting (20 in a full run, as its target asks).
     pub(super) loss_runs: usize,
 }
 
@@ -221,17 +221,17 @@ impl Id {
             Id::W1Normal | Id::W1Full | Id::St | Id::Mp => Target::AtLeast(0.97),
             Id::W2 | Id::R1 | Id::R2 => Target::AtLeast(0.99),
             Id::CkPassive | Id::CkTruncate => Target::AtLeast(0.98),
-            // Issue 36: within 1.25× of stock's time. (O2, with 1,000 databases open, has no
-            // row here: both sides share the process, and the unix VFS walks its process-wide
-            // list of inodes, newest first, at every open: the side whose databases were opened
-            // first walks past the other's 1,000 and looks twice as slow. `bench --cost` counts
-            // O2 in a process of its own.)
+            // An open, a read and a close within 1.25× of stock's time. (O2, with 1,000 databases
+            // open, has no row here: both sides share the process, and the unix VFS walks its
+            // process-wide list of inodes, newest first, at every open: the side whose databases
+            // were opened first walks past the other's 1,000 and looks twice as slow.
+            // `bench --cost` counts O2 in a process of its own.)
             Id::O1 => Target::AtLeast(0.8),
             Id::CapTime => Target::AtMost(1.25),
             Id::CapMem => Target::AtMost(8.0),
             Id::RecTime => Target::AtMost(1.3),
             Id::RecMem => Target::AtMost(32.0),
-            // Issue 54: from the loss to the new connection's 10th row, in every run.
+            // From the loss to the new connection's 10th row, in every run.
             Id::L1Default | Id::L1Normal => Target::AtMost(50.0),
         }
     }

@@ -1,4 +1,4 @@
-//! L1: a new connection writes at once after a loss (issue 54).
+//! L1: a new connection writes at once after a loss.
 //!
 //! In one process, connection A (guarded) commits rows that live only in its WAL
 //! (`wal_autocheckpoint=0`) and stays open, idle, while the database's `-wal` and `-shm` are
@@ -9,9 +9,9 @@
 //! instead of waiting. The clock stops at the last commit. Then A tries one write, which the
 //! guard must refuse (`SQLITE_READONLY_DBMOVED`, A's generation captured beside the database).
 //!
-//! The issue's target: B commits 10 of 10 rows within 50 ms of the loss, in 20 of 20 runs, and
-//! A is refused. Not a ratio against stock: SQLite's unix VFS keeps one wal-index per main file
-//! in a process, so a stock B would share A's, mapped from the unlinked `-shm`.
+//! The target: B commits 10 of 10 rows within 50 ms of the loss, in 20 of 20 runs, and A is
+//! refused. Not a ratio against stock: SQLite's unix VFS keeps one wal-index per main file in a
+//! process, so a stock B would share A's, mapped from the unlinked `-shm`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -66,8 +66,7 @@ pub(super) struct LossRow {
 }
 
 impl LossRow {
-    /// The issue's target: every run committed every row within [`WITHIN`], and A was refused
-    /// in every run.
+    /// The target: every run committed every row within [`WITHIN`], and A was refused in every run.
     pub(super) fn pass(&self) -> bool {
         !self.runs.is_empty() && self.runs.iter().all(|r| r.in_time() && r.old_refused)
     }

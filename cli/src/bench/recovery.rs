@@ -80,7 +80,7 @@ pub fn build(dir: &Path, rows: u64, newer: u64) -> Result<Built, BenchError> {
     hermes_guard::close(conn)
         .map_err(|(_, e)| BenchError::Invalid(format!("closing {}: {e}", db.display())))?;
     // The image the generation was written on, as captured: the close may have healed the
-    // live file since (nothing newer was there, issue 22), and each round starts from the loss.
+    // live file since (nothing newer was there), and each round starts from the loss.
     let captured_image = capture.join("state.db");
     let image = fs::read(&captured_image).ctx("reading", &captured_image)?;
     // Each round undoes that heal (the live file back to the image): the capture's record of it

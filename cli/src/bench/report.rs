@@ -218,7 +218,7 @@ pub(super) fn print_loss_table(rows: &[LossRow], sizes: &Sizes) {
     println!();
     println!("{}", crate::table::render(&table));
     println!(
-        "\nL1 (issue 54): in one process a guarded connection A commits {} rows into its WAL\n\
+        "\nL1: in one process a guarded connection A commits {} rows into its WAL\n\
          (wal_autocheckpoint=0) and stays open, idle; the database's -wal and -shm are unlinked;\n\
          from the unlink, a new guarded connection B opens (journal_mode=WAL already on the file,\n\
          busy_timeout 0: no retry, not even SQLite's) and inserts {ROWS} rows, one transaction each.\n\

@@ -177,11 +177,10 @@ pub fn row_of(
     }
 }
 
-/// Captures of one WAL generation (issue 34: a replaced main file's capture and the stale WAL
-/// set aside when the application reconnected): each names the others, the one holding a main
-/// image and the most frames counts the group's missing rows, and a stale WAL's `recover`
-/// command takes that capture's main image as `--main` (the ledger merges the generation once
-/// whichever goes first).
+/// Captures of one WAL generation (such as a replaced main file's capture and the stale WAL set
+/// aside when the application reconnected): each names the others, the one holding a main image and
+/// the most frames counts the group's missing rows, and a stale WAL's `recover` command takes that
+/// capture's main image as `--main` (the ledger merges the generation once whichever goes first).
 fn group_generations(rows: &mut [serde_json::Value]) {
     let mut groups: std::collections::BTreeMap<String, Vec<usize>> = Default::default();
     for (i, row) in rows.iter().enumerate() {

@@ -343,7 +343,7 @@ fn added_beside_words(t: &hermes_guard::recover::TableReport, applied: bool) -> 
     }
 }
 
-/// The plan's case in plain words (issue 43): whether live rows may be changed or deleted.
+/// The plan's case in plain words: whether live rows may be changed or deleted.
 fn case_words(report: &MergeReport) -> &'static str {
     use hermes_guard::recover::MergeRule;
     match report.rule {

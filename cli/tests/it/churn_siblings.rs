@@ -1,7 +1,7 @@
-//! Issue 36: a connection closing while another connection of the process holds the same
-//! generation, whose last full check the directory watch still vouches for, owes no check of its
-//! own (the unix VFS refuses its close's EXCLUSIVE in-process). These pin what that must not
-//! cost: a loss is still captured, the last connection still checkpoints.
+//! A connection closing while another connection of the process holds the same generation, whose
+//! last full check the directory watch still vouches for, owes no check of its own (the unix VFS
+//! refuses its close's EXCLUSIVE in-process). These pin what that must not cost: a loss is still
+//! captured, the last connection still checkpoints.
 
 use std::sync::{Arc, Barrier};
 

@@ -633,9 +633,9 @@ fn hold_open_child() {
     drop(conn);
 }
 
-/// Closes a retired connection while a restarted application holds `path` open in another
-/// process, as after a real restart: something newer exists, so the close captures and does not
-/// heal (issue 22) — the rows stay in the capture for `recover`.
+/// Closes a retired connection while a restarted application holds `path` open in another process,
+/// as after a real restart: something newer exists, so the close captures and does not heal — the
+/// rows stay in the capture for `recover`.
 pub fn close_while_restarted(conn: Connection, path: &Path) {
     let restarted = NewerGenerationOpen::start(path);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();

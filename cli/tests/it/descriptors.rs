@@ -1,5 +1,5 @@
-//! Issue 29: what a guarded database costs in descriptors, against stock. Counted from
-//! `/proc/self/fd`, process-wide, so each test runs in a process of its own.
+//! What a guarded database costs in descriptors, against stock. Counted from `/proc/self/fd`,
+//! process-wide, so each test runs in a process of its own.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,9 +1,9 @@
-//! Issue 35: the guard's last word at a process's exit. Each generation a process still holds
-//! uncaptured when it exits gets one last capture attempt, and each that fails its own ERROR
-//! line; none is dropped because another failed, and nothing on that path touches thread-local
-//! storage, which the exit has torn down already (the child exits from the thread that closed
-//! the connections, as a host's main thread does). A forked child's exit says and does nothing
-//! about the generations its parent holds.
+//! The guard's last word at a process's exit. Each generation a process still holds uncaptured when
+//! it exits gets one last capture attempt, and each that fails its own ERROR line; none is dropped
+//! because another failed, and nothing on that path touches thread-local storage, which the exit
+//! has torn down already (the child exits from the thread that closed the connections, as a host's
+//! main thread does). A forked child's exit says and does nothing about the generations its parent
+//! holds.
 //!
 //! Each test runs a body of this file in a process of its own (this binary again) and reads its
 //! stderr: every log line there carries the pid of the process that wrote it.

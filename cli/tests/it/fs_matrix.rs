@@ -1,9 +1,9 @@
-//! Issue 33, item 8: the core scenarios on the filesystem the tests run on — the temporary
-//! directory, or `HERMES_GUARD_MATRIX_DIR`, which `tests/fs-matrix.sh` points at each filesystem
-//! it mounts (ext4, xfs, btrfs at its top and in a subvolume, tmpfs, overlayfs). The guard must
-//! know files by the descriptors it holds and ask the kernel who uses them: on btrfs
-//! `/proc/self/maps` numbers a file by the superblock's device where `stat` gives the
-//! subvolume's, and every connection used to retire.
+//! The core scenarios on the filesystem the tests run on — the temporary directory, or
+//! `HERMES_GUARD_MATRIX_DIR`, which `tests/fs-matrix.sh` points at each filesystem it mounts (ext4,
+//! xfs, btrfs at its top and in a subvolume, tmpfs, overlayfs). The guard must know files by the
+//! descriptors it holds and ask the kernel who uses them: on btrfs `/proc/self/maps` numbers a file
+//! by the superblock's device where `stat` gives the subvolume's, and every connection used to
+//! retire.
 //!
 //! Real processes throughout: the CLI's `writer` is the long-lived application.
 

@@ -1,4 +1,4 @@
-//! Issue 33, item 8, the environments: a peer in a sibling pid namespace (a second container on
+//! The filesystem matrix's environments: a peer in a sibling pid namespace (a second container on
 //! the same volume), an unprivileged process in a directory it may create in but not list, and a
 //! loss while the process is out of descriptors. On the filesystem under test, as `fs_matrix.rs`.
 

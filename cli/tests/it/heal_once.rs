@@ -1,8 +1,8 @@
-//! Issue 26, items 3 to 5: a generation healed into the live file at close is never merged a
-//! second time (its capture says so in `healed.json`, which `recover`, `captures`, `verify` and
-//! the store read), the lone `-wal` loss is healed too, and a heal killed at any point leaves a
-//! file that opens with `integrity_check` ok and every acknowledged row exactly once — live, or
-//! back after `hermes-guard recover … --apply`.
+//! A generation healed into the live file at close is never merged a second time (its capture says
+//! so in `healed.json`, which `recover`, `captures`, `verify` and the store read), the lone `-wal`
+//! loss is healed too, and a heal killed at any point leaves a file that opens with
+//! `integrity_check` ok and every acknowledged row exactly once — live, or back after
+//! `hermes-guard recover … --apply`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -186,7 +186,7 @@ fn a_heal_stopped_after_its_commit_point_reads_healed_from_the_wal_it_put_back()
     );
 }
 
-/// Issue 34: the staging file of a heal stopped before its commit point removed by hand (the
+/// The staging file of a heal stopped before its commit point removed by hand (the
 /// runbook no longer calls it harmless): nothing shows the heal reached the live file, so it
 /// reads rolled back and `recover` merges the rows, once.
 #[test]

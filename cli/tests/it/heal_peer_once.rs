@@ -1,9 +1,9 @@
-//! Issue 34 (tests/explore's bug 3): one WAL generation captured twice — by a peer refused at a
-//! write (`halt`) and by the writer that held it, whose close healed it back into the live file
-//! (`healed.json` in its own capture only) — is merged zero times: `recover --apply` of the
-//! peer's capture finds the other capture's heal, merges nothing and says so, in either order,
-//! and `captures` counts nothing missing. A capture that reaches further than the heal merges
-//! only what its later commits did.
+//! Found by tests/explore: one WAL generation captured twice — by a peer refused at a write
+//! (`halt`) and by the writer that held it, whose close healed it back into the live file
+//! (`healed.json` in its own capture only) — is merged zero times: `recover --apply` of the peer's
+//! capture finds the other capture's heal, merges nothing and says so, in either order, and
+//! `captures` counts nothing missing. A capture that reaches further than the heal merges only what
+//! its later commits did.
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
-//! The lock shield (issue #12): a stray `close()` of the database file in the writer's process
-//! drops the process's POSIX locks on it; the shield's open-file-description locks keep the
-//! writer visible to other processes, so a peer's close neither checkpoints nor deletes the WAL
-//! the writer still uses.
+//! The lock shield: a stray `close()` of the database file in the writer's process drops the
+//! process's POSIX locks on it; the shield's open-file-description locks keep the writer visible to
+//! other processes, so a peer's close neither checkpoints nor deletes the WAL the writer still
+//! uses.
 //!
 //! The peers are Debian's `/usr/bin/python3` with its stdlib `sqlite3` (the system SQLite, 3.40 on
 //! Debian 12, which deletes the WAL at its close in this sequence once it gets EXCLUSIVE); the

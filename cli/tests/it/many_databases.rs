@@ -1,6 +1,6 @@
-//! Issue 29: thousands of guarded databases open in one process, each in a directory of its
-//! own: every one guarded at stock's descriptor count, a loss on a hundred of them refused and
-//! captured with nothing lost; and at `EMFILE` the guard fails an open as stock does.
+//! Thousands of guarded databases open in one process, each in a directory of its own: every one
+//! guarded at stock's descriptor count, a loss on a hundred of them refused and captured with
+//! nothing lost; and at `EMFILE` the guard fails an open as stock does.
 //!
 //! `RLIMIT_NOFILE` is raised (the hard limit too, where the process may) in a process of its
 //! own. The 10,000-database run is `#[ignore]`d (about a minute in a debug build); a

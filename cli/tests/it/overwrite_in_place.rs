@@ -1,7 +1,7 @@
-//! Issue 34: a restore by copy in place (`cp backup.db state.db`: the same inode) under a
-//! running guarded application is found before a checkpoint writes into the restored file: the
-//! checkpoint is refused, the generation captured (reason `main-overwritten`), the live file
-//! keeps `integrity_check` ok, and after recovery every acknowledged row is live exactly once.
+//! A restore by copy in place (`cp backup.db state.db`: the same inode) under a running guarded
+//! application is found before a checkpoint writes into the restored file: the checkpoint is
+//! refused, the generation captured (reason `main-overwritten`), the live file keeps
+//! `integrity_check` ok, and after recovery every acknowledged row is live exactly once.
 
 use crate::common;
 

@@ -1,8 +1,8 @@
-//! Explorer bug 5's last window (issue 34), with real processes: a backup copied over the
-//! database in place while its WAL holds no frame, under an application whose page cache was
-//! read from the old file. SQLite keeps that cache (the wal-index says nothing changed), so the
-//! application's next transaction would begin a WAL generation on the copy from pages of the old
-//! file, and its checkpoint would put back rows the restore removed. The guard refuses that
+//! The last window of an in-place restore that tests/explore found, with real processes: a backup
+//! copied over the database in place while its WAL holds no frame, under an application whose page
+//! cache was read from the old file. SQLite keeps that cache (the wal-index says nothing changed),
+//! so the application's next transaction would begin a WAL generation on the copy from pages of the
+//! old file, and its checkpoint would put back rows the restore removed. The guard refuses that
 //! transaction before its first frame (`main-overwritten`), and the restore stands.
 
 use crate::common;
@@ -47,9 +47,8 @@ fn copy_in_place_then_write(
     refused
 }
 
-/// At every page size of `PAGE_SIZES` (issue 44: at 64 KiB pages, whose header field reads
-/// `00 01`, a second decoder took it for no page size, kept no page, and let the copy be written
-/// over).
+/// At every page size of `PAGE_SIZES` (at 64 KiB pages, whose header field reads `00 01`, a second
+/// decoder took it for no page size, kept no page, and let the copy be written over).
 #[test]
 fn a_copy_in_place_under_a_cache_read_while_the_wal_was_empty_is_refused_before_a_frame() {
     for page_size in PAGE_SIZES {

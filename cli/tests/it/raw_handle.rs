@@ -1,7 +1,7 @@
-//! The guard without rusqlite's types (issue 45): the SQL functions every connection opened
-//! after `register()` answers, read by column name as an ORM reads them, and the `raw` calls on
-//! a `*mut sqlite3` (what sqlx's `as_raw_handle`, diesel's `with_raw_connection` and any rusqlite's
-//! `handle()` give), through a real loss.
+//! The guard without rusqlite's types: the SQL functions every connection opened after `register()`
+//! answers, read by column name as an ORM reads them, and the `raw` calls on a `*mut sqlite3` (what
+//! sqlx's `as_raw_handle`, diesel's `with_raw_connection` and any rusqlite's `handle()` give),
+//! through a real loss.
 
 use hermes_guard::{raw, ErrorClass, GuardStatus, RetireReason};
 

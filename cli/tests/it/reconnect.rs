@@ -1,8 +1,8 @@
-//! A reconnect in the same process after a loss (issue 30): while a connection of the retired
-//! generation stays open (and is refused), a new connection to the database maps the `-shm` now
-//! at the path — the guard's wal-index node is one per `-shm` file, not SQLite's one per main
-//! file — and writes at once, without a restart. The status of each says how many connections of
-//! a retired generation are still open here: the old one until it is closed, then none.
+//! A reconnect in the same process after a loss: while a connection of the retired generation stays
+//! open (and is refused), a new connection to the database maps the `-shm` now at the path — the
+//! guard's wal-index node is one per `-shm` file, not SQLite's one per main file — and writes at
+//! once, without a restart. The status of each says how many connections of a retired generation
+//! are still open here: the old one until it is closed, then none.
 
 use std::fs;
 

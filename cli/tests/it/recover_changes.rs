@@ -1,10 +1,10 @@
 //! Recovery of a lost generation under a newer one that deleted, updated, freed and merged
-//! (issue 53; docs/plans/recovery-from-changes.md, "Real-process tests"). A guarded writer W
-//! (`wal_autocheckpoint=0`) commits acknowledged inserts, updates and deletes that live only in
-//! its WAL; `<db>-wal` and `<db>-shm` are removed; a newer generation N (another process, stock
-//! or guarded) opens the database, acts and checkpoints (PASSIVE and TRUNCATE, each test runs
-//! both); W's next write is refused (1032) and captured; the operator runs `captures <db>` and
-//! every `recover --apply` it lists, twice.
+//! (docs/plans/recovery-from-changes.md, "Real-process tests"). A guarded writer W
+//! (`wal_autocheckpoint=0`) commits acknowledged inserts, updates and deletes that live only in its
+//! WAL; `<db>-wal` and `<db>-shm` are removed; a newer generation N (another process, stock or
+//! guarded) opens the database, acts and checkpoints (PASSIVE and TRUNCATE, each test runs both);
+//! W's next write is refused (1032) and captured; the operator runs `captures <db>` and every
+//! `recover --apply` it lists, twice.
 //!
 //! After the runbook, every time: each acknowledged row of W and of N live exactly once (by
 //! content), no row N deleted live, no old version of a row N updated live, W's changes applied

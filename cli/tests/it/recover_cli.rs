@@ -154,8 +154,8 @@ fn recover_prints_the_plan_changes_nothing_then_applies_with_exit_codes() {
         os("--into"),
         path.as_os_str(),
     ]);
-    // Issue 20: a plan is what was asked; it exits 0 (the rows to merge are in the output and
-    // in `--json`'s `missing`). It used to exit 1.
+    // A plan is what was asked; it exits 0 (the rows to merge are in the output and in `--json`'s
+    // `missing`). It used to exit 1.
     assert_eq!(code, 0, "rows to merge: {out}");
     assert!(out.contains("messages"), "{out}");
     assert!(out.contains("4 row(s) missing"), "{out}");
@@ -168,7 +168,7 @@ fn recover_prints_the_plan_changes_nothing_then_applies_with_exit_codes() {
         path.as_os_str(),
         os("--apply"),
     ]);
-    // Issue 20: a successful merge exits 0 (it used to exit 1, which broke `set -e` scripts).
+    // A successful merge exits 0 (it used to exit 1, which broke `set -e` scripts).
     assert_eq!(code, 0, "merged: {out}");
     assert!(out.contains("merged 4 row(s)"), "{out}");
     let (code, out, _) = cli(&[
@@ -221,7 +221,7 @@ fn a_conflict_left_behind_exits_3() {
     assert_eq!(code, 3, "{out}");
     assert!(out.contains("conflict"), "{out}");
     let (code, out, _) = cli(&args(&["--take-capture"]));
-    // Issue 20: merged, the conflict settled: 0 (it used to exit 1).
+    // Merged, the conflict settled: 0 (it used to exit 1).
     assert_eq!(code, 0, "{out}");
     let v: String = Connection::open(&path)
         .unwrap()

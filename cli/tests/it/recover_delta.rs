@@ -38,8 +38,8 @@ fn fresh_database_lost(path: &Path, schema: &str, rows: impl FnOnce(&Connection)
         &conn.execute_batch("CREATE TABLE refused (x)").unwrap_err()
     ));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    // The restarted application is already up when the old connection closes: a newer
-    // generation exists, so the close does not heal the loss (issue 22) and recovery is needed.
+    // The restarted application is already up when the old connection closes: a newer generation
+    // exists, so the close does not heal the loss and recovery is needed.
     let restarted = NewerGenerationOpen::start(path);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     drop(restarted);
@@ -268,8 +268,8 @@ fn app_capture(dir: &Path) -> PathBuf {
     lose_sidecars(&path, false);
     assert!(is_refusal(&insert(&conn, "refused").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    // The restarted application is already up when the old connection closes: a newer
-    // generation exists, so the close does not heal the loss (issue 22) and recovery is needed.
+    // The restarted application is already up when the old connection closes: a newer generation
+    // exists, so the close does not heal the loss and recovery is needed.
     let restarted = NewerGenerationOpen::start(&path);
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
     drop(restarted);

@@ -435,7 +435,7 @@ fn scenario_with(order: Order, peer: &str, mode: &str, newer: i64) {
     assert_eq!(code, 0, "nothing left to recover:\n{out}");
 }
 
-// ── the newer generation checkpointed before the refusal (issue 43) ────────────────────────
+// ── the newer generation checkpointed before the refusal ────────────────────────────────────
 
 #[test]
 fn newer_generation_checkpointed_passive_before_the_refusal_keeps_its_rows_guarded_peer() {

@@ -40,7 +40,7 @@ fn recover_twice(artifact: &Path, db: &Path, expected_inserted: u64) {
     let (code_apply, out) = cli(&args(true));
     let done: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{out}"));
     assert_eq!(done["inserted"], expected_inserted, "{out}");
-    // Issue 20: a plan and a successful merge exit 0 (a merge used to exit 1).
+    // A plan and a successful merge exit 0 (a merge used to exit 1).
     assert_eq!((code, code_apply), (0, 0), "{out}");
     let (again, out) = cli(&args(true));
     assert_eq!(again, 0, "a second run adds nothing: {out}");
@@ -196,8 +196,8 @@ fn exclusive_locking_mode_is_recovered() {
     std::fs::remove_file(sidecar(&path, "-wal")).unwrap();
     assert!(is_refusal(&insert(&conn, "after the loss").unwrap_err()));
     let artifact = conn.guard_status().unwrap().capture.unwrap();
-    // Alone, with its own -shm still at the path: the close heals the lost -wal (issue 26), so
-    // the capture is healed and the merge has nothing left to add.
+    // Alone, with its own -shm still at the path: the close heals the lost -wal, so the capture is
+    // healed and the merge has nothing left to add.
     hermes_guard::close(conn).map_err(|(_, e)| e).unwrap();
 
     newer_generation(&path, 10);

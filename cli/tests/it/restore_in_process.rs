@@ -1,9 +1,9 @@
-//! Explorer bug 6: a backup renamed over the database while a guarded connection of the same
-//! process holds it. The unix VFS keys a `-shm` node by the main file's inode, so an opener of
-//! the restored file would get a node of its own on the old file's `-shm` (and, between
-//! processes' locks never conflicting within one, share the old file's WAL with its connection).
-//! The stale-WAL gate sets that WAL and `-shm` aside, whatever the WAL holds (here nothing: the
-//! old connection truncated it), and the opener starts a WAL and a `-shm` of its own.
+//! Found by tests/explore: a backup renamed over the database while a guarded connection of the
+//! same process holds it. The unix VFS keys a `-shm` node by the main file's inode, so an opener of
+//! the restored file would get a node of its own on the old file's `-shm` (and, between processes'
+//! locks never conflicting within one, share the old file's WAL with its connection). The stale-WAL
+//! gate sets that WAL and `-shm` aside, whatever the WAL holds (here nothing: the old connection
+//! truncated it), and the opener starts a WAL and a `-shm` of its own.
 
 use std::fs;
 

@@ -1,7 +1,7 @@
-//! Issue 34: a restore by rename under a running application leaves two captures of one WAL
-//! generation (`main-replaced` at the refusal, `stale-wal` when the application reconnects).
-//! Recovered as `hermes-guard captures` says, in either order and twice over, every row the
-//! application acknowledged is in the live database exactly once.
+//! A restore by rename under a running application leaves two captures of one WAL generation
+//! (`main-replaced` at the refusal, `stale-wal` when the application reconnects). Recovered as
+//! `hermes-guard captures` says, in either order and twice over, every row the application
+//! acknowledged is in the live database exactly once.
 
 use crate::common;
 

@@ -1,8 +1,8 @@
-//! Issue 19: a restored database is never rewritten by a stale WAL. A guarded writer process is
-//! killed (SIGKILL) with committed frames in its WAL; the database file is then restored in each
-//! shape operators use, and the next open through the guard must give exactly the restored rows,
-//! pass `integrity_check`, and hold the stale WAL's bytes intact in a capture (reason
-//! `stale-wal`) that `verify` accepts and `recover --main` merges.
+//! A restored database is never rewritten by a stale WAL. A guarded writer process is killed
+//! (SIGKILL) with committed frames in its WAL; the database file is then restored in each shape
+//! operators use, and the next open through the guard must give exactly the restored rows, pass
+//! `integrity_check`, and hold the stale WAL's bytes intact in a capture (reason `stale-wal`) that
+//! `verify` accepts and `recover --main` merges.
 
 use std::fs;
 use std::path::{Path, PathBuf};

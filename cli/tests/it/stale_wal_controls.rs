@@ -1,5 +1,5 @@
-//! Issue 19's controls: ordinary life is untouched. Each runs alone (the log is process-wide)
-//! and asserts every expected row, no capture, and nothing logged above INFO.
+//! The stale-WAL tests' controls: ordinary life is untouched. Each runs alone (the log is
+//! process-wide) and asserts every expected row, no capture, and nothing logged above INFO.
 
 use std::fs;
 use std::path::Path;

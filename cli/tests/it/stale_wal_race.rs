@@ -1,7 +1,7 @@
-//! Issue 26, items 1 and 2: the stale-WAL set-aside is made under EXCLUSIVE on the main file, so
-//! an opener racing it — stock or guarded, another process or another thread — sees the stale
-//! WAL before or none after. A guarded writer is killed with 20,000 rows in its WAL, the
-//! database file is restored (`cp backup state.db`), and the openers start at once.
+//! The stale-WAL set-aside is made under EXCLUSIVE on the main file, so an opener racing it — stock
+//! or guarded, another process or another thread — sees the stale WAL before or none after. A
+//! guarded writer is killed with 20,000 rows in its WAL, the database file is restored
+//! (`cp backup state.db`), and the openers start at once.
 //!
 //! What must hold in every run: nobody is refused or retired; at most one capture; a capture,
 //! once written, verifies and holds the stale WAL byte for byte (nobody wrote into it); when the
@@ -264,17 +264,17 @@ conn.close()
 print(before, flush=True)
 ";
 
-/// Issue 33's race, measured (not a test of timing: `--ignored`, it prints what it saw): the
-/// guarded opener's first query starts `lead` ahead of a stock opener's (the distribution's
-/// Python, its connection made and waiting for its cue), 20 runs per lead. Counts the runs in
-/// which the restore stood.
+/// The race of a stock opener with the guard's stale-WAL gate, measured (not a test of timing:
+/// `--ignored`, it prints what it saw): the guarded opener's first query starts `lead` ahead of a
+/// stock opener's (the distribution's Python, its connection made and waiting for its cue), 20 runs
+/// per lead. Counts the runs in which the restore stood.
 #[test]
 #[ignore = "a measurement: cargo test -p hermes-guard-cli --test it measure_a_guarded_opener -- --ignored --nocapture"]
 fn measure_a_guarded_opener_ahead_of_a_stock_one_keeps_the_restore() {
     use std::io::{BufRead, Write};
     let python = Path::new("/usr/bin/python3");
     let template = Template::new();
-    // A host with many locks (the issue measured 1,700): 2,000 byte-range locks held by another
+    // A host with many locks (1,700 were measured on one): 2,000 byte-range locks held by another
     // process, which any reader of `/proc/locks` pays for.
     let locks = tempfile::NamedTempFile::new().unwrap();
     let mut holder = Command::new(python)

@@ -1,6 +1,5 @@
-//! `hermes-guard status <db>` (issue 35): one read-only answer to "is this database healthy, is
-//! anything held, are there captures" — 0 healthy, 3 attention (each thing listed with what to
-//! do), 2 bad input.
+//! `hermes-guard status <db>`: one read-only answer to "is this database healthy, is anything held,
+//! are there captures" — 0 healthy, 3 attention (each thing listed with what to do), 2 bad input.
 
 use std::fs;
 use std::path::Path;

@@ -1,9 +1,9 @@
-//! Issue 30, item 2: a capture that cannot be written beside the database loses nothing stock
-//! would keep. A writer running as an unprivileged user (`nobody`) in a directory it cannot
-//! write: its `-wal` is unlinked (by root's cleanup), its next write is refused and the capture
-//! beside the database fails with `EACCES`. With a fallback capture directory it lands there,
-//! and `captures`/`recover` find it from the database's path; with none writable, the close
-//! heals the lone loss into the live file, as stock SQLite's close does.
+//! A capture that cannot be written beside the database loses nothing stock would keep. A writer
+//! running as an unprivileged user (`nobody`) in a directory it cannot write: its `-wal` is
+//! unlinked (by root's cleanup), its next write is refused and the capture beside the database
+//! fails with `EACCES`. With a fallback capture directory it lands there, and `captures`/`recover`
+//! find it from the database's path; with none writable, the close heals the lone loss into the
+//! live file, as stock SQLite's close does.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

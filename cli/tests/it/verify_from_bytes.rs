@@ -211,8 +211,8 @@ fn the_library_verifies_from_the_bytes_too() {
     );
 }
 
-/// Issue 34: the manifest records the WAL generation the capture holds (`wal.generation`), and
-/// `verify` reads it again from the bytes: a manifest naming another generation fails.
+/// The manifest records the WAL generation the capture holds (`wal.generation`), and `verify` reads
+/// it again from the bytes: a manifest naming another generation fails.
 #[test]
 fn a_manifest_naming_another_wal_generation_fails_verify() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,8 +1,8 @@
-//! Explorer bug 4: a WAL whose writer's close could not checkpoint it (another process holds
-//! SHARED on the database: a reader's lock), taken away while another connection of the
+//! Found by tests/explore: a WAL whose writer's close could not checkpoint it (another process
+//! holds SHARED on the database: a reader's lock), taken away while another connection of the
 //! writer's process has the database open but has not read it yet. Nobody has the WAL open then;
-//! the closing writer leaves it pinned for that opener, whose first read finds it gone and
-//! captures it from the kept descriptor (`wal-lost`) before SQLite creates an empty one.
+//! the closing writer leaves it pinned for that opener, whose first read finds it gone and captures
+//! it from the kept descriptor (`wal-lost`) before SQLite creates an empty one.
 
 use std::fs;
 use std::io::{BufRead, BufReader};

@@ -1,6 +1,6 @@
-//! Issue 27: SQLite's WAL-reset race (3.7.0–3.51.2, sqlite.org/wal.html#walresetbug), forced
-//! deterministically through a pausing VFS stacked above the guard (`pause_vfs.rs`), and the
-//! rule that keeps a WAL reset and a checkpoint apart.
+//! SQLite's WAL-reset race (3.7.0–3.51.2, sqlite.org/wal.html#walresetbug), forced
+//! deterministically through a pausing VFS stacked above the guard (`pause_vfs.rs`), and the rule
+//! that keeps a WAL reset and a checkpoint apart.
 //!
 //! These tests run on the bundled SQLite (3.54.x: the race is fixed there, the forced
 //! interleaving keeps every row with the rule or without), on the system SQLite 3.40.1

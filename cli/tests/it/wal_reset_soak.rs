@@ -1,9 +1,9 @@
-//! Issue 27's soak: four processes on one database through the guard with the WAL-reset rule
-//! on — two writers (`wal_autocheckpoint` small, so their commits reset the WAL often; one also
-//! runs PASSIVE checkpoints of its own) and two checkpointers (one cycling PASSIVE, FULL,
+//! The WAL-reset race's soak: four processes on one database through the guard with the WAL-reset
+//! rule on — two writers (`wal_autocheckpoint` small, so their commits reset the WAL often; one
+//! also runs PASSIVE checkpoints of its own) and two checkpointers (one cycling PASSIVE, FULL,
 //! RESTART and TRUNCATE, one PASSIVE only, the mode the race needs). Every committed row must be
-//! there at the end, `integrity_check` ok, no tripwire alarm. The WAL's final size is printed,
-//! not asserted: whether commits ever find the WAL wholly checkpointed depends on how the four
+//! there at the end, `integrity_check` ok, no tripwire alarm. The WAL's final size is printed, not
+//! asserted: whether commits ever find the WAL wholly checkpointed depends on how the four
 //! processes are scheduled (on a loaded 2-core machine none may, and the WAL grows as it does in
 //! stock SQLite). That a deferred reset happens at the next commit with no checkpoint running is
 //! `wal_reset::a_checkpoint_lock_held_elsewhere_defers_the_reset_and_the_commit_appends`. Short

@@ -203,7 +203,7 @@ impl TableMerge<'_> {
     /// Under a rule that compares added rows with the live ones: an earlier merge of this
     /// generation (another capture of it) put this row under another rowid, and it is there
     /// with the same content. Without this, a `whole` merge after a delta merge of the same
-    /// generation would insert those rows a second time (issue 34).
+    /// generation would insert those rows a second time.
     fn moved_here_before(
         &self,
         m: &Merge<'_>,

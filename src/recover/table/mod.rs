@@ -54,8 +54,7 @@ pub(crate) struct TableMerge<'t> {
     referrers: Vec<Referrer>,
     /// An added row under its own rowid with the same content is taken as already live.
     compare_added: bool,
-    /// [`MergeRule::AddOnly`] (issue 43): changes and deletions are never applied
-    /// (`add_only.rs`).
+    /// [`MergeRule::AddOnly`]: changes and deletions are never applied (`add_only.rs`).
     add_only: bool,
     /// `INSERT` of the merged columns (and the rowid, for a rowid table whose rowid is not a
     /// column).
@@ -414,7 +413,7 @@ impl<'t> TableMerge<'t> {
     }
 
     fn take_capture(&self, m: &Merge<'_>) -> bool {
-        // Issue 43: under the add-only rule nothing live is overwritten, whatever was asked.
+        // Under the add-only rule nothing live is overwritten, whatever was asked.
         !self.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
     }
 

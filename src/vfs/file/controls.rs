@@ -89,18 +89,18 @@ pub(super) unsafe extern "C" fn file_control_answered(
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
                 let rc = sub_call!(t, sub, xFileControl, op, arg);
-                // Issue 36: another connection of this process holds the same generation, so
-                // this close cannot checkpoint (its EXCLUSIVE is refused in-process), and the
-                // watch vouches for that connection's last full check: nothing was taken away
+                // Another connection of this process holds the same generation, so this close
+                // cannot checkpoint (its EXCLUSIVE is refused in-process), and the watch vouches
+                // for that connection's last full check: nothing was taken away
                 // (`state/open_here.rs`).
                 if state.close_left_to_sibling() {
                     return rc;
                 }
                 // SQLite asks this just before its close-time checkpoint: a retired generation
-                // answers "moved" so that checkpoint (and the WAL delete after it) never runs.
-                // A full check, after which the close's other checks go by the watch; issue
-                // 34: a main file overwritten in place retires it here too (judged once the
-                // pins hold: a file taken away is retired for that).
+                // answers "moved" so that checkpoint (and the WAL delete after it) never runs. A
+                // full check, after which the close's other checks go by the watch; a main file
+                // overwritten in place retires it here too (judged once the pins hold: a file taken
+                // away is retired for that).
                 let mut moved = state.check_pins_vouching().is_some();
                 if !moved && state.wal_pinned() {
                     judge_main_at_close(t, sub, state);
@@ -143,19 +143,19 @@ pub(super) unsafe extern "C" fn file_control_answered(
 /// from the main file.
 const READ0: c_int = 3;
 
-/// Issue 44: the judgement of the main file at `SQLITE_FCNTL_HAS_MOVED`, which SQLite sends at
-/// the close holding no lock of the WAL: another connection's checkpoint may be writing the
-/// very pages read (and another's reset starting a generation, which the judgement's
-/// confirmation with the wal-index sees: `state/overwrite.rs`). So it is made under `READ(0)`
-/// shared, taken through the wrapped file without waiting and released at once: a checkpoint
-/// copies frames into the main file (and truncates it) only while it holds `READ(0)`
-/// exclusively (`walCheckpoint`, every SQLite version), so none writes it meanwhile; to others
-/// it is a reader of the main file, as common as any. Busy, a checkpoint is copying now, so
-/// another connection holds the database and this close will not have the EXCLUSIVE lock its
-/// own checkpoint needs: the judgement is deferred to that lock, which makes the close's
-/// checkpoint judge before its first write (`main_writes_may_follow`), under EXCLUSIVE. A
-/// wal-index in SQLite's heap (`locking_mode=EXCLUSIVE` from the start: no mapping, and this
-/// connection holds EXCLUSIVE) is judged as it is.
+/// The judgement of the main file at `SQLITE_FCNTL_HAS_MOVED`, which SQLite sends at the close
+/// holding no lock of the WAL: another connection's checkpoint may be writing the very pages read
+/// (and another's reset starting a generation, which the judgement's confirmation with the
+/// wal-index sees: `state/overwrite.rs`). So it is made under `READ(0)` shared, taken through the
+/// wrapped file without waiting and released at once: a checkpoint copies frames into the main file
+/// (and truncates it) only while it holds `READ(0)` exclusively (`walCheckpoint`, every SQLite
+/// version), so none writes it meanwhile; to others it is a reader of the main file, as common as
+/// any. Busy, a checkpoint is copying now, so another connection holds the database and this close
+/// will not have the EXCLUSIVE lock its own checkpoint needs: the judgement is deferred to that
+/// lock, which makes the close's checkpoint judge before its first write
+/// (`main_writes_may_follow`), under EXCLUSIVE. A wal-index in SQLite's heap
+/// (`locking_mode=EXCLUSIVE` from the start: no mapping, and this connection holds EXCLUSIVE) is
+/// judged as it is.
 fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) {
     if !state.stale_wal().is_mapped() || crate::vfs::state::overwrite::unconfirmed() {
         state.judge_main(&open::MainImage(sub));
@@ -253,7 +253,7 @@ pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_i
     Some(rc)
 }
 
-/// Issue 33: `PRAGMA journal_mode = WAL` on a filesystem where WAL is not safe, with
+/// `PRAGMA journal_mode = WAL` on a filesystem where WAL is not safe, with
 /// `HERMES_GUARD_UNSAFE_FS=refuse`: the error to fail it with; `None` lets it run.
 fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
     if !mode.eq_ignore_ascii_case(b"wal") {
@@ -270,9 +270,9 @@ fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
     ))
 }
 
-/// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]` (issue 27): sets the rule for this
-/// connection when given a value (`auto`: as a connection opened now would start), and answers
-/// what is in force, `on` or `off`.
+/// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]`: sets the WAL-reset race's rule (the
+/// resetting writer takes the checkpoint lock) for this connection when given a value (`auto`: as a
+/// connection opened now would start), and answers what is in force, `on` or `off`.
 fn wal_reset_pragma(state: &DbState, arg: Option<&[u8]>) -> (c_int, String) {
     let set = match arg.map(|a| a.to_ascii_lowercase()).as_deref() {
         None => None,

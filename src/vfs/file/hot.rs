@@ -23,8 +23,9 @@ io_pass_through! {
 }
 
 /// The `xRead` of a guarded main file: a read of one of the first 16 pages goes on to
-/// `read_first_pages` (kept for the next write lock's judgement, `vfs/main_reads.rs`: explorer
-/// bug 5's last window); every other read is a compare and a tail call (R1's reads, above all).
+/// `read_first_pages` (kept for the next write lock's judgement, `vfs/main_reads.rs`: a copy in
+/// place that a page cache read from the old file would write back); every other read is a
+/// compare and a tail call (R1's reads, above all).
 pub(super) unsafe extern "C" fn x_read_main<const HEAP: bool>(
     f: *mut ffi::sqlite3_file,
     buf: *mut c_void,
@@ -103,8 +104,8 @@ pub(super) unsafe extern "C" fn write_gated(
     unsafe { write_gated_slow(f, buf, amt, ofst) }
 }
 
-/// [`write_gated`] for the writes its first test does not let through: the gate, the issue 34
-/// hooks, the write.
+/// [`write_gated`] for the writes its first test does not let through: the gate, the hooks of the
+/// overwrite judgement and of a new generation's WAL-base record, the write.
 ///
 /// # Safety
 /// `f` is one of our live files; `buf` holds `amt` bytes.
@@ -140,9 +141,9 @@ unsafe extern "C" fn write_gated_slow(
         // SAFETY: as the caller promises.
         unsafe { at_wal_header(state, buf, amt, ofst) };
     }
-    // Issue 34: a checkpoint's first write judges the main file first, once the pins were
-    // checked (a file taken away is retired for that, not as overwritten): an overwrite in
-    // place retires the generation, and this write is refused.
+    // A checkpoint's first write judges the main file first, once the pins were checked (a file
+    // taken away is retired for that, not as overwritten): an overwrite in place retires the
+    // generation, and this write is refused.
     if t.kind == Kind::Main && state.main_judge_due() && state.wal_pinned() {
         shield_slow(|| state.judge_main(&open::MainImage(sub)));
         if state.is_retired() {
@@ -291,8 +292,9 @@ fn commit_refused(
     rc
 }
 
-/// Issue 34's hook: the WAL header of a new generation, which a WAL-base record may wait for
-/// (the gate is closed for it; `vfs/stale_wal/`).
+/// The hook at the WAL header of a new generation, which a WAL-base record may wait for so that
+/// it is written before the generation's first frame (the gate is closed for it;
+/// `vfs/stale_wal/`).
 ///
 /// # Safety
 /// `buf` holds `amt` readable bytes.
@@ -346,7 +348,7 @@ pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) 
             // checkpoint): what a heal at close compares with (`state/healing.rs`).
             shield_slow(|| state.stamp_main());
         }
-        // Issue 19: a restart may follow (or just happened): a WAL-base record is due.
+        // A restart may follow (or just happened): a WAL-base record is due.
         state.stale_wal().checkpoint_synced();
     }
     rc
@@ -394,12 +396,12 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
     sub_call!(t, sub, xLock, level)
 }
 
-/// Issue 36: `xLock(EXCLUSIVE)` in WAL mode while another connection of this process holds the
-/// same generation (`state/open_here.rs`): SQLite's unix VFS refuses it in-process, without a
-/// syscall, so it is asked first, with no check and no step-aside of the shield for a lock that
-/// is not granted. `None` when the long way must be taken: nobody else holds the generation, or
-/// the refusal came while the other connection let go (then it may have come from the kernel,
-/// against this connection's own shield).
+/// `xLock(EXCLUSIVE)` in WAL mode while another connection of this process holds the same
+/// generation (`state/open_here.rs`): SQLite's unix VFS refuses it in-process, without a syscall,
+/// so it is asked first, with no check and no step-aside of the shield for a lock that is not
+/// granted. `None` when the long way must be taken: nobody else holds the generation, or the
+/// refusal came while the other connection let go (then it may have come from the kernel, against
+/// this connection's own shield).
 #[cold]
 #[inline(never)]
 fn exclusive_beside_sibling(

@@ -136,8 +136,9 @@ pub(crate) unsafe fn open(
     };
     let sub = heap.as_ref().map_or(f, |h| h.ptr);
     if flags & ffi::SQLITE_OPEN_WAL != 0 {
-        // Issue 19: an existing WAL is judged before SQLite opens (and replays) it; issue 33:
-        // not at all on a filesystem where WAL is not safe, when the policy refuses it.
+        // An existing WAL is judged before SQLite opens (and replays) it, so that a WAL that
+        // belongs to another main file is not replayed onto this one; on a filesystem where WAL
+        // is not safe, when the policy refuses it, it is not opened at all.
         // SAFETY: `z_name` is the WAL name SQLite passes to xOpen.
         let rc = unsafe { stale_wal_gate(z_name) };
         if rc != ffi::SQLITE_OK {
@@ -344,7 +345,7 @@ pub(super) unsafe fn stale_wal_gate(z_name: ffi::sqlite3_filename) -> c_int {
         return ffi::SQLITE_OK;
     };
     if let Some(fs) = state.wal_refused_on() {
-        // Issue 44: under `PRAGMA locking_mode=EXCLUSIVE` SQLite holds the main file EXCLUSIVE
+        // Under `PRAGMA locking_mode=EXCLUSIVE` SQLite holds the main file EXCLUSIVE
         // before it opens the WAL and keeps its index in heap memory: one connection of one
         // process, no shared memory, safe on any filesystem. That is how such a database is
         // read, and taken out of WAL mode, where WAL is refused.

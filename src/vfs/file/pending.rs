@@ -125,9 +125,9 @@ pub(crate) fn held() -> (usize, usize) {
 /// what it needs. Panic-free, entry by entry; skipped if another thread holds the list (a process
 /// exiting under a running capture). The held files are not closed: the process is ending.
 pub(crate) extern "C" fn at_exit() {
-    // Issue 33: probe descriptors of `-shm`s nobody holds any more are closed.
+    // Probe descriptors of `-shm`s nobody holds any more are closed.
     let _ = catch_unwind(crate::vfs::in_use::release_idle_probes);
-    // Explorer bug 4: a WAL left for an opener and taken away since.
+    // A WAL a close left for an opener of this process, and taken away since, is captured.
     let _ = catch_unwind(super::held_for_opener::at_exit);
     let _ = catch_unwind(|| {
         if PENDING_COUNT.load(Ordering::Acquire) == 0 {

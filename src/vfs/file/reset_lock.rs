@@ -54,7 +54,8 @@ pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
     // SAFETY: as the caller promises: not NULL, into the state the table holds.
     let state = unsafe { &*t.main_state };
     let sub = sub_object_for::<HEAP>(t, f);
-    // Bug 5's last window: the header this reset replaces, for the judgement at its release.
+    // The header this reset replaces: at its release, the main-file pages this connection read
+    // under that header are judged again (a copy in place under a cache read from the old file).
     ffi_guard((), || state.stale_wal().before_reset());
     let slot = state.wal_reset();
     if !slot.applies() {
@@ -105,9 +106,10 @@ pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
     let sub = sub_object_for::<HEAP>(t, f);
     let rc = shm_lock_down(t, sub, RESET_OFST, RESET_N, flags);
     if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
-        // Issue 34 (tests/explore's bug 2): the reset wrote the new generation's salts into
-        // the wal-index; its WAL-base record is written now, before its first frame, rather
-        // than at the next write lock (which a restore in between would refuse).
+        // The reset wrote the new generation's salts into the wal-index; its WAL-base record
+        // is written now, before its first frame, rather than at the next write lock: a restore
+        // in between would get that lock refused and leave the generation unrecorded, for the
+        // next opener to replay onto the restored file.
         let main = open::MainImage(sub);
         ffi_guard((), || state.stale_wal().at_wal_reset(state, &main));
         if state.wal_reset().take_own_ckpt() {

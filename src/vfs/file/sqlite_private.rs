@@ -11,12 +11,12 @@
 //! process's one check of how SQLite names the `-shm`, and the pin of a build that names it
 //! otherwise (`SQLITE_SHM_DIRECTORY`).
 
-/// The SQLite versions the mirrors below were verified against, field by field, in os_unix.c
-/// and wal.c: 3.32.0 to 3.54.1 (with every Linux compile option that moves a struct; issue 17's
-/// review). A running SQLite outside the range is said once at registration
-/// ([`check_running_version`]); the mirrors are still checked at every open against what can be
-/// known independently ([`unix_prefix`], [`shm_node`]), so a layout that differs turns off
-/// what relies on it (the shield, the move of a held main file) rather than being misread.
+/// The SQLite versions the mirrors below were verified against, field by field, in os_unix.c and
+/// wal.c: 3.32.0 to 3.54.1 (with every Linux compile option that moves a struct). A running SQLite
+/// outside the range is said once at registration ([`check_running_version`]); the mirrors are
+/// still checked at every open against what can be known independently ([`unix_prefix`],
+/// [`shm_node`]), so a layout that differs turns off what relies on it (the shield, the move of a
+/// held main file) rather than being misread.
 pub(super) const VERIFIED: std::ops::RangeInclusive<c_int> = 3_032_000..=3_054_001;
 
 /// The self-check keyed to [`VERIFIED`], run once when the guard is registered.
@@ -159,14 +159,14 @@ struct UnixFileId {
     ino: u64,
 }
 
-/// A main file's `h` and `pInode->fileId` were seen to agree with an `fstat` of `h` in this
-/// process ([`main_descriptor`]): the layout holds for this build of SQLite, so later opens take
-/// both from SQLite's structures without a syscall (issue 36).
+/// A main file's `h` and `pInode->fileId` were seen to agree with an `fstat` of `h` in this process
+/// ([`main_descriptor`]): the layout holds for this build of SQLite, so later opens take both from
+/// SQLite's structures without a syscall.
 static INODE_LAYOUT_SEEN: AtomicBool = AtomicBool::new(false);
 
 /// The main file's identity from SQLite's own `fstat` at the open (`pInode->fileId`), once
 /// [`INODE_LAYOUT_SEEN`]: what the guard pins the main file to, from the descriptor, without a
-/// `stat` of its own (issue 36). `None` before the layout was seen to hold, or without an inode.
+/// `stat` of its own. `None` before the layout was seen to hold, or without an inode.
 pub(super) fn inode_file_id(prefix: Option<&UnixFilePrefix>) -> Option<FileId> {
     if !INODE_LAYOUT_SEEN.load(Ordering::Acquire) {
         return None;
@@ -222,8 +222,8 @@ pub(super) unsafe fn main_descriptor(
     };
     let inode = read_inode_file_id(p);
     let now = if let Some(id) = inode.filter(|_| INODE_LAYOUT_SEEN.load(Ordering::Acquire)) {
-        // Issue 36: the layout was seen to hold in this process; `h` is the descriptor whose
-        // `fstat` SQLite keeps in `pInode`.
+        // The layout was seen to hold in this process; `h` is the descriptor whose `fstat` SQLite
+        // keeps in `pInode`.
         id
     } else {
         // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call

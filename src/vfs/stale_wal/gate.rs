@@ -33,7 +33,8 @@ use crate::wal_base::{
 };
 use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
-/// The order before issue 33, for the connection explorer only (`explore-faults`).
+/// The former order (judged first, EXCLUSIVE after), for the connection explorer only
+/// (`explore-faults`).
 #[cfg(feature = "explore-faults")]
 mod old_order;
 mod replaced_here;
@@ -65,14 +66,15 @@ pub(crate) fn before_wal_open(
         return old_order::before_wal_open(state, main, locks, wal_path, window);
     }
     let db = state.db_path();
-    // Explorer bug 4: a WAL another connection of this process left for this open, settled
-    // first (`state/left.rs`).
+    // A WAL another connection of this process left for this open (its close kept the WAL, with
+    // frames no checkpoint copied, while this open held SHARED and had no WAL yet), settled first
+    // (`state/left.rs`).
     if let Some(main_id) = state.main_id() {
         crate::vfs::file::settle_for_opener(main_id);
     }
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes
-    // connections beside a long-lived one: issue 36).
+    // connections beside a long-lived one).
     let wal_now = identity_of_path(wal_path).ok().flatten();
     // The pin takes it from here when SQLite's descriptor turns out to be this inode.
     state.wal_seen_before_open(wal_now);
@@ -360,14 +362,14 @@ fn in_use_by_its_holder(
     ffi::SQLITE_OK
 }
 
-/// Issue 44: a WAL in use is judged under no lock that keeps its holders still: their
-/// checkpoints write the main file's pages and their resets start a generation over the old
-/// one's frames while the judgement reads them. A reset writes the WAL header at offset 0 before
-/// the new generation's first frame, so frames read past it may be another generation's, and a
-/// page read while a checkpoint wrote it may be neither version. `Stale` stands only when, read
-/// again after the look, the WAL header and the record are still the generation judged and the
-/// page found differing still hashes as it did; otherwise the judgement is not made (its holder
-/// replayed the WAL long before: this is a report, not a decision).
+/// A WAL in use is judged under no lock that keeps its holders still: their checkpoints write the
+/// main file's pages and their resets start a generation over the old one's frames while the
+/// judgement reads them. A reset writes the WAL header at offset 0 before the new generation's
+/// first frame, so frames read past it may be another generation's, and a page read while a
+/// checkpoint wrote it may be neither version. `Stale` stands only when, read again after the look,
+/// the WAL header and the record are still the generation judged and the page found differing still
+/// hashes as it did; otherwise the judgement is not made (its holder replayed the WAL long before:
+/// this is a report, not a decision).
 fn still_so(main: &dyn ImageSource, wal: &File, m: &Mismatch) -> bool {
     let mut head = [0u8; WAL_HEADER_SIZE];
     if wal.read_exact_at(&mut head, 0).is_err() {
@@ -496,10 +498,9 @@ fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<V
         Ok(record) => record,
         Err(v) => return Some(v),
     };
-    // The main file's pages, read once and before the WAL's frames (issue 44): a page a
-    // checkpoint of the WAL's holder wrote before this read came from a frame written before
-    // it, which the look below finds; read after the look, it could come from a frame committed
-    // and copied since.
+    // The main file's pages, read once and before the WAL's frames: a page a checkpoint of the
+    // WAL's holder wrote before this read came from a frame written before it, which the look below
+    // finds; read after the look, it could come from a frame committed and copied since.
     let read: Vec<(u32, Option<String>)> = record
         .pages
         .iter()

@@ -58,15 +58,17 @@ pub(crate) trait Holder {
 /// The least size of a record's buffer: above glibc's default mmap threshold (128 KiB).
 const OFF_HEAP: usize = 256 * 1024;
 
-/// The bytes a record hashes, read into the same buffer each time: one per process (issue 29: a
-/// buffer per connection cost up to 256 KiB of resident memory each, records are rare, and a
-/// record is written under no other lock of the guard's).
+/// The bytes a record hashes, read into the same buffer each time: one per process (a buffer per
+/// connection would cost up to 256 KiB of resident memory each, records are rare, and a record
+/// is written under no other lock of the guard's).
 static RECORD_BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 
 /// Write transactions a due record waits for the restart that follows a checkpoint.
 const DUE_TRIES: u8 = 4;
 
-/// One connection's part of issue 19 (held by its `DbState`).
+/// One connection's part of the stale-WAL rule, that a WAL is replayed only onto the main file it
+/// was written on: the WAL-base records it writes, and what its open did with a stale WAL (held by
+/// its `DbState`).
 #[derive(Default)]
 pub(crate) struct StaleWalSlot {
     /// Region 0 of the connection's wal-index mapping while it is mapped, else NULL.
@@ -81,14 +83,15 @@ pub(crate) struct StaleWalSlot {
     tries: AtomicU8,
     /// What the open did with a stale WAL.
     report: Mutex<Option<StaleWalStatus>>,
-    /// A record made at the write lock of a transaction that starts a generation on an empty
-    /// WAL (its salts are drawn when SQLite writes the WAL header): written, salts filled in,
-    /// at that header write, which the WAL's closed write gate shows (issue 34).
-    /// With the wal-index's salts and change counter when it was made: a header written after
-    /// either changed (a reset, a commit of another connection) is not the one it was made for.
+    /// A record made at the write lock of a transaction that starts a generation on an empty WAL
+    /// (its salts are drawn when SQLite writes the WAL header): written, salts filled in, at that
+    /// header write, which the WAL's closed write gate shows. With the wal-index's salts and change
+    /// counter when it was made: a header written after either changed (a reset, a commit of
+    /// another connection) is not the one it was made for.
     pending: Mutex<Option<Pending>>,
     /// The first pages this connection read from the main file under a settled wal-index
-    /// header (explorer bug 5's last window, `main_reads.rs`): judged at its write locks.
+    /// header (a copy in place under a cache read from the old file, `main_reads.rs`): judged at
+    /// its write locks.
     main_reads: MainReads,
     /// The settled header a WAL reset replaces, taken as it asks for its locks, while pages
     /// are kept: they are judged once more at the reset.
@@ -197,9 +200,10 @@ impl StaleWalSlot {
             return;
         }
         ffi_guard((), || {
-            // Bug 5's last window: pages this connection read from the main file under the
-            // header it now writes on, still what the file holds? Judged at each write lock
-            // until that header changes (its first commit): due again while they are kept.
+            // Pages this connection read from the main file under the header it now writes on,
+            // still what the file holds (a copy in place since would be written over from its
+            // cache)? Judged at each write lock until that header changes (its first commit):
+            // due again while they are kept.
             let kept = self.main_reads.any();
             if kept && self.judge_main_reads(state, self.settled_header().as_ref(), main) {
                 return;
@@ -227,12 +231,12 @@ impl StaleWalSlot {
                 // Recovery's write lock, before the wal-index is built: still due.
                 return;
             }
-            // An empty WAL: this transaction's first frame starts a generation whose salts
-            // SQLite draws as it writes the WAL header (issue 34: a restore before that
-            // write, and a refusal at the next lock, left it unrecorded). The record is made
-            // now, on the file as it is (nothing changes it before that generation's
-            // checkpoint), and written at the header write, which makes it no longer due.
-            // A transaction that writes no frame leaves it due, a few times.
+            // An empty WAL: this transaction's first frame starts a generation whose salts SQLite
+            // draws as it writes the WAL header (were it recorded at the next lock, a restore
+            // before that write and a refusal of that lock would leave it unrecorded). The record
+            // is made now, on the file as it is (nothing changes it before that generation's
+            // checkpoint), and written at the header write, which makes it no longer due. A
+            // transaction that writes no frame leaves it due, a few times.
             if self.tries.fetch_add(1, Ordering::Relaxed) >= DUE_TRIES {
                 self.not_due.store(true, Ordering::Relaxed);
                 self.tries.store(0, Ordering::Relaxed);
@@ -255,12 +259,12 @@ impl StaleWalSlot {
     }
 
     /// The read locks 1–4 a WAL reset takes (`walRestartLog`, or a TRUNCATE checkpoint's
-    /// `walRestartHdr`) were released: when the salts in the wal-index changed under them, a
-    /// new generation starts on the fully checkpointed main file, and its record is written
-    /// now, before the generation's first frame (issue 34: at the next write lock was too
-    /// late when a restore came in between and that lock was refused). The work of one record
-    /// per reset, as before, done earlier; a released lock of a RESTART checkpoint's wait (no
-    /// new salts) costs one load and a compare.
+    /// `walRestartHdr`) were released: when the salts in the wal-index changed under them, a new
+    /// generation starts on the fully checkpointed main file, and its record is written now, before
+    /// the generation's first frame (at the next write lock would be too late when a restore came
+    /// in between and that lock was refused). The work of one record per reset, as before, done
+    /// earlier; a released lock of a RESTART checkpoint's wait (no new salts) costs one load and a
+    /// compare.
     #[inline(never)]
     #[cold]
     pub(crate) fn at_wal_reset(&self, state: &impl Holder, main: &dyn ImageSource) {
@@ -366,11 +370,11 @@ impl StaleWalSlot {
     }
 
     /// Records generation `word` (the wal-index's salts) on the main file as it is now; with
-    /// `joined` (this connection's first write lock in a generation it did not see start), not
-    /// over a record of the same generation already on the WAL: that one was made when the
-    /// generation started, on the file it started on, and a connection that joined it later
-    /// (an opener of a restored file, above all) must not replace it with its own file's pages
-    /// (issue 34, tests/explore). One `fgetxattr` more per such record.
+    /// `joined` (this connection's first write lock in a generation it did not see start), not over
+    /// a record of the same generation already on the WAL: that one was made when the generation
+    /// started, on the file it started on, and a connection that joined it later (an opener of a
+    /// restored file, above all) must not replace it with its own file's pages, which a copy in
+    /// place would then match. One `fgetxattr` more per such record.
     #[cold]
     fn record(
         &self,

@@ -69,15 +69,15 @@ impl DbState {
         if !self.wal_pinned() && !self.is_retired() {
             return;
         }
-        // Issue 36: another connection of this process holds the same generation, whose last
-        // full check the watch vouches for (`state/open_here.rs`).
+        // Another connection of this process holds the same generation, whose last full check the
+        // watch vouches for (`state/open_here.rs`).
         if self.close_left_to_sibling() {
             return;
         }
-        // Issue 36: the directory watch vouches that nothing on the path (nor the mount table)
-        // changed since the last full check, as it does for every write transaction (a retired
-        // generation is never vouched for): no `stat` then. The close-time checkpoint keeps its
-        // own full check (`SQLITE_FCNTL_HAS_MOVED`).
+        // The directory watch vouches that nothing on the path (nor the mount table) changed since
+        // the last full check, as it does for every write transaction (a retired generation is
+        // never vouched for): no `stat` then. The close-time checkpoint keeps its own full check
+        // (`SQLITE_FCNTL_HAS_MOVED`).
         if self.vouched_fast() {
             return;
         }

@@ -85,14 +85,14 @@ fn parent_of_descriptor(main_fd: RawFd) -> Option<PathBuf> {
 /// Finds the directory whose identity was `id` at the open: at `db_path`'s parent, else where
 /// `main_fd` says the main file is now.
 ///
-/// Deleted ([`DirSlot::Gone`]) only on evidence: every name tried is gone or another directory,
-/// and the main file has no link left (`rm -r` unlinks it too; a directory moved away with its
-/// database keeps the file linked). A directory the process may write in but not read (a service
-/// user's mode-0773 directory, issue 44) is held `O_PATH` (`paths::open_dir_to_write_in`): a
-/// capture and a heal need no read permission. A failure to look — out of descriptors (`EMFILE`,
-/// `ENFILE`), memory, no search permission on the way (`EACCES`), an interrupted call — proves
-/// nothing: the directory stays unresolved, to be looked for again, and a capture meanwhile goes
-/// by path or to the fallback directory, never let go; a heal with no capture goes in place.
+/// Deleted ([`DirSlot::Gone`]) only on evidence: every name tried is gone or another directory, and
+/// the main file has no link left (`rm -r` unlinks it too; a directory moved away with its database
+/// keeps the file linked). A directory the process may write in but not read (a service user's
+/// mode-0773 directory) is held `O_PATH` (`paths::open_dir_to_write_in`): a capture and a heal need
+/// no read permission. A failure to look — out of descriptors (`EMFILE`, `ENFILE`), memory, no
+/// search permission on the way (`EACCES`), an interrupted call — proves nothing: the directory
+/// stays unresolved, to be looked for again, and a capture meanwhile goes by path or to the
+/// fallback directory, never let go; a heal with no capture goes in place.
 fn resolve(db_path: &Path, id: FileId, main_fd: RawFd) -> DirSlot {
     let by_name = db_path.parent().map(Path::to_path_buf);
     let candidates = [by_name, parent_of_descriptor(main_fd)];

@@ -130,7 +130,7 @@ impl DbState {
     }
 
     /// A full check, every `stat` whatever the watch says, which, passing, lets the watch vouch
-    /// from then on as a check at a transaction boundary does (issue 36: the close's first check,
+    /// from then on as a check at a transaction boundary does (the close's first check,
     /// `SQLITE_FCNTL_HAS_MOVED`, then spares the checks after it their `stat` calls). The reason
     /// when the generation is retired.
     pub(crate) fn check_pins_vouching(&self) -> Option<RetireReason> {
@@ -209,7 +209,7 @@ impl DbState {
     pub(crate) fn checkpoint_lock(&self, held: bool) {
         if held {
             // A checkpoint of this connection's may write the main file from here: its first
-            // write judges the main file first (issue 34, `state/overwrite.rs`).
+            // write judges the main file first, for an overwrite in place (`state/overwrite.rs`).
             self.main_judge_due.store(true, Ordering::Relaxed);
             self.main_written.store(true, Ordering::Release);
             self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);

@@ -61,11 +61,10 @@ pub(crate) trait MainFile {
     fn sync(&self) -> c_int;
 }
 
-/// Obligation 1, from what the state holds: a heal may follow. A generation whose capture could
-/// not be written for want of permission or space (beside the database, and in the fallback
-/// directory) is healed all the same when the other obligations hold: that is stock SQLite's
-/// outcome, never worse (issue 30). Any other capture failure keeps the generation held for a
-/// retry, as before.
+/// Obligation 1, from what the state holds: a heal may follow. A generation whose capture could not
+/// be written for want of permission or space (beside the database, and in the fallback directory)
+/// is healed all the same when the other obligations hold: that is stock SQLite's outcome, never
+/// worse. Any other capture failure keeps the generation held for a retry, as before.
 pub(super) fn may_heal(inner: &Inner) -> bool {
     matches!(
         inner.reason,
@@ -136,8 +135,8 @@ impl DbState {
         let result = self.heal_locked(&inner, main);
         inner.healed = result.is_ok();
         match result {
-            // ERROR, not WARN (issue 44): the guard could keep no copy anywhere, which needs the
-            // operator's eye (a directory or HOME it cannot write), even though no row is lost.
+            // ERROR, not WARN: the guard could keep no copy anywhere, which needs the operator's
+            // eye (a directory or HOME it cannot write), even though no row is lost.
             Ok(h) if inner.capture.is_none() => log::error!(
                 "hermes-guard: healed {} at close WITHOUT a copy: its capture could not be written \
                  anywhere ({}), but nothing newer had touched the database, so the retired \
@@ -309,7 +308,7 @@ fn put_back_and_checkpoint(
     main: &dyn MainFile,
 ) -> Result<Healed, String> {
     let wal = inner.wal.as_ref().ok_or("no pinned WAL")?.file();
-    // Read-only, or `O_PATH` for a directory this process may write in but not list (issue 44).
+    // Read-only, or `O_PATH` for a directory this process may write in but not list.
     // None at all (it could not be found, or is only reachable by a relative path): a generation
     // with a capture stays capture-only (the crash-safe steps need the directory); one that no
     // capture could be written for is healed in place, as SQLite's own close would.

@@ -66,11 +66,11 @@ impl DbState {
         states.iter().filter(|s| s.is_retired()).count()
     }
 
-    /// Issue 36: the database's directory (its identity, its filesystem and a watch of it) as
-    /// another connection of this process on the same main file, by the same name, found it,
-    /// when that is still true: the watch just made (and drained) shows the generation that
-    /// connection's last full check saw, so nothing in the directory or above it changed since
-    /// that check found the main file there. Spares the open its `stat` of the directory.
+    /// The database's directory (its identity, its filesystem and a watch of it) as another
+    /// connection of this process on the same main file, by the same name, found it, when that is
+    /// still true: the watch just made (and drained) shows the generation that connection's last
+    /// full check saw, so nothing in the directory or above it changed since that check found the
+    /// main file there. Spares the open its `stat` of the directory.
     pub(super) fn directory_from_sibling(
         main_id: Option<FileId>,
         db_path: &Path,
@@ -98,11 +98,11 @@ impl DbState {
         Some((sibling.dir_id?, sibling.filesystem.clone()?, watch))
     }
 
-    /// Issue 36: a full check of this connection passed, from the watch's figures read before it:
-    /// it is one of every connection here with the same name and the same pins (main file, WAL,
-    /// `-shm` at the same path), which vouch from it too. A connection opened beside a long-lived
-    /// one that has not written since something else changed in the directory then finds it
-    /// vouched for at its open and its close, from the second such connection on.
+    /// A full check of this connection passed, from the watch's figures read before it: it is one
+    /// of every connection here with the same name and the same pins (main file, WAL, `-shm` at the
+    /// same path), which vouch from it too. A connection opened beside a long-lived one that has
+    /// not written since something else changed in the directory then finds it vouched for at its
+    /// open and its close, from the second such connection on.
     pub(super) fn share_vouch(&self, generation: Option<u64>, changes: Option<u64>) {
         let Some(g) = generation else {
             return;
@@ -177,14 +177,13 @@ impl DbState {
         self.closing.store(true, Ordering::SeqCst);
     }
 
-    /// Issue 36: whether this closing connection leaves its close-time checks to another
-    /// connection of the process that holds its generation ([`DbState::generation_held_by_sibling`])
-    /// and whose last full check the directory watch still vouches for (one `epoll_wait`: nothing
-    /// on the paths of the generation's files, nor the mount table, changed since that check, so
-    /// nothing was taken away since — a loss after this connection's last write and before its
-    /// close is found here, not left to a connection that may never write or close again).
-    /// Decided once per close: the checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose`
-    /// follow the first one's answer.
+    /// Whether this closing connection leaves its close-time checks to another connection of the
+    /// process that holds its generation ([`DbState::generation_held_by_sibling`]) and whose last
+    /// full check the directory watch still vouches for (one `epoll_wait`: nothing on the paths of
+    /// the generation's files, nor the mount table, changed since that check, so nothing was taken
+    /// away since — a loss after this connection's last write and before its close is found here,
+    /// not left to a connection that may never write or close again). Decided once per close: the
+    /// checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose` follow the first one's answer.
     pub(crate) fn close_left_to_sibling(&self) -> bool {
         self.close_starts();
         if self.left_to_sibling.load(Ordering::Acquire) {
@@ -199,10 +198,9 @@ impl DbState {
         left
     }
 
-    /// Issue 36: whether another connection of this process, not closing, holds this
-    /// connection's generation: the same main file and the same WAL open, neither retired, and
-    /// SHARED (or more) on the main file. Then this connection's close owes no check and no
-    /// step-aside of its own:
+    /// Whether another connection of this process, not closing, holds this connection's generation:
+    /// the same main file and the same WAL open, neither retired, and SHARED (or more) on the main
+    /// file. Then this connection's close owes no check and no step-aside of its own:
     ///
     /// - SQLite's unix VFS refuses the close's `EXCLUSIVE` without a syscall while another
     ///   connection of the process holds SHARED on the inode (`pInode->nShared > 1` in

@@ -54,7 +54,7 @@ impl DbState {
     /// `locking_mode=EXCLUSIVE`) may write the main file without taking the checkpoint lock
     /// (SQLite skips the `-shm` locks in its exclusive mode), and its `SQLITE_FCNTL_HAS_MOVED`
     /// came before this lock, so an overwrite in between would go unseen: the next main-file
-    /// write judges first (explorer bug 5's second window).
+    /// write judges first.
     pub(crate) fn main_writes_may_follow(&self) {
         self.main_judge_due.store(true, Ordering::Relaxed);
     }
@@ -193,11 +193,11 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
         return None;
     }
     // Not as recorded: fine if one of the frames a checkpoint copied (or began to) put it there.
-    // Issue 44: the progress is read from the wal-index, the salts after it: a reset in between
-    // (another connection's, which no lock of this judgement excludes) zeroes the progress after
-    // writing new salts, and the WAL file's header, read above, keeps the old generation's salts
-    // until the new one's first frame. Progress of another generation than the header read is
-    // no measure of what was copied: no judgement (the next one decides).
+    // The progress is read from the wal-index, the salts after it: a reset in between (another
+    // connection's, which no lock of this judgement excludes) zeroes the progress after writing new
+    // salts, and the WAL file's header, read above, keeps the old generation's salts until the new
+    // one's first frame. Progress of another generation than the header read is no measure of what
+    // was copied: no judgement (the next one decides).
     let index = inner.wal_index.as_ref()?;
     let copied = index
         .backfill()
@@ -232,8 +232,9 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
     None
 }
 
-/// The explorer's fault switch `judgement-unconfirmed` (the judgement before issue 44); always
-/// `false` without the `explore-faults` feature.
+/// The explorer's fault switch `judgement-unconfirmed` (the judgement as it was before the
+/// wal-index confirmed it: no `READ(0)` at the close, no compare of the wal-index's salts with the
+/// WAL header's); always `false` without the `explore-faults` feature.
 pub(crate) fn unconfirmed() -> bool {
     #[cfg(feature = "explore-faults")]
     return crate::explore_faults::judgement_unconfirmed();

@@ -79,8 +79,8 @@ impl DbState {
         self.inner.lock().wal_gate = None;
     }
 
-    /// The main file is locked above SHARED by this connection (issue 44: how a WAL opened under
-    /// `locking_mode=EXCLUSIVE` is told).
+    /// The main file is locked above SHARED by this connection: how a WAL opened under
+    /// `locking_mode=EXCLUSIVE` (allowed where WAL mode is refused) is told.
     pub(crate) fn main_locked_above_shared(&self) -> bool {
         self.main_above_shared.load(Ordering::Acquire)
     }

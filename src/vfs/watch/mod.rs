@@ -74,7 +74,8 @@ struct Entry {
     /// Still the watch of the directory `dir` names (not moved, deleted or dropped by the
     /// kernel). Once false, for good: its users fall back to full checks.
     current: AtomicBool,
-    /// Issue 43: the creations of the tracked databases' names here (`names.rs`).
+    /// The creations of the tracked databases' names here (`names.rs`): whether a capture's image
+    /// is its own generation's base.
     names: names::Names,
 }
 
@@ -365,7 +366,7 @@ impl Drop for DirWatch {
     }
 }
 
-/// Directory watches refused for want of `max_user_watches` (issue 29).
+/// Directory watches refused for want of `max_user_watches`.
 static WATCHES_REFUSED: AtomicU64 = AtomicU64::new(0);
 
 /// A watch the kernel refused: the user's inotify watches (`fs.inotify.max_user_watches`, shared

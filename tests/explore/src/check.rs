@@ -9,7 +9,7 @@
 //!    guarded opener reached the WAL's open before any stock opener took SHARED, none of its
 //!    rows is live; after a backup restored over the file under running connections, no row
 //!    committed before the restore and missing from the backup is live (renamed over the file:
-//!    a new inode, which the pins see; copied over it in place: issue 34's `main-overwritten`);
+//!    a new inode, which the pins see; copied over it in place: judged `main-overwritten`);
 //! 6. after `recover --apply` of every capture (the library's `recover::apply`), every
 //!    acknowledged row is live exactly once, and the database passes its integrity check.
 //! 7. no WARN or ERROR line of the guard (this process's or a child's) in a schedule without a
@@ -139,10 +139,10 @@ pub fn check(
             restored_at.is_some_and(|r| step < r) && !kept.iter().any(|k| k == v)
         })
     };
-    // A backup copied over the file in place keeps its inode: nothing the guard pins changes;
-    // since issue 34 a guarded connection's next checkpoint and its close judge the file's
-    // first pages against the WAL generation's record (`main-overwritten`), so that the
-    // generation is not checkpointed onto the copy. Said apart from a renamed restore's undoing.
+    // A backup copied over the file in place keeps its inode: nothing the guard pins changes; a
+    // guarded connection's next checkpoint and its close judge the file's first pages against the
+    // WAL generation's record (`main-overwritten`), so that the generation is not checkpointed onto
+    // the copy. Said apart from a renamed restore's undoing.
     let in_place = ledger
         .losses
         .iter()

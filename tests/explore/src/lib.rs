@@ -1,8 +1,7 @@
-//! A deterministic scheduler of SQLite connections at VFS-call granularity (issue 38): see
-//! README.md. Participants (connections on their own threads, guarded or stock, and file
-//! actors) run one at a time through the scheduling VFS (`vfs.rs`); the order of their steps
-//! comes from a seed (`sched.rs`, PCT); after every schedule the invariants are checked
-//! (`check.rs`).
+//! A deterministic scheduler of SQLite connections at VFS-call granularity: see README.md.
+//! Participants (connections on their own threads, guarded or stock, and file actors) run one at a
+//! time through the scheduling VFS (`vfs.rs`); the order of their steps comes from a seed
+//! (`sched.rs`, PCT); after every schedule the invariants are checked (`check.rs`).
 
 pub mod check;
 pub mod dfs;
@@ -221,11 +220,11 @@ pub mod faults {
     /// The faults switched on: a bit per name of `NAMES`.
     static ON: AtomicUsize = AtomicUsize::new(0);
 
-    /// The names `--fault` takes: the stale-WAL gate's order before issue 33, recovery's
-    /// rules before issue 43 (a capture's delta replayed whatever its base), and the overwrite
-    /// judgement before issue 44 (no `READ(0)` at the close, no confirmation with the
-    /// wal-index's salts), and recovery before issue 53 (`add-only` for a capture that holds its
-    /// pages' base, never `changes`).
+    /// The names `--fault` takes: the stale-WAL gate's old order (judged first, EXCLUSIVE after),
+    /// recovery's old rules (a capture's delta replayed whatever its base), the old overwrite
+    /// judgement (no `READ(0)` at the close, no confirmation with the wal-index's salts), and
+    /// recovery without the changes rule (`add-only` for a capture that holds its pages' base,
+    /// never `changes`).
     pub const NAMES: &[&str] = &[
         "judged-before-exclusive",
         "capture-base-ignored",
@@ -237,8 +236,8 @@ pub mod faults {
     /// (`process.rs`): their names, comma-separated.
     pub const CHILD_ENV: &str = "EXPLORE_CHILD_FAULTS";
 
-    /// The stale-WAL gate's window between its judgement and its EXCLUSIVE attempt, in the
-    /// order before issue 33: a yield point.
+    /// The stale-WAL gate's window between its judgement and its EXCLUSIVE attempt, in the old
+    /// order: a yield point.
     fn gate_window() {
         yield_now(Kind::Go, || {
             "gate: judged, EXCLUSIVE not yet asked (judged-before-exclusive)".into()
@@ -348,9 +347,9 @@ fn guard_first(run: &Run) -> bool {
 }
 
 /// Guard bugs the explorer found and reported, not fixed yet (tests/explore/README.md, "Found"):
-/// (scenario, what the violation says, the bug). A schedule that shows only these passes; each
-/// gets a rediscovery test (tests/explore/tests/it/explore.rs) that fails once it is fixed. Bugs 1
-/// to 7 are fixed, each seed a regression test.
+/// (scenario, what the violation says, the bug). A schedule that shows only these passes; each gets
+/// a rediscovery test (tests/explore/tests/it/explore.rs) that fails once it is fixed. The bugs
+/// fixed are gone from this list, each seed that showed one a regression test.
 pub const KNOWN: &[(&str, &str, &str)] = &[(
     "newer-changes",
     "is not live in that version",

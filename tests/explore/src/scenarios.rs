@@ -82,35 +82,35 @@ pub const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "newer-checkpointed",
-        about: "a guarded writer (2 commits before the schedule, 2 in it, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) whose rows the retired writer's capture and its recovery must keep (issue 43)",
+        about: "a guarded writer (2 commits before the schedule, 2 in it, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) whose rows the retired writer's capture and its recovery must keep",
         horizon: 45,
         unfetch: false,
         build: newer_checkpointed,
     },
     Scenario {
         name: "newer-changes",
-        about: "120 history rows in the main file; a guarded writer (autocheckpoint off: an insert before the schedule; in it an insert, 2 updates, a range deleted, an insert, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: an insert, the oldest rows or a middle range deleted, 2 other rows updated, an insert, a PASSIVE or TRUNCATE checkpoint, close): after recovery none of the newer writer's deletions or updates is undone, the retired writer's are applied (issue 53)",
+        about: "120 history rows in the main file; a guarded writer (autocheckpoint off: an insert before the schedule; in it an insert, 2 updates, a range deleted, an insert, close) whose -wal and/or -shm are removed, then a newer writer (guarded or stock: an insert, the oldest rows or a middle range deleted, 2 other rows updated, an insert, a PASSIVE or TRUNCATE checkpoint, close): after recovery none of the newer writer's deletions or updates is undone, the retired writer's are applied",
         horizon: 80,
         unfetch: false,
         build: newer_changes::newer_changes,
     },
     Scenario {
         name: "in-flight",
-        about: "a guarded writer inside a write transaction (2 rows, then COMMIT, close) whose -wal or -shm is removed; then, in other processes, a stock reader opens and counts, and a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) (issue 52: the commit refused or safe, never written over)",
+        about: "a guarded writer inside a write transaction (2 rows, then COMMIT, close) whose -wal or -shm is removed; then, in other processes, a stock reader opens and counts, and a newer writer (guarded or stock: 2 commits, a PASSIVE or TRUNCATE checkpoint, close) (the commit refused or safe, never written over)",
         horizon: 60,
         unfetch: false,
         build: in_flight,
     },
     Scenario {
         name: "two-generations",
-        about: "one process, two generations: a guarded connection A (rows checkpointed and rows in its WAL only; idle or in a read transaction) whose -wal and -shm are removed, a new guarded connection B of the same process (2 commits, never refused), a stock connection in another process sharing B's -shm (count, 2 commits, a PASSIVE or TRUNCATE checkpoint); A's writes after the loss refused (issue 54)",
+        about: "one process, two generations: a guarded connection A (rows checkpointed and rows in its WAL only; idle or in a read transaction) whose -wal and -shm are removed, a new guarded connection B of the same process (2 commits, never refused), a stock connection in another process sharing B's -shm (count, 2 commits, a PASSIVE or TRUNCATE checkpoint); A's writes after the loss refused",
         horizon: 100,
         unfetch: false,
         build: two_generations::two_generations,
     },
     Scenario {
         name: "churn",
-        about: "no loss: a guarded reader in another process opening, counting and closing, over and over, beside a guarded writer checkpointing PASSIVE and a guarded or stock one checkpointing RESTART (issue 44: no retirement, no capture, no WARN line)",
+        about: "no loss: a guarded reader in another process opening, counting and closing, over and over, beside a guarded writer checkpointing PASSIVE and a guarded or stock one checkpointing RESTART (no retirement, no capture, no WARN line)",
         horizon: 160,
         unfetch: false,
         build: churn,
@@ -324,10 +324,11 @@ fn restore_running(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     }
 }
 
-/// Explorer bug 5's last window at a WAL reset: after the backup and `r3` (checkpointed away), K
-/// (opened in the setup) commits `r4` and checkpoints it completely, the WAL staying (K is open); O opens, reads (from the
-/// main file: nothing is left to checkpoint) and commits `o1`, which resets the WAL; the backup is
-/// copied over the file in place at any step; K closes at any step.
+/// The last window of an in-place restore at a WAL reset: after the backup and `r3` (checkpointed
+/// away), K (opened in the setup) commits `r4` and checkpoints it completely, the WAL staying (K is
+/// open); O opens, reads (from the main file: nothing is left to checkpoint) and commits `o1`,
+/// which resets the WAL; the backup is copied over the file in place at any step; K closes at any
+/// step.
 fn restore_checkpointed(db: &Path, _rng: &mut Rng, l: &Shared) -> Built {
     create(db, &["r1", "r2"]);
     std::fs::copy(db, db.with_file_name("backup.db")).unwrap();
@@ -452,16 +453,16 @@ fn killed_peer(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     }
 }
 
-/// Issue 43: a newer generation checkpointed into the main file before the retired writer
-/// notices its loss. W (guarded) is opened in the setup and commits `w1`, `w2` there (in its
-/// WAL only: its first commits, before any loss); in the schedule it commits `w3`, `w4` and
-/// closes. The other participant, `AN`, is the actor and then the newer writer N, one after the
-/// other (N opens after the loss, as a newer generation does): it removes the `-wal`, the `-shm`
-/// or both, then N (guarded or stock) opens in another process (`process.rs`: in this one it
-/// would join W's mapping of the unlinked `-shm`), commits `n1`, `n2`, runs a PASSIVE or
-/// TRUNCATE checkpoint and closes, each statement one step. Every order of the loss, N's commits and
-/// checkpoint, W's next commit (or refusal, and capture) and W's close is a schedule; wherever
-/// W's capture lands, its recovery must not delete or overwrite N's rows.
+/// A newer generation checkpointed into the main file before the retired writer notices its loss. W
+/// (guarded) is opened in the setup and commits `w1`, `w2` there (in its WAL only: its first
+/// commits, before any loss); in the schedule it commits `w3`, `w4` and closes. The other
+/// participant, `AN`, is the actor and then the newer writer N, one after the other (N opens after
+/// the loss, as a newer generation does): it removes the `-wal`, the `-shm` or both, then N
+/// (guarded or stock) opens in another process (`process.rs`: in this one it would join W's mapping
+/// of the unlinked `-shm`), commits `n1`, `n2`, runs a PASSIVE or TRUNCATE checkpoint and closes,
+/// each statement one step. Every order of the loss, N's commits and checkpoint, W's next commit
+/// (or refusal, and capture) and W's close is a schedule; wherever W's capture lands, its recovery
+/// must not delete or overwrite N's rows.
 fn newer_checkpointed(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     create(db, &[]);
     const LOSSES: [&[Act]; 3] = [
@@ -511,14 +512,13 @@ fn newer_checkpointed(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     }
 }
 
-/// Issue 52: a loss while a write transaction is open. W (guarded) commits `w1`, `w2` in the
-/// setup; in the schedule it runs `BEGIN IMMEDIATE`, inserts `w3`, `w4` and commits (the two
-/// rows acknowledged at the commit only), then closes. `AN` removes the `-wal` or the `-shm`;
-/// a stock reader R opens in another process and counts (SQLite's recovery of the WAL, by a
-/// connection that holds no lock W can see); then N (guarded or stock, a process of its own)
-/// commits `n1`, `n2`, checkpoints (PASSIVE or TRUNCATE) and closes, and R closes. Wherever the
-/// loss falls in W's transaction, W's commit is refused, or it is whole before anyone else
-/// could write where it wrote.
+/// A loss while a write transaction is open. W (guarded) commits `w1`, `w2` in the setup; in the
+/// schedule it runs `BEGIN IMMEDIATE`, inserts `w3`, `w4` and commits (the two rows acknowledged at
+/// the commit only), then closes. `AN` removes the `-wal` or the `-shm`; a stock reader R opens in
+/// another process and counts (SQLite's recovery of the WAL, by a connection that holds no lock W
+/// can see); then N (guarded or stock, a process of its own) commits `n1`, `n2`, checkpoints
+/// (PASSIVE or TRUNCATE) and closes, and R closes. Wherever the loss falls in W's transaction, W's
+/// commit is refused, or it is whole before anyone else could write where it wrote.
 fn in_flight(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     create(db, &[]);
     let loss = [Act::UnlinkWal, Act::UnlinkShm][rng.below(2) as usize];
@@ -595,14 +595,14 @@ fn in_flight(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     }
 }
 
-/// Issue 44: ordinary churn, nothing taken away. Two writers in this process commit and
-/// checkpoint (W1 guarded, PASSIVE; W2 guarded or stock, RESTART: its next commit resets the
-/// WAL), each main-file write of their checkpoints and each WAL write of their commits a step;
-/// the reader R is another process (`process.rs`: its own POSIX locks, as the churning process
-/// of the report had), guarded, opening, counting and closing 2 or 3 times, each statement one
-/// step. So R's close, and its judgement of the main file, fall between any two writes of a
-/// checkpoint copying frames and in the middle of a WAL reset. None of it may retire, capture
-/// or log a WARN line (`check.rs`, invariants 3, 4 and 7).
+/// Ordinary churn, nothing taken away. Two writers in this process commit and checkpoint (W1
+/// guarded, PASSIVE; W2 guarded or stock, RESTART: its next commit resets the WAL), each main-file
+/// write of their checkpoints and each WAL write of their commits a step; the reader R is another
+/// process (`process.rs`: its own POSIX locks, as the churning process of the report had), guarded,
+/// opening, counting and closing 2 or 3 times, each statement one step. So R's close, and its
+/// judgement of the main file, fall between any two writes of a checkpoint copying frames and in
+/// the middle of a WAL reset. None of it may retire, capture or log a WARN line (`check.rs`,
+/// invariants 3, 4 and 7).
 fn churn(db: &Path, rng: &mut Rng, l: &Shared) -> Built {
     create(db, &["c1", "c2"]);
     let stock = rng.below(2) == 0;

@@ -15,8 +15,8 @@ use crate::capture::{sidecar, ImageSource};
 use crate::vfs::stale_wal::Holder;
 use crate::wal_base::Verdict;
 
-/// As `before_wal_open` was before issue 33; `window` is called between the judgement and the
-/// EXCLUSIVE attempt (the time the look and the `-shm` probe took).
+/// As `before_wal_open` was when it judged first and tried EXCLUSIVE after; `window` is called
+/// between the judgement and the EXCLUSIVE attempt (the time the look and the `-shm` probe took).
 pub(super) fn before_wal_open(
     state: &impl Holder,
     main: &dyn ImageSource,

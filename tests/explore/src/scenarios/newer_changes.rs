@@ -1,5 +1,5 @@
-//! Issue 53: a newer generation that deletes and updates rows, not only inserts, checkpointed
-//! into the main file before the retired writer notices its loss.
+//! A newer generation that deletes and updates rows, not only inserts, checkpointed into the main
+//! file before the retired writer notices its loss.
 //!
 //! The table holds 120 history rows `h001`..`h120` (rowids 1..120, about 200 bytes each: seven
 //! leaves of 18, 18, …, 12 rows), checkpointed into the main file in the setup. W (guarded,

@@ -1,7 +1,7 @@
-//! Issue 54 (item 4): two generations in one process. Since the guard maps the wal-index itself
-//! (one node per `-shm` file, docs/architecture.md "The wal-index node"), a connection opened in
-//! the lost generation's process after a loss maps the `-shm` now at the path and writes at once;
-//! the lost generation's connection keeps its own node and is refused until it closes.
+//! Two generations in one process. Since the guard maps the wal-index itself (one node per `-shm`
+//! file, docs/architecture.md "The wal-index node"), a connection opened in the lost generation's
+//! process after a loss maps the `-shm` now at the path and writes at once; the lost generation's
+//! connection keeps its own node and is refused until it closes.
 //!
 //! A (guarded) is opened in the setup and commits `w1` there, checkpointed into the main file,
 //! then `w2` and `w3`, in its WAL only; it is left idle, or inside a read transaction (`BEGIN`, a

@@ -90,8 +90,8 @@ fn a_blocked_participant_yields_instead_of_spinning() {
     );
 }
 
-/// Bug 1, fixed by issue 34 (the ledger keyed by the WAL generation): the schedule that showed
-/// two captures of one generation merged twice now merges it once.
+/// Fixed by the ledger keyed by the WAL generation: the schedule that showed two captures of one
+/// generation merged twice now merges it once.
 #[test]
 fn a_generation_captured_twice_is_merged_once() {
     let _shared = crate::shared();
@@ -104,12 +104,12 @@ fn a_generation_captured_twice_is_merged_once() {
     );
 }
 
-/// Bug 2, fixed twice: a generation begun on an empty WAL across a restore (the write lock
-/// taken before it, the WAL header written after) used to land its first commit on the old
-/// file's WAL and be replayed onto the restored file by the next opener. Issue 34 recorded the
-/// generation at its WAL header, so the next opener set it aside; the frame rule now refuses the
-/// commit before its first frame lands (the restore is seen at that write's check), so nothing
-/// of the generation is there to replay or capture.
+/// Fixed twice: a generation begun on an empty WAL across a restore (the write lock taken before
+/// it, the WAL header written after) used to land its first commit on the old file's WAL and be
+/// replayed onto the restored file by the next opener. A first fix recorded the generation at its
+/// WAL header, so the next opener set it aside; the frame rule now refuses the commit before its
+/// first frame lands (the restore is seen at that write's check), so nothing of the generation is
+/// there to replay or capture.
 #[test]
 fn a_generation_begun_across_a_restore_is_recorded_and_never_replayed_onto_it() {
     let _shared = crate::shared();
@@ -130,11 +130,11 @@ fn a_generation_begun_across_a_restore_is_recorded_and_never_replayed_onto_it() 
     );
 }
 
-/// Bug 6, fixed: an opener of a renamed-in restore, in the process of a writer of the old file
-/// that has begun a generation (its header written, no frame yet), used to share that writer's
-/// WAL (a `-shm` node of its own: POSIX locks do not exclude within a process) and checkpoint it
-/// onto the restored file. The gate now sets aside a WAL a connection of this process holds for
-/// another main file, whatever it holds.
+/// Fixed: an opener of a renamed-in restore, in the process of a writer of the old file that has
+/// begun a generation (its header written, no frame yet), used to share that writer's WAL (a `-shm`
+/// node of its own: POSIX locks do not exclude within a process) and checkpoint it onto the
+/// restored file. The gate now sets aside a WAL a connection of this process holds for another main
+/// file, whatever it holds.
 #[test]
 fn an_opener_in_the_writers_process_sets_the_old_files_wal_aside() {
     let _shared = crate::shared();
@@ -146,10 +146,9 @@ fn an_opener_in_the_writers_process_sets_the_old_files_wal_aside() {
     }
 }
 
-/// Bug 3, fixed (issue 34): a peer's halt capture of a generation that the writer's close then
-/// healed into the live file finds that heal in the other capture and merges nothing; the
-/// seeds that showed it (peer-loss, and killed-peer's abandoned writer healing late) now keep
-/// every invariant.
+/// Fixed: a peer's halt capture of a generation that the writer's close then healed into the live
+/// file finds that heal in the other capture and merges nothing; the seeds that showed it
+/// (peer-loss, and killed-peer's abandoned writer healing late) now keep every invariant.
 #[test]
 fn a_peers_capture_of_a_generation_healed_by_the_writer_is_merged_zero_times() {
     let _shared = crate::shared();
@@ -163,10 +162,10 @@ fn a_peers_capture_of_a_generation_healed_by_the_writer_is_merged_zero_times() {
     }
 }
 
-/// Bug 4, fixed: a WAL with committed frames that its writer's close could not checkpoint (the
-/// peer, inside its open, held SHARED), taken away before the peer opened it. The close leaves
-/// the WAL pinned for the opener of its process; the opener's gate finds it gone and captures
-/// it from the kept descriptor (`wal-lost`).
+/// Fixed: a WAL with committed frames that its writer's close could not checkpoint (the peer,
+/// inside its open, held SHARED), taken away before the peer opened it. The close leaves the WAL
+/// pinned for the opener of its process; the opener's gate finds it gone and captures it from the
+/// kept descriptor (`wal-lost`).
 #[test]
 fn a_wal_taken_away_while_a_peer_is_inside_its_open_is_captured_from_the_closed_writers_pin() {
     let _shared = crate::shared();
@@ -184,10 +183,10 @@ fn a_wal_taken_away_while_a_peer_is_inside_its_open_is_captured_from_the_closed_
     }
 }
 
-/// Bug 4's fix does not capture what was not lost: a WAL left for an opener (the guarded
+/// The fix above does not capture what was not lost: a WAL left for an opener (the guarded
 /// checkpointer, opened but not yet read) that a stock connection of the process then replays,
-/// checkpoints in full and deletes at its close is gone from the path with every page in the
-/// main file: let go, no capture.
+/// checkpoints in full and deletes at its close is gone from the path with every page in the main
+/// file: let go, no capture.
 #[test]
 fn a_wal_left_for_an_opener_and_checkpointed_by_another_connection_is_not_captured() {
     let _shared = crate::shared();
@@ -196,12 +195,12 @@ fn a_wal_left_for_an_opener_and_checkpointed_by_another_connection_is_not_captur
     assert_eq!(o.captures, 0, "{}", o.describe());
 }
 
-/// Bug 5, two windows fixed: `cp backup.db state.db` between a running guarded writer's commits
-/// (seed 18: the peer that joined the generation after the copy used to record its WAL-base
-/// record again, from the copy; a joining connection now keeps the record already on the WAL)
-/// and between a close's `SQLITE_FCNTL_HAS_MOVED` and its checkpoint's EXCLUSIVE lock (seed
-/// 78: SQLite takes no checkpoint lock in its exclusive mode; EXCLUSIVE in WAL mode now makes
-/// the next main-file write judge). The copy is judged overwritten: refused, captured.
+/// An in-place restore, two windows fixed: `cp backup.db state.db` between a running guarded
+/// writer's commits (seed 18: the peer that joined the generation after the copy used to record its
+/// WAL-base record again, from the copy; a joining connection now keeps the record already on the
+/// WAL) and between a close's `SQLITE_FCNTL_HAS_MOVED` and its checkpoint's EXCLUSIVE lock (seed
+/// 78: SQLite takes no checkpoint lock in its exclusive mode; EXCLUSIVE in WAL mode now makes the
+/// next main-file write judge). The copy is judged overwritten: refused, captured.
 #[test]
 fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
     let _shared = crate::shared();
@@ -216,11 +215,11 @@ fn an_in_place_restore_under_a_running_writer_is_refused_and_captured() {
     }
 }
 
-/// Bug 5's last window at a WAL reset (`restore-checkpointed`): O's write lock judged its pages
-/// (the copy had not landed yet), the copy lands while O's commit resets the WAL (between its
-/// `xShmLock(4, 4)` and their release), and the new generation is recorded on the copy; judged
-/// again at the reset, against the header it replaced, O is refused before its first frame.
-/// Without that second judgement these seeds put `r3` and `r4` back.
+/// The in-place restore's last window at a WAL reset (`restore-checkpointed`): O's write lock
+/// judged its pages (the copy had not landed yet), the copy lands while O's commit resets the WAL
+/// (between its `xShmLock(4, 4)` and their release), and the new generation is recorded on the
+/// copy; judged again at the reset, against the header it replaced, O is refused before its first
+/// frame. Without that second judgement these seeds put `r3` and `r4` back.
 #[test]
 fn an_in_place_restore_during_a_wal_reset_is_refused_before_a_frame_from_the_cache() {
     let _shared = crate::shared();
@@ -241,24 +240,23 @@ fn refused_from_the_cache(scenario_name: &str, seeds: &[u64]) {
     }
 }
 
-/// Bug 5's last window, fixed: the copy lands while the WAL holds no frame left to checkpoint,
-/// under a connection whose page cache was read from the old file; its next transaction would
-/// begin a generation on the copy (recorded on the copy) from that cache. The pages it read from
-/// the main file under that wal-index header are judged at its write lock (`vfs/main_reads.rs`):
-/// refused before its first frame.
+/// The in-place restore's last window, fixed: the copy lands while the WAL holds no frame left to
+/// checkpoint, under a connection whose page cache was read from the old file; its next transaction
+/// would begin a generation on the copy (recorded on the copy) from that cache. The pages it read
+/// from the main file under that wal-index header are judged at its write lock
+/// (`vfs/main_reads.rs`): refused before its first frame.
 #[test]
 fn an_in_place_restore_between_generations_is_refused_before_a_frame_from_the_cache() {
     let _shared = crate::shared();
     refused_from_the_cache("restore-running", &[531, 571, 584, 759]);
 }
 
-/// Bug 7, fixed: the `-shm` alone unlinked while W is inside a commit (between its frame's
-/// writes, or before them); another process opens, makes a `-shm` of its own, recovers W's WAL
-/// (still at the path) up to its last whole frame, commits `n1`, `n2` in it at the offsets W is
-/// writing and checkpoints them (PASSIVE) or truncates the WAL (TRUNCATE). W's WAL writes are
-/// checked before they land and its commit again after its commit frame
-/// (`src/vfs/state/frames.rs`): W's commit is refused, not acknowledged, and nothing of the
-/// newer generation is written over.
+/// Fixed: the `-shm` alone unlinked while W is inside a commit (between its frame's writes, or
+/// before them); another process opens, makes a `-shm` of its own, recovers W's WAL (still at the
+/// path) up to its last whole frame, commits `n1`, `n2` in it at the offsets W is writing and
+/// checkpoints them (PASSIVE) or truncates the WAL (TRUNCATE). W's WAL writes are checked before
+/// they land and its commit again after its commit frame (`src/vfs/state/frames.rs`): W's commit is
+/// refused, not acknowledged, and nothing of the newer generation is written over.
 #[test]
 fn a_commit_in_flight_when_the_shm_goes_is_refused_not_overwritten() {
     let _shared = crate::shared();
@@ -290,10 +288,10 @@ fn a_transaction_in_flight_when_the_shm_goes_has_its_commit_refused() {
     }
 }
 
-/// Issue 54: in `two-generations` the newer connection B, in the lost generation's process, is
-/// never refused (invariant 9), and the scenario keeps its point: over its first seeds both of
-/// A's variants run, B's rows are acknowledged in every schedule, the stock process's in some
-/// (in the others it met B's recovery of the new `-shm`: busy), and A is refused in every one.
+/// In `two-generations` the newer connection B, in the lost generation's process, is never refused
+/// (invariant 9), and the scenario keeps its point: over its first seeds both of A's variants run,
+/// B's rows are acknowledged in every schedule, the stock process's in some (in the others it met
+/// B's recovery of the new `-shm`: busy), and A is refused in every one.
 #[test]
 fn a_new_connection_in_the_lost_generations_process_writes_at_once() {
     let _shared = crate::shared();

@@ -1,10 +1,10 @@
-//! The `changes` rule (issue 53): a capture that holds the base of its pages (`<file>-base`) is
-//! merged by what its generation itself inserted, updated and deleted. With the fault switch
-//! `changes-ignored` (the guard's `explore-faults` feature) recovery picks `add-only` instead, and
-//! `newer-changes` finds the newer generation's deletions and updates undone: the rows it deleted
-//! from the leaves the retired WAL carries are live again, and the old version of each row it
-//! updated there is live beside the new one. With the rule, the same seeds end with nothing
-//! wrong. The switch is process-wide: each test runs alone (`crate::alone`).
+//! The `changes` rule: a capture that holds the base of its pages (`<file>-base`) is merged by what
+//! its generation itself inserted, updated and deleted. With the fault switch `changes-ignored`
+//! (the guard's `explore-faults` feature) recovery picks `add-only` instead, and `newer-changes`
+//! finds the newer generation's deletions and updates undone: the rows it deleted from the leaves
+//! the retired WAL carries are live again, and the old version of each row it updated there is live
+//! beside the new one. With the rule, the same seeds end with nothing wrong. The switch is
+//! process-wide: each test runs alone (`crate::alone`).
 //!
 //! The seeds are PCT seeds of `newer-changes` that fail with the switch on (26 of the first 300
 //! do, every one with both files removed; none of the 300 without it), one for each kind of newer
@@ -113,12 +113,12 @@ fn a_guarded_newer_generations_changes_stay_and_the_retired_deletion_is_applied(
     );
 }
 
-/// Bug 8, known (`KNOWN` in tests/explore/src/lib.rs; tests/explore/README.md, "Found"): at
-/// these seeds W's `UPDATE h028` takes the write lock, the files go, N deletes the oldest rows
-/// (rebalancing the leaves) and checkpoints, and only then does W read the leaf from the main
-/// file: N's page, where row 28 no longer is. The update changes 0 rows and returns Ok; nothing
-/// reaches the WAL, so the capture and the `changes` rule rightly have no update. The schedules
-/// show the known bug and nothing else; this test fails once the guard refuses that read.
+/// A known bug (its entry in `KNOWN`, tests/explore/src/lib.rs; tests/explore/README.md, "Found"):
+/// at these seeds W's `UPDATE h028` takes the write lock, the files go, N deletes the oldest rows
+/// (rebalancing the leaves) and checkpoints, and only then does W read the leaf from the main file:
+/// N's page, where row 28 no longer is. The update changes 0 rows and returns Ok; nothing reaches
+/// the WAL, so the capture and the `changes` rule rightly have no update. The schedules show the
+/// known bug and nothing else; this test fails once the guard refuses that read.
 #[test]
 fn bug_8_a_retired_update_reading_a_page_checkpointed_under_it_changes_nothing() {
     for seed in [629, 933, 1033, 1266] {

@@ -1,7 +1,7 @@
-//! The issue's second bug rediscovery: the stale-WAL gate in its order before issue 33 (judged
-//! first, EXCLUSIVE after), put back by the fault switch `judged-before-exclusive` (the guard's
-//! `explore-faults` feature), is found by the explorer; today's order is not. The
-//! switch is process-wide: each test runs alone (`crate::alone`).
+//! A bug rediscovery: the stale-WAL gate in its old order (judged first, EXCLUSIVE after), put back
+//! by the fault switch `judged-before-exclusive` (the guard's `explore-faults` feature), is found
+//! by the explorer; today's order is not. The switch is process-wide: each test runs alone
+//! (`crate::alone`).
 //!
 //! The seeds are what the CI run of tests/explore.sh finds with the switch on (PCT, seeds
 //! 0..4000): `restore-openers` fails at seeds 1632, 2815 and 3701 (and the enumeration within

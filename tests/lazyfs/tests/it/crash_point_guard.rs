@@ -92,8 +92,8 @@ fn captured_rows(point: &Point<'_>) -> BTreeSet<i64> {
         );
         let capture =
             Capture::open(&dir).unwrap_or_else(|e| panic!("{what}: {}: {e}", dir.display()));
-        // Issue 34: a cut never leaves a heal that the durable facts (the staging file, the
-        // `-wal` of the recorded length and sha256, the main file's pages) cannot place.
+        // A cut never leaves a heal that the durable facts (the staging file, the `-wal` of the
+        // recorded length and sha256, the main file's pages) cannot place.
         assert!(
             !matches!(capture.heal(), HealState::Undetermined { .. }),
             "{what}: {}: {}",

@@ -298,8 +298,8 @@ fn a_power_cut_waits_for_a_file_another_process_holds_for_a_moment() {
     );
 }
 
-/// The model bug of issue 37: a file with two names dropped out of tracking when one was
-/// unlinked, and the cut brought it back as a new, empty inode without its extended attributes.
+/// A bug the model once had: a file with two names dropped out of tracking when one was unlinked,
+/// and the cut brought it back as a new, empty inode without its extended attributes.
 #[test]
 fn a_file_unlinked_from_one_of_two_names_survives_the_cut_as_the_same_inode_with_its_xattrs() {
     use std::os::unix::fs::MetadataExt;
