@@ -26,6 +26,7 @@ mod base;
 mod base_pages;
 mod capturing;
 mod dir;
+mod foreign_index;
 mod frames;
 mod freed_pages;
 mod gates;

@@ -58,6 +58,9 @@ enum Held {
 enum Loss {
     WalAndShm,
     ShmOnly,
+    /// The `-wal` alone: the `-shm` at the path still describes A's WAL, which a new connection's
+    /// new `-wal` is not (the guard gives it a fresh `-shm`).
+    WalOnly,
 }
 
 impl Loss {
@@ -65,13 +68,14 @@ impl Loss {
         match self {
             Loss::WalAndShm => &["-wal", "-shm"],
             Loss::ShmOnly => &["-shm"],
+            Loss::WalOnly => &["-wal"],
         }
     }
 
     /// Why A's generation is retired: the guard checks the `-wal` before the `-shm`.
     fn reason(self) -> RetireReason {
         match self {
-            Loss::WalAndShm => RetireReason::WalLost,
+            Loss::WalAndShm | Loss::WalOnly => RetireReason::WalLost,
             Loss::ShmOnly => RetireReason::ShmLost,
         }
     }
@@ -371,6 +375,29 @@ case! {
 case! {
     /// A held by another thread, its `-shm` alone unlinked.
     old_connection_on_another_thread_shm_only: Held::OnAnotherThread, Loss::ShmOnly
+}
+
+case! {
+    /// A idle, its `-wal` alone unlinked.
+    idle_old_connection_wal_only: Held::Idle, Loss::WalOnly
+}
+
+case! {
+    /// A inside a read transaction, its `-wal` alone unlinked.
+    old_connection_in_a_read_transaction_wal_only: Held::InReadTransaction, Loss::WalOnly
+}
+
+case! {
+    /// A held by another thread, its `-wal` alone unlinked.
+    old_connection_on_another_thread_wal_only: Held::OnAnotherThread, Loss::WalOnly
+}
+
+/// Where the `-wal` alone went, the `-shm` at the path describes A's lost WAL: B gets a fresh one
+/// and, like after both sidecars went, reads the main file alone.
+#[test]
+fn after_the_wal_alone_is_unlinked_the_new_connection_reads_the_main_file_alone() {
+    let seen = two_generations(Held::Idle, Loss::WalOnly);
+    assert_eq!(seen.new_sees_lost, 0);
 }
 
 /// Where both sidecars went, B's generation starts from the main file: A's rows only in the lost

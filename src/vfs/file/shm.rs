@@ -40,7 +40,16 @@ pub(super) unsafe extern "C" fn x_shm_map(
         } else {
             // Named before the slot's lock is taken (see `ShmSlot::map`).
             let file = slot.is_unmapped().then(|| shm_file(t, sub, state));
-            let (addr, rc) = slot.map(file, region, size, extend != 0);
+            // Found at the path (no other connection here vouched for it): it may describe
+            // another WAL than the one this connection opened.
+            let by_path = matches!(&file, Some(Ok(f)) if f.known.is_none());
+            let (mut addr, mut rc) = slot.map(file, region, size, extend != 0);
+            if by_path && rc == ffi::SQLITE_OK && region == 0 && addr != 0 {
+                let index = WalIndexView(addr as *const u8);
+                if state.wal_index_describes_another_wal(&index) {
+                    (addr, rc) = fresh_shm(t, sub, state, region, size, extend != 0);
+                }
+            }
             // SAFETY: `pp` is SQLite's out-pointer for the region's address.
             unsafe { *pp = addr as *mut c_void };
             (rc, slot.file())
@@ -81,6 +90,31 @@ fn pinned_at_map(
     // The WAL-base record reads the generation's salts from this mapping.
     state.stale_wal().mapped(addr);
     state.shield().shm_mapped();
+}
+
+/// The `-shm` at the path describes another WAL than the one this connection opened (its `-wal`
+/// alone was removed or replaced while a connection held it): a fresh `-shm` for this
+/// connection's generation, mapped instead, before SQLite reads a byte of the old one.
+#[cold]
+fn fresh_shm(
+    t: &FileTable,
+    sub: *mut ffi::sqlite3_file,
+    state: &DbState,
+    region: c_int,
+    size: c_int,
+    extend: bool,
+) -> (usize, c_int) {
+    log::warn!(
+        "hermes-guard: the shared memory of {} describes a WAL that is no longer at {}-wal (the \
+         WAL was removed or replaced while a connection held it): a fresh one is made for the \
+         WAL there; connections of the old WAL are refused as its generation is lost",
+        state.db_path().display(),
+        state.db_path().display()
+    );
+    match shm_file(t, sub, state) {
+        Ok(file) => state.wal_index().map_fresh(file, region, size, extend),
+        Err(rc) => (0, rc),
+    }
 }
 
 /// Whether the connection maps the wal-index through the guard's own node: a unix-VFS main file

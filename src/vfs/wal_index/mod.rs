@@ -118,6 +118,40 @@ impl ShmSlot {
         }
     }
 
+    /// The connection's `-shm` describes another WAL (`DbState::wal_index_describes_another_wal`):
+    /// a fresh `-shm` is put at the path in place of the node's file (unless another guarded
+    /// connection did so first), the connection lets go of the old node and maps the file now
+    /// at the path, region `region` of it, as [`ShmSlot::map`] does.
+    pub(crate) fn map_fresh(
+        &self,
+        file: ShmFile,
+        region: c_int,
+        size: c_int,
+        extend: bool,
+    ) -> (usize, c_int) {
+        let (mode, owner) = match (file.mode_and_owner)() {
+            Ok(found) => found,
+            Err(rc) => return (0, rc),
+        };
+        {
+            let mut slot = self.0.lock();
+            let Mode::Own(me) = std::mem::take(&mut *slot) else {
+                return (0, ffi::SQLITE_IOERR_SHMMAP);
+            };
+            if let Err(rc) = node::replace_file(&me.node, mode, owner) {
+                *slot = Mode::Own(me);
+                return (0, rc);
+            }
+            Node::detach(me, false);
+        }
+        let fresh = ShmFile {
+            known: None,
+            mode_and_owner: Box::new(move || Ok((mode, owner))),
+            ..file
+        };
+        self.map(Some(Ok(fresh)), region, size, extend)
+    }
+
     /// `xShmLock` on the guard's node; `None` when the connection uses SQLite's.
     #[inline]
     pub(crate) fn lock(&self, ofst: c_int, n: c_int, flags: c_int) -> Option<c_int> {

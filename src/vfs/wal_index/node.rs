@@ -255,6 +255,65 @@ fn held_by_this_process(fd: &OwnedFd) -> bool {
     )
 }
 
+/// A byte of the `-shm` no SQLite locks: a guarded connection that puts a fresh `-shm` in place of
+/// one describing another WAL holds it (write, on the old file) from its check of the path to its
+/// rename, so that two connections deciding at once do not both replace, the second one over the
+/// first one's fresh file.
+const REPLACING: i64 = DMS + 8;
+
+/// Puts a fresh, empty `-shm` at `path` in place of `node`'s file, if that is still the one there
+/// (another guarded connection may have replaced it first): a new file with the main file's
+/// `mode` and owner, renamed over the old one. Connections that map the old file keep it.
+pub(super) fn replace_file(node: &Node, mode: u32, (uid, gid): (u32, u32)) -> Result<(), c_int> {
+    let fd = node.fd.as_raw_fd();
+    if sys::set_lock(fd, Kind::Write, REPLACING, 1).is_err() {
+        return Err(ffi::SQLITE_BUSY);
+    }
+    let result = (|| {
+        let here = rustix::fs::stat(node.path.as_c_str())
+            .ok()
+            .map(|st| FileId::of(&st));
+        if here != Some(node.id) {
+            return Ok(());
+        }
+        let mut fresh = node.path.as_bytes().to_vec();
+        fresh.extend_from_slice(
+            format!(
+                ".hermes-guard-{}",
+                rustix::process::getpid().as_raw_nonzero()
+            )
+            .as_bytes(),
+        );
+        let fresh = CString::new(fresh).map_err(|_| ffi::SQLITE_CANTOPEN)?;
+        let made = sys::open_new(&fresh, mode & 0o777).map_err(|e| {
+            log::warn!(
+                "hermes-guard: cannot make a fresh shared memory {}: {e}",
+                fresh.to_string_lossy()
+            );
+            ffi::SQLITE_CANTOPEN
+        })?;
+        let _ = rustix::fs::fchmod(&made, rustix::fs::Mode::from_raw_mode(mode & 0o777));
+        if rustix::process::geteuid().is_root() {
+            let _ = rustix::fs::fchown(
+                &made,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+            );
+        }
+        drop(made);
+        rustix::fs::rename(fresh.as_c_str(), node.path.as_c_str()).map_err(|e| {
+            let _ = rustix::fs::unlink(fresh.as_c_str());
+            log::warn!(
+                "hermes-guard: cannot put a fresh shared memory at {}: {e}",
+                node.path.to_string_lossy()
+            );
+            ffi::SQLITE_IOERR_SHMOPEN
+        })
+    })();
+    let _ = sys::set_lock(fd, Kind::Unlock, REPLACING, 1);
+    result
+}
+
 impl Node {
     fn join(self: &Arc<Self>) -> Attached {
         self.inner.lock().refs += 1;

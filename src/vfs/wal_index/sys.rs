@@ -125,6 +125,23 @@ pub(super) fn open(path: &CStr, write: bool, mode: u32) -> io::Result<OwnedFd> {
     }
 }
 
+/// Creates `path`, which must not exist (`O_EXCL`), read-write with `mode`.
+pub(super) fn open_new(path: &CStr, mode: u32) -> io::Result<OwnedFd> {
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    loop {
+        // SAFETY: `path` is NUL-terminated and outlives the call.
+        let fd = unsafe { libc::open(path.as_ptr(), flags, mode as libc::c_uint) };
+        if fd >= 0 {
+            // SAFETY: a descriptor just opened, owned by nobody else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Writes one zero byte at `offset` (SQLite grows a `-shm` this way: no `ftruncate`, so that the
 /// pages are allocated and a mapping of them cannot fault).
 pub(super) fn write_zero_byte(fd: &OwnedFd, offset: i64) -> io::Result<()> {
