@@ -30,9 +30,7 @@ use crate::{GuardError, GuardExt};
 ///   opened after a loss maps the new one and passes at once, however many connections of the
 ///   lost generation are still open (checked out by other threads, or idle in the pool). It
 ///   fails only when the loss lands between the open and the check; the refusal then goes to
-///   r2d2, which connects again on its own schedule. (Before the guard mapped the wal-index
-///   itself, a new connection joined the lost generation's mapping while any of its connections
-///   was open, and `connect` reopened until one passed, `with_reconnect_wait`: gone.)
+///   r2d2, which connects again on its own schedule.
 ///
 /// Nothing else: r2d2's default settings, and no rule about returning a connection before asking
 /// for the next. The application retries a refused write once, on a fresh checkout (the refused

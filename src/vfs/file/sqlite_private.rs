@@ -3,13 +3,13 @@
 //! run time before it is trusted (the fields that can be known independently, an `fstat` of a
 //! descriptor), and keyed to the SQLite versions it was verified against ([`VERIFIED`]).
 //!
-//! What is read, and why it is still needed since the guard maps the wal-index itself
-//! (`vfs/wal_index/`): `unixFile`'s `h` (the shield's main-file lock, the frame rule's
-//! `pwritev`, the `-shm`'s mode and owner), `lastErrno` (set as `unixWrite` sets it), `pInode`'s
-//! `fileId` (the main pin without a `stat`) and `zPath` (a held main file's name); `unixShm` and
-//! `unixShmNode`'s `zFilename` and `hShm` only where SQLite's own node maps the wal-index: the
-//! process's one check of how SQLite names the `-shm`, and the pin of a build that names it
-//! otherwise (`SQLITE_SHM_DIRECTORY`).
+//! What is read, and why (the wal-index itself is the guard's own mapping, `vfs/wal_index/`):
+//! `unixFile`'s `h` (the shield's main-file lock, the frame rule's `pwritev`, the `-shm`'s mode
+//! and owner), `lastErrno` (set as `unixWrite` sets it), `pInode`'s `fileId` (the main pin
+//! without a `stat`) and `zPath` (a held main file's name); `unixShm` and `unixShmNode`'s
+//! `zFilename` and `hShm` only where SQLite's own node maps the wal-index: the process's one
+//! check of how SQLite names the `-shm`, and the pin of a build that names it otherwise
+//! (`SQLITE_SHM_DIRECTORY`).
 
 /// The SQLite versions the mirrors below were verified against, field by field, in os_unix.c and
 /// wal.c: 3.32.0 to 3.54.1 (with every Linux compile option that moves a struct). A running SQLite
