@@ -14,12 +14,10 @@ use std::process::Command;
 use rusqlite::Connection;
 
 use crate::common::*;
-
-const SYSTEM_PYTHON: &str = "/usr/bin/python3";
+use crate::system_python::{peer_getlk, system_python, SHM_DMS};
 
 /// The peer: `write <db> <n> <tag>` commits `n` one-row transactions and closes (printing the
-/// system SQLite's version); `getlk <file> <start> <len>` asks with `F_GETLK` whether a write
-/// lock on that range would conflict and prints `<l_type> <l_pid>`.
+/// system SQLite's version).
 const PEER: &str = r#"
 import sys
 mode = sys.argv[1]
@@ -31,30 +29,7 @@ if mode == "write":
         c.execute("INSERT INTO messages (session, content) VALUES (?, ?)", (tag, "%s %d" % (tag, i)))
     c.close()
     print(sqlite3.sqlite_version)
-elif mode == "getlk":
-    import fcntl, os, struct
-    path, start, length = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    fd = os.open(path, os.O_RDWR)
-    req = struct.pack("hhqqi", fcntl.F_WRLCK, 0, start, length, 0) + b"\0" * 4
-    res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
-    l_type, _, _, _, l_pid = struct.unpack("hhqqi", res[:28])
-    kind = {fcntl.F_RDLCK: "read", fcntl.F_WRLCK: "write", fcntl.F_UNLCK: "none"}[l_type]
-    print(kind, l_pid)
 "#;
-
-/// The system Python with a working `sqlite3`, or `None` (and why, printed).
-fn system_python() -> Option<&'static str> {
-    let ok = Command::new(SYSTEM_PYTHON)
-        .args(["-c", "import sqlite3, fcntl"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        skip_unless_ci(&format!(
-            "{SYSTEM_PYTHON} with the stdlib sqlite3 is not available"
-        ));
-    }
-    ok.then_some(SYSTEM_PYTHON)
-}
 
 fn peer(python: &str, args: &[&str]) -> String {
     let out = Command::new(python)
@@ -79,22 +54,6 @@ fn peer_writes(python: &str, db: &Path, n: u32, tag: &str) {
     );
 }
 
-/// What another process sees when it asks for a write lock on `len` bytes at `start` of `file`:
-/// `("read", -1)` for an OFD read lock, `("none", _)` for no lock.
-fn peer_getlk(python: &str, file: &Path, start: i64, len: i64) -> (String, i64) {
-    let line = peer(
-        python,
-        &[
-            "getlk",
-            file.to_str().unwrap(),
-            &start.to_string(),
-            &len.to_string(),
-        ],
-    );
-    let (kind, pid) = line.split_once(' ').unwrap();
-    (kind.to_string(), pid.parse().unwrap())
-}
-
 /// Something in the writer's process reads the file and closes it: every POSIX lock this process
 /// held on the inode is gone.
 fn stray_close(path: &Path) {
@@ -103,7 +62,6 @@ fn stray_close(path: &Path) {
 
 const SHARED_FIRST: i64 = 0x4000_0002;
 const SHARED_SIZE: i64 = 510;
-const SHM_DMS: i64 = 128;
 
 #[derive(Debug)]
 struct Outcome {

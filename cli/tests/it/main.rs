@@ -47,6 +47,7 @@ macro_rules! test_alone {
 }
 
 mod common;
+mod system_python;
 
 mod base_pages;
 mod base_words;

@@ -13,11 +13,7 @@ use std::process::{Command, Stdio};
 use rusqlite::{Connection, ErrorCode};
 
 use crate::common::*;
-
-const SYSTEM_PYTHON: &str = "/usr/bin/python3";
-
-/// The dead-man switch: byte 128 of the `-shm` (`UNIX_SHM_DMS`).
-const SHM_DMS: i64 = 128;
+use crate::system_python::{peer_getlk, system_python, SHM_DMS};
 
 /// The peer: `writer <db> <tag>` connects (stock VFS, 10 s busy timeout, `synchronous=NORMAL`),
 /// prints `ready` and runs the commands of its stdin, one a line, answering each with a line:
@@ -25,8 +21,6 @@ const SHM_DMS: i64 = 128;
 /// whose content is padded with `pad` bytes (`done`); `free <txns> <rows> <pad>` commits
 /// `txns` such transactions (`done`); `pragma <text>` runs `PRAGMA <text>` (`done`); `check`
 /// prints its count of `tag` rows and the `integrity_check`; `quit` closes and exits.
-/// `getlk <file> <start> <len>` asks with `F_GETLK` whether a write lock on that range would
-/// conflict and prints `<read|write|none> <l_pid>`.
 const PEER: &str = r#"
 import sys
 mode = sys.argv[1]
@@ -64,50 +58,7 @@ if mode == "writer":
         elif cmd[0] == "quit":
             break
     c.close()
-elif mode == "getlk":
-    import fcntl, os, struct
-    path, start, length = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    fd = os.open(path, os.O_RDWR)
-    req = struct.pack("hhqqi", fcntl.F_WRLCK, 0, start, length, 0) + b"\0" * 4
-    res = fcntl.fcntl(fd, fcntl.F_GETLK, req)
-    l_type, _, _, _, l_pid = struct.unpack("hhqqi", res[:28])
-    kind = {fcntl.F_RDLCK: "read", fcntl.F_WRLCK: "write", fcntl.F_UNLCK: "none"}[l_type]
-    print(kind, l_pid)
 "#;
-
-/// The system Python with a working `sqlite3`, or `None` (and why, printed).
-fn system_python() -> Option<&'static str> {
-    let ok = Command::new(SYSTEM_PYTHON)
-        .args(["-c", "import sqlite3, fcntl"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        skip_unless_ci(&format!(
-            "{SYSTEM_PYTHON} with the stdlib sqlite3 is not available"
-        ));
-    }
-    ok.then_some(SYSTEM_PYTHON)
-}
-
-/// What another process sees when it asks for a write lock on `len` bytes at `start` of `file`:
-/// `("read", -1)` for an OFD read lock, `("read", pid)` for a POSIX one, `("none", _)` for none.
-fn peer_getlk(python: &str, file: &Path, start: i64, len: i64) -> (String, i64) {
-    let out = Command::new(python)
-        .arg("-c")
-        .arg(PEER)
-        .args(["getlk", file.to_str().unwrap()])
-        .args([start.to_string(), len.to_string()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "getlk failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = String::from_utf8(out.stdout).unwrap();
-    let (kind, pid) = line.trim().split_once(' ').unwrap();
-    (kind.to_string(), pid.parse().unwrap())
-}
 
 /// The guarded connection maps the wal-index through the guard's own node (whose dead-man switch
 /// lock the status reports), not SQLite's.
