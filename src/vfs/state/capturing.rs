@@ -14,10 +14,11 @@ impl DbState {
     /// Counts a refusal, captures the generation if that has not happened yet (and its back-off
     /// allows), and returns the code to hand back to SQLite.
     pub(crate) fn refuse(&self) -> i32 {
-        self.refusals
+        self.checks
+            .refusals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        if inner.capture.is_none() && inner.worth_capturing() {
+        if inner.loss.capture.is_none() && inner.worth_capturing() {
             let _ = self.capture_locked(&mut inner, Trigger::Halt, Attempt::IfDue);
         }
         super::REFUSED
@@ -48,7 +49,7 @@ impl DbState {
             return Ok(None);
         }
         let mut inner = self.inner.lock();
-        if inner.capture.is_none() && !inner.worth_capturing() {
+        if inner.loss.capture.is_none() && !inner.worth_capturing() {
             return Ok(None);
         }
         match self.capture_locked(&mut inner, trigger, attempt) {
@@ -114,23 +115,23 @@ impl DbState {
 
     /// The check after a commit frame vouched for it after all: its frames are the generation's.
     pub(crate) fn commit_vouched(&self) {
-        if let Some(slot) = &self.inner.lock().generation {
+        if let Some(slot) = &self.inner.lock().loss.generation {
             *slot.failed_commit.lock() = None;
         }
     }
 
     /// The last capture failure, while no capture exists.
     pub(crate) fn capture_error(&self) -> Option<String> {
-        self.inner.lock().capture_error.clone()
+        self.inner.lock().loss.capture_error.clone()
     }
 
     /// Whether the main file object must be kept open after SQLite closes it, because it is the
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
         let inner = self.inner.lock();
-        inner.reason.is_some()
-            && inner.capture.is_none()
-            && !inner.healed
+        inner.loss.reason.is_some()
+            && inner.loss.capture.is_none()
+            && !inner.close.healed
             && inner.worth_capturing()
     }
 
@@ -140,54 +141,54 @@ impl DbState {
         trigger: Trigger,
         attempt: Attempt,
     ) -> Result<PathBuf, CaptureError> {
-        if let Some(done) = &inner.capture {
+        if let Some(done) = &inner.loss.capture {
             return Ok(done.clone());
         }
         // A capture stands for the generation from then on (it is taken once): taken of a live
         // generation, it would miss every later commit.
-        if inner.reason.is_none() {
+        if inner.loss.reason.is_none() {
             return Err(CaptureError::NotRetired {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             });
         }
-        if let Some(directory) = &inner.let_go {
+        if let Some(directory) = &inner.loss.let_go {
             return Err(CaptureError::LetGo {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
                 directory: directory.clone(),
             });
         }
         let now = Instant::now();
-        if !inner.backoff.allows(attempt, now) {
+        if !inner.loss.backoff.allows(attempt, now) {
             return Err(CaptureError::Deferred {
-                database: self.db_path.clone(),
-                attempts: inner.backoff.failures(),
-                last: inner.capture_error.clone().unwrap_or_default(),
+                database: self.paths.db.clone(),
+                attempts: inner.loss.backoff.failures(),
+                last: inner.loss.capture_error.clone().unwrap_or_default(),
             });
         }
         let result = self.write_once(inner, trigger);
         match &result {
             Ok(dir) => {
-                inner.capture = Some(dir.clone());
-                inner.capture_error = None;
+                inner.loss.capture = Some(dir.clone());
+                inner.loss.capture_error = None;
             }
             Err(e) => {
                 if self.let_go_if_orphaned(inner) {
                     return Err(CaptureError::LetGo {
-                        database: self.db_path.clone(),
-                        directory: inner.let_go.clone().unwrap_or_default(),
+                        database: self.paths.db.clone(),
+                        directory: inner.loss.let_go.clone().unwrap_or_default(),
                     });
                 }
-                if inner.backoff.failed(now) {
+                if inner.loss.backoff.failed(now) {
                     log::error!(
                         "hermes-guard: could not capture the retired generation of {} (attempt \
                          {}): {e}; the descriptors stay open and the capture is retried with a \
                          back-off (at once at the connection's close or \
                          hermes_guard::retry_pending_captures)",
-                        self.db_path.display(),
-                        inner.backoff.failures()
+                        self.paths.db.display(),
+                        inner.loss.backoff.failures()
                     );
                 }
-                inner.capture_error = Some(e.to_string());
+                inner.loss.capture_error = Some(e.to_string());
             }
         }
         result
@@ -200,12 +201,12 @@ impl DbState {
         let generation = inner
             .generation_slot()
             .ok_or_else(|| CaptureError::NoPinnedIdentity {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             })?;
         let failed_commit = *generation.failed_commit.lock();
-        let Some(wal) = &inner.wal else {
+        let Some(wal) = &inner.pins.wal else {
             return Err(CaptureError::NoPinnedIdentity {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             });
         };
         // Held while capturing: another connection retiring the same generation waits here.
@@ -217,15 +218,15 @@ impl DbState {
             if bytes.is_held_by(wal, failed_commit.as_ref()) && dir.exists() {
                 log::info!(
                     "hermes-guard: the retired generation of {} is already captured in {}",
-                    self.db_path.display(),
+                    self.paths.db.display(),
                     dir.display()
                 );
                 return Ok(dir.clone());
             }
         }
-        let Some(main) = &inner.main_image else {
+        let Some(main) = &inner.loss.main_image else {
             return Err(CaptureError::NotHeld {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
                 identity: wal.id(),
             });
         };
@@ -233,8 +234,8 @@ impl DbState {
         let dir = self.dir();
         let deleted = self.directory_deleted();
         let orphan_dir = if deleted {
-            retry::open_orphan_dir(&self.db_path).map_err(|why| CaptureError::Io {
-                database: self.db_path.clone(),
+            retry::open_orphan_dir(&self.paths.db).map_err(|why| CaptureError::Io {
+                database: self.paths.db.clone(),
                 artifact: retry::orphan_capture_dir().unwrap_or_default(),
                 source: std::io::Error::other(why),
             })?
@@ -244,9 +245,10 @@ impl DbState {
         if deleted && orphan_dir.is_none() && dir.is_none() {
             // Never by path: another directory may have its name now.
             return Err(CaptureError::Io {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
                 artifact: self
-                    .db_path
+                    .paths
+                    .db
                     .parent()
                     .map(|p| p.to_path_buf())
                     .unwrap_or_default(),
@@ -254,27 +256,27 @@ impl DbState {
             });
         }
         let (at_pin, reason, main_id, most_links) = (
-            inner.creations_at_pin,
-            inner.reason,
-            inner.main_id,
-            inner.most_links,
+            inner.pins.creations_at_pin,
+            inner.loss.reason,
+            inner.pins.main_id,
+            inner.pins.most_links,
         );
         // The database's own permissions, read in its directory (wherever that is now), whether
         // the capture goes beside it or elsewhere; the most private when it cannot be read.
         let permissions = match dir.as_deref() {
-            Some(d) if !deleted => Permissions::of_database_in(d.fd(), &self.db_path),
-            _ => Permissions::of_database(&self.db_path),
+            Some(d) if !deleted => Permissions::of_database_in(d.fd(), &self.paths.db),
+            _ => Permissions::of_database(&self.paths.db),
         };
         let input = CaptureInput {
-            database: &self.db_path,
+            database: &self.paths.db,
             dir: orphan_dir.as_deref().or(dir.as_deref()),
             wal,
             main: main.as_ref(),
-            main_id: inner.main_id,
-            shm_id: inner.shm_id,
+            main_id: inner.pins.main_id,
+            shm_id: inner.pins.shm_id,
             trigger,
-            reason: inner.reason,
-            backfill_at_loss: inner.backfill_at_loss,
+            reason: inner.loss.reason,
+            backfill_at_loss: inner.loss.backfill_at_loss,
             base: Some(&|| self.judge_base(at_pin, reason, main_id, most_links)),
             permissions,
             failed_commit,
@@ -286,8 +288,8 @@ impl DbState {
             {
                 // Beside the database is not writable (permission, read-only, full): the
                 // fallback directory, never worse than stock.
-                inner.unwritable_beside = true;
-                let fallback = open_fallback_dir(&self.db_path, &source)?;
+                inner.loss.unwritable_beside = true;
+                let fallback = open_fallback_dir(&self.paths.db, &source)?;
                 let captured = capture::write_capture(&CaptureInput {
                     dir: Some(&fallback),
                     ..input
@@ -296,9 +298,9 @@ impl DbState {
                     "hermes-guard: the capture of {} could not be written beside it ({source}); \
                      it was written to the fallback capture directory instead: {} (`hermes-guard \
                      captures {}` finds it)",
-                    self.db_path.display(),
+                    self.paths.db.display(),
                     captured.dir.display(),
-                    self.db_path.display()
+                    self.paths.db.display()
                 );
                 captured
             }
@@ -309,7 +311,7 @@ impl DbState {
             log::info!(
                 "hermes-guard: the directory of {} was deleted; its retired generation was \
                  captured in the orphan capture directory instead: {}",
-                self.db_path.display(),
+                self.paths.db.display(),
                 captured.dir.display()
             );
         }
@@ -332,7 +334,8 @@ impl DbState {
             return false;
         }
         let directory = self
-            .db_path
+            .paths
+            .db
             .parent()
             .map(|p| p.to_path_buf())
             .unwrap_or_default();
@@ -348,15 +351,15 @@ impl DbState {
                  call hermes_guard::set_orphan_capture_dir) to capture such generations \
                  elsewhere{more}",
                 directory.display(),
-                self.db_path.display(),
+                self.paths.db.display(),
                 retry::ORPHAN_DIR_ENV
             );
         }
-        inner.capture_error = Some(format!(
+        inner.loss.capture_error = Some(format!(
             "let go: its directory {} was deleted",
             directory.display()
         ));
-        inner.let_go = Some(directory);
+        inner.loss.let_go = Some(directory);
         true
     }
 }

@@ -45,7 +45,7 @@ use rustix::fs::{AtFlags, OFlags, RenameFlags};
 use super::{DbState, Inner};
 use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
-use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
+use crate::identity::{identity_of_path, stamp_of_path, FileId};
 use crate::paths::{sync_dir, DirHandle};
 use crate::permissions::Permissions;
 use crate::status::RetireReason;
@@ -67,12 +67,13 @@ pub(crate) trait MainFile {
 /// worse. Any other capture failure keeps the generation held for a retry, as before.
 pub(super) fn may_heal(inner: &Inner) -> bool {
     matches!(
-        inner.reason,
+        inner.loss.reason,
         Some(RetireReason::WalLost | RetireReason::ShmLost)
-    ) && (inner.capture.is_some() || (inner.capture_error.is_some() && inner.unwritable_beside))
-        && !inner.healed
-        && inner.let_go.is_none()
-        && inner.wal.is_some()
+    ) && (inner.loss.capture.is_some()
+        || (inner.loss.capture_error.is_some() && inner.loss.unwritable_beside))
+        && !inner.close.healed
+        && inner.loss.let_go.is_none()
+        && inner.pins.wal.is_some()
 }
 
 /// What a heal wrote.
@@ -86,7 +87,9 @@ impl DbState {
     /// Whether a sync of the main file ends a checkpoint of this connection's whose result is
     /// not stamped yet (WAL mode, live generation). Atomics only.
     pub(crate) fn stamp_due(&self) -> bool {
-        self.main_written.load(std::sync::atomic::Ordering::Acquire)
+        self.checks
+            .main_written
+            .load(std::sync::atomic::Ordering::Acquire)
             && self.wal_pinned()
             && !self.is_retired()
     }
@@ -95,14 +98,15 @@ impl DbState {
     /// truncate and sync): from now on a heal compares with this. A stamp of another inode than
     /// the pinned one is not kept (the next check retires the generation).
     pub(crate) fn stamp_main(&self) {
-        let Ok(Some(now)) = stamp_of_path(&self.db_path) else {
+        let Ok(Some(now)) = stamp_of_path(&self.paths.db) else {
             return;
         };
         let mut inner = self.inner.lock();
-        if inner.main_id == Some(now.id) && inner.reason.is_none() {
+        if inner.pins.main_id == Some(now.id) && inner.loss.reason.is_none() {
             self.saw_links(&mut inner, now.links);
-            inner.main_stamp = Some(now);
-            self.main_written
+            inner.pins.main_stamp = Some(now);
+            self.checks
+                .main_written
                 .store(false, std::sync::atomic::Ordering::Release);
         }
     }
@@ -113,13 +117,13 @@ impl DbState {
     /// Returns whether the generation is healed (now, or by an earlier call).
     pub(crate) fn heal_at_close(&self, main: &dyn MainFile) -> bool {
         let mut inner = self.inner.lock();
-        if inner.healed {
+        if inner.close.healed {
             return true;
         }
         if !may_heal(&inner) {
             return false;
         }
-        let kept = if inner.capture.is_some() {
+        let kept = if inner.loss.capture.is_some() {
             "its retired generation stays in the capture only"
         } else {
             "its retired generation stays in the descriptors this process holds"
@@ -127,24 +131,24 @@ impl DbState {
         if let Err(why) = self.nothing_newer(&inner) {
             log::info!(
                 "hermes-guard: not healing {} at close: {why}; {kept}",
-                self.db_path.display()
+                self.paths.db.display()
             );
             return false;
         }
         let started = Instant::now();
         let result = self.heal_locked(&inner, main);
-        inner.healed = result.is_ok();
+        inner.close.healed = result.is_ok();
         match result {
             // ERROR, not WARN: the guard could keep no copy anywhere, which needs the operator's
             // eye (a directory or HOME it cannot write), even though no row is lost.
-            Ok(h) if inner.capture.is_none() => log::error!(
+            Ok(h) if inner.loss.capture.is_none() => log::error!(
                 "hermes-guard: healed {} at close WITHOUT a copy: its capture could not be written \
                  anywhere ({}), but nothing newer had touched the database, so the retired \
                  generation's {} frame(s) ({} commit(s)) were checkpointed back into the main \
                  file, as SQLite's own close would have done; every row is live, and no capture \
                  of them exists",
-                self.db_path.display(),
-                inner.capture_error.as_deref().unwrap_or("unknown error"),
+                self.paths.db.display(),
+                inner.loss.capture_error.as_deref().unwrap_or("unknown error"),
                 h.frames,
                 h.commits
             ),
@@ -154,12 +158,13 @@ impl DbState {
                      retired generation's {} frame(s) ({} commit(s), {} page(s)) were \
                      checkpointed back into the main file, as SQLite's own close would have done \
                      ({:?}); the capture {} stays as a copy",
-                    self.db_path.display(),
+                    self.paths.db.display(),
                     h.frames,
                     h.commits,
                     h.pages,
                     started.elapsed(),
                     inner
+                        .loss
                         .capture
                         .as_deref()
                         .map(|c| c.display().to_string())
@@ -168,27 +173,31 @@ impl DbState {
             }
             Err(why) => log::info!(
                 "hermes-guard: not healing {} at close: {why}; {kept}",
-                self.db_path.display()
+                self.paths.db.display()
             ),
         }
-        inner.healed
+        inner.close.healed
     }
 
     /// Obligations 2 and 3.
     fn nothing_newer(&self, inner: &Inner) -> Result<(), String> {
-        if self.main_written.load(std::sync::atomic::Ordering::Acquire) {
+        if self
+            .checks
+            .main_written
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
             return Err("this connection wrote the main file after its last full check".into());
         }
-        let Some(then) = inner.main_stamp else {
+        let Some(then) = inner.pins.main_stamp else {
             return Err("the main file was never stamped by a full check".into());
         };
-        let now = stamp_of_path(&self.db_path).map_err(|e| format!("stat: {e}"))?;
+        let now = stamp_of_path(&self.paths.db).map_err(|e| format!("stat: {e}"))?;
         if now != Some(then) {
             return Err("the main file changed since the loss (or was replaced)".into());
         }
-        let wal = inner.wal.as_ref().map(PinnedWal::id);
-        let lost_shm = inner.reason == Some(RetireReason::ShmLost);
-        match identity_of_path(&self.wal_path).map_err(|e| format!("stat of the -wal: {e}"))? {
+        let wal = inner.pins.wal_id();
+        let lost_shm = inner.loss.reason == Some(RetireReason::ShmLost);
+        match identity_of_path(&self.paths.wal).map_err(|e| format!("stat of the -wal: {e}"))? {
             None => {}
             Some(id) if Some(id) == wal && lost_shm => {}
             Some(id) => {
@@ -206,7 +215,7 @@ impl DbState {
         let shm_path = self.shm_check_path(inner);
         match identity_of_path(shm_path).map_err(|e| format!("stat of the -shm: {e}"))? {
             None => {}
-            Some(id) if Some(id) == inner.shm_id && !lost_shm => {}
+            Some(id) if Some(id) == inner.pins.shm_id && !lost_shm => {}
             Some(id) => {
                 return Err(format!(
                     "a -shm this connection did not map is at {} (inode {}): a newer generation",
@@ -307,24 +316,25 @@ fn put_back_and_checkpoint(
     inner: &Inner,
     main: &dyn MainFile,
 ) -> Result<Healed, String> {
-    let wal = inner.wal.as_ref().ok_or("no pinned WAL")?.file();
+    let wal = inner.pins.wal.as_ref().ok_or("no pinned WAL")?.file();
     // Read-only, or `O_PATH` for a directory this process may write in but not list.
     // None at all (it could not be found, or is only reachable by a relative path): a generation
     // with a capture stays capture-only (the crash-safe steps need the directory); one that no
     // capture could be written for is healed in place, as SQLite's own close would.
     let dir = state.dir();
-    if dir.is_none() && inner.capture.is_some() {
+    if dir.is_none() && inner.loss.capture.is_some() {
         return Err("no descriptor of the database's directory".into());
     }
     let name = state
-        .wal_path
+        .paths
+        .wal
         .file_name()
         .ok_or("the WAL path has no file name")?
         .to_owned();
     // The record goes into the capture — beside the database (through its directory, wherever
     // that went), else (a fallback capture directory) by its path. A generation no capture could
     // be written for is healed without one: nothing to record, nothing could merge it twice.
-    let record_in = match inner.capture.as_deref() {
+    let record_in = match inner.loss.capture.as_deref() {
         Some(capture) => {
             let beside = capture
                 .file_name()
@@ -340,24 +350,24 @@ fn put_back_and_checkpoint(
     // The database's permissions: the staged WAL (the database's `-wal` once renamed into
     // place) and the heal record get them, as SQLite's own `-wal` does.
     let permissions = match dir.as_ref() {
-        Some(d) => Permissions::of_database_in(d.fd(), &state.db_path),
-        None => Permissions::of_database(&state.db_path),
+        Some(d) => Permissions::of_database_in(d.fd(), &state.paths.db),
+        None => Permissions::of_database(&state.paths.db),
     };
     let prefix = committed_prefix(wal, inner.generation_end())?;
-    let pinned = inner.wal.as_ref().map(PinnedWal::id);
+    let pinned = inner.pins.wal_id();
     let mut record = HealRecord {
         v: 1,
         phase: HealPhase::Started,
         at: now(),
         pid: std::process::id(),
-        main: inner.main_id,
+        main: inner.pins.main_id,
         frames: prefix.frames,
         commits: prefix.commits,
         put_back: None,
     };
     // After a lost `-shm` the WAL is still at the path (checked): it is the crash-safe copy
     // already. After a lost `-wal` its committed prefix goes back there first.
-    let wal_at_path = identity_of_path(&state.wal_path).ok().flatten() == pinned;
+    let wal_at_path = identity_of_path(&state.paths.wal).ok().flatten() == pinned;
     let staged = match &dir {
         _ if wal_at_path => None,
         // No directory to stage in, and (checked above) no capture: in place, as below.
@@ -366,7 +376,7 @@ fn put_back_and_checkpoint(
                 "hermes-guard: the retired WAL of {} cannot be put back beside it (no descriptor \
                  of its directory): healing it straight into the main file, as SQLite's own \
                  close does",
-                state.db_path.display()
+                state.paths.db.display()
             );
             None
         }
@@ -378,7 +388,7 @@ fn put_back_and_checkpoint(
                 log::warn!(
                     "hermes-guard: the retired WAL of {} cannot be put back beside it ({e}): \
                      healing it straight into the main file, as SQLite's own close does",
-                    state.db_path.display()
+                    state.paths.db.display()
                 );
                 None
             }
@@ -419,7 +429,7 @@ fn put_back_and_checkpoint(
                 // any later fsync of the directory. Back under its staging name, durably, it is
                 // rolled back; if it cannot go back it stays at the path, committed (the record,
                 // `started` with its staging file gone, reads healed; the next open replays it).
-                let at_path = identity_of_path(&state.wal_path).ok().flatten() == Some(staged.id);
+                let at_path = identity_of_path(&state.paths.wal).ok().flatten() == Some(staged.id);
                 if at_path && !staged.rename_back(&name) {
                     return Err(e);
                 }
@@ -472,7 +482,7 @@ fn put_back_and_checkpoint(
             log::warn!(
                 "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); \
                  its start record already says the rows are live",
-                state.db_path.display(),
+                state.paths.db.display(),
                 capture.display()
             );
         }
@@ -481,14 +491,14 @@ fn put_back_and_checkpoint(
     // is still the one the heal wrote from.
     // Without a descriptor of the directory (healed in place, nothing staged) it goes by its
     // path, after the same check, as SQLite's own close deletes it.
-    if identity_of_path(&state.wal_path).ok().flatten() == Some(placed) {
+    if identity_of_path(&state.paths.wal).ok().flatten() == Some(placed) {
         match &dir {
             Some(dir) => {
                 let _ = rustix::fs::unlinkat(dir.fd(), &name, AtFlags::empty());
                 let _ = sync_dir(dir.fd(), wal.as_fd());
             }
             None => {
-                let _ = std::fs::remove_file(&state.wal_path);
+                let _ = std::fs::remove_file(&state.paths.wal);
             }
         }
     }
