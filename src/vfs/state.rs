@@ -30,6 +30,8 @@ mod frames;
 mod freed_pages;
 mod gates;
 mod generation;
+mod heal_error;
+mod heal_staging;
 mod healing;
 mod left;
 mod loss;

@@ -14,13 +14,12 @@
 //! is outside what this process can see.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use super::{DbState, Inner};
 use crate::capture::ImageSource;
-use crate::identity::{identity_of_path, FileId};
+use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::vfs::in_use;
 use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
@@ -99,7 +98,7 @@ impl DbState {
             return LeftWal::AtPath;
         }
         match inner.loss.main_image.as_deref() {
-            Some(main) if in_main_already(wal.file(), inner.generation_end(), main) => {
+            Some(main) if in_main_already(wal, inner.generation_end(), main) => {
                 LeftWal::Checkpointed
             }
             _ => LeftWal::TakenAway,
@@ -116,10 +115,11 @@ impl DbState {
 /// Whether the main file holds, for every page of the WAL's committed frames, the version its
 /// last committed frame has (up to `end`, see `healing::committed_prefix`): the WAL was
 /// checkpointed in full. Any read that fails says no.
-fn in_main_already(wal: &File, end: Option<u64>, main: &dyn ImageSource) -> bool {
-    let Ok(prefix) = super::healing::committed_prefix(wal, end) else {
+fn in_main_already(pinned: &PinnedWal, end: Option<u64>, main: &dyn ImageSource) -> bool {
+    let Ok(prefix) = super::healing::committed_prefix(pinned, end) else {
         return false;
     };
+    let wal = pinned.file();
     let page = prefix.page as u64;
     let mut last: HashMap<u32, u64> = HashMap::new();
     let mut fh = [0u8; WAL_FRAME_HEADER_SIZE];
