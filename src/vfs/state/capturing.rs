@@ -3,12 +3,25 @@
 //! nowhere), and what a failure leaves (the descriptors held, the error in the status).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{DbState, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, FailedCommit, Trigger};
+use crate::identity::PinnedWal;
+use crate::paths::DirHandle;
 use crate::permissions::Permissions;
 use crate::vfs::retry::{self, Attempt};
+
+/// Where a capture may go (`DbState::capture_dirs`).
+struct CaptureDirs {
+    /// The database's directory, when it can be had.
+    beside: Option<Arc<DirHandle>>,
+    /// It was deleted.
+    deleted: bool,
+    /// The orphan capture directory, open, when the database's was deleted and one is set.
+    orphan: Option<Arc<DirHandle>>,
+}
 
 impl DbState {
     /// Counts a refusal, captures the generation if that has not happened yet (and its back-off
@@ -211,18 +224,8 @@ impl DbState {
         };
         // Held while capturing: another connection retiring the same generation waits here.
         let mut done = generation.done.lock();
-        if let Some(Captured { dir, wal: bytes }) = &*done {
-            // The same bytes were captured already (by this process's first connection to retire
-            // the generation): same size and sha256. A WAL that changed since then (a peer still
-            // attached to it appended, or restarted it and wrote again) is captured again, whole.
-            if bytes.is_held_by(wal, failed_commit.as_ref()) && dir.exists() {
-                log::info!(
-                    "hermes-guard: the retired generation of {} is already captured in {}",
-                    self.paths.db.display(),
-                    dir.display()
-                );
-                return Ok(dir.clone());
-            }
+        if let Some(dir) = self.already_captured(&done, wal, failed_commit.as_ref()) {
+            return Ok(dir);
         }
         let Some(main) = &inner.loss.main_image else {
             return Err(CaptureError::NotHeld {
@@ -230,31 +233,11 @@ impl DbState {
                 identity: wal.id(),
             });
         };
-        // Found now if the retirement did not (`state/dir.rs`).
-        let dir = self.dir();
-        let deleted = self.directory_deleted();
-        let orphan_dir = if deleted {
-            retry::open_orphan_dir(&self.paths.db).map_err(|why| CaptureError::Io {
-                database: self.paths.db.clone(),
-                artifact: retry::orphan_capture_dir().unwrap_or_default(),
-                source: std::io::Error::other(why),
-            })?
-        } else {
-            None
-        };
-        if deleted && orphan_dir.is_none() && dir.is_none() {
-            // Never by path: another directory may have its name now.
-            return Err(CaptureError::Io {
-                database: self.paths.db.clone(),
-                artifact: self
-                    .paths
-                    .db
-                    .parent()
-                    .map(|p| p.to_path_buf())
-                    .unwrap_or_default(),
-                source: std::io::Error::other("the database's directory was deleted"),
-            });
-        }
+        let CaptureDirs {
+            beside: dir,
+            deleted,
+            orphan: orphan_dir,
+        } = self.capture_dirs()?;
         let (at_pin, reason, main_id, most_links) = (
             inner.pins.creations_at_pin,
             inner.loss.reason,
@@ -282,30 +265,11 @@ impl DbState {
             failed_commit,
             base_pages: Some(&|salts| self.base_pages(salts)),
         };
-        let captured = match capture::write_capture(&input) {
-            Err(CaptureError::Io { source, .. })
-                if orphan_dir.is_none() && fallback::wants_fallback(&source) =>
-            {
-                // Beside the database is not writable (permission, read-only, full): the
-                // fallback directory, never worse than stock.
-                inner.loss.unwritable_beside = true;
-                let fallback = open_fallback_dir(&self.paths.db, &source)?;
-                let captured = capture::write_capture(&CaptureInput {
-                    dir: Some(&fallback),
-                    ..input
-                })?;
-                log::warn!(
-                    "hermes-guard: the capture of {} could not be written beside it ({source}); \
-                     it was written to the fallback capture directory instead: {} (`hermes-guard \
-                     captures {}` finds it)",
-                    self.paths.db.display(),
-                    captured.dir.display(),
-                    self.paths.db.display()
-                );
-                captured
-            }
-            other => other?,
-        };
+        let captured = self.write_or_fall_back(
+            input,
+            orphan_dir.is_some(),
+            &mut inner.loss.unwritable_beside,
+        )?;
         if orphan_dir.is_some() {
             // The capture's own WARN line names where it went; this says why there.
             log::info!(
@@ -323,6 +287,96 @@ impl DbState {
         }
         *done = Some(captured);
         Ok(dir)
+    }
+
+    /// The capture this process already wrote of the generation, when it holds the same bytes
+    /// (by this process's first connection to retire the generation): same size and sha256. A
+    /// WAL that changed since then (a peer still attached to it appended, or restarted it and
+    /// wrote again) is captured again, whole.
+    fn already_captured(
+        &self,
+        done: &Option<Captured>,
+        wal: &PinnedWal,
+        failed_commit: Option<&FailedCommit>,
+    ) -> Option<PathBuf> {
+        let Captured { dir, wal: bytes } = done.as_ref()?;
+        if bytes.is_held_by(wal, failed_commit) && dir.exists() {
+            log::info!(
+                "hermes-guard: the retired generation of {} is already captured in {}",
+                self.paths.db.display(),
+                dir.display()
+            );
+            return Some(dir.clone());
+        }
+        None
+    }
+
+    /// Where a capture may go: the database's directory (found now if the retirement did not,
+    /// `state/dir.rs`), whether it was deleted, and then the orphan capture directory, if one is
+    /// set. An error when it was deleted and there is nowhere else: never by path, another
+    /// directory may have its name now.
+    fn capture_dirs(&self) -> Result<CaptureDirs, CaptureError> {
+        let dir = self.dir();
+        let deleted = self.directory_deleted();
+        let orphan_dir = if deleted {
+            retry::open_orphan_dir(&self.paths.db).map_err(|why| CaptureError::Io {
+                database: self.paths.db.clone(),
+                artifact: retry::orphan_capture_dir().unwrap_or_default(),
+                source: std::io::Error::other(why),
+            })?
+        } else {
+            None
+        };
+        if deleted && orphan_dir.is_none() && dir.is_none() {
+            return Err(CaptureError::Io {
+                database: self.paths.db.clone(),
+                artifact: self
+                    .paths
+                    .db
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default(),
+                source: std::io::Error::other("the database's directory was deleted"),
+            });
+        }
+        Ok(CaptureDirs {
+            beside: dir,
+            deleted,
+            orphan: orphan_dir,
+        })
+    }
+
+    /// Writes the capture `input` describes; when beside the database is not writable
+    /// (permission, read-only, full) and it is not the orphan directory, in the fallback
+    /// directory instead, never worse than stock (`unwritable_beside` then set).
+    fn write_or_fall_back(
+        &self,
+        input: CaptureInput<'_>,
+        orphan: bool,
+        unwritable_beside: &mut bool,
+    ) -> Result<Captured, CaptureError> {
+        match capture::write_capture(&input) {
+            Err(CaptureError::Io { source, .. })
+                if !orphan && fallback::wants_fallback(&source) =>
+            {
+                *unwritable_beside = true;
+                let fallback = open_fallback_dir(&self.paths.db, &source)?;
+                let captured = capture::write_capture(&CaptureInput {
+                    dir: Some(&fallback),
+                    ..input
+                })?;
+                log::warn!(
+                    "hermes-guard: the capture of {} could not be written beside it ({source}); \
+                     it was written to the fallback capture directory instead: {} (`hermes-guard \
+                     captures {}` finds it)",
+                    self.paths.db.display(),
+                    captured.dir.display(),
+                    self.paths.db.display()
+                );
+                Ok(captured)
+            }
+            other => other,
+        }
     }
 
     /// After a failed attempt: when the database's directory was deleted and no orphan capture
