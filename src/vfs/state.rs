@@ -38,6 +38,7 @@ mod loss;
 mod open_here;
 pub(in crate::vfs) mod overwrite;
 mod pins;
+mod prefix;
 #[cfg(test)]
 mod tests;
 mod tripwire;

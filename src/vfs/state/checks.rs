@@ -35,7 +35,7 @@ pub(super) struct Checks {
     /// earlier one is a new transaction after a rollback (or a rewrite within one, which only
     /// costs an extra check).
     pub(super) last_wal_offset: AtomicI64,
-    /// This connection may have written the main file since `main_stamp` was taken (set at the
+    /// This connection may have written the main file since `Pins::main_stamp` was taken (set at the
     /// gate of every checkpoint and main-file write, cleared by a full check that passes).
     pub(super) main_written: AtomicBool,
     /// A checkpoint took its lock; its first main-file write judges the main file first, for an

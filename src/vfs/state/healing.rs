@@ -12,7 +12,7 @@
 //!    capture is written, and the pinned WAL is still held.
 //! 2. **The main file is what this connection last saw**: the same inode, and the same size,
 //!    `st_mtime` and `st_ctime` as at the last full check that passed, with no checkpoint or
-//!    main-file write of this connection's since (`DbState::main_written`). The kernel moves
+//!    main-file write of this connection's since (`Checks::main_written`, `state/checks.rs`). The kernel moves
 //!    both times at every write by anyone, and `st_ctime` cannot be set back: equal stamps mean
 //!    no newer generation checkpointed into it, nothing was copied over it (`cp` keeps the
 //!    inode), no peer of the old generation checkpointed.
@@ -42,6 +42,7 @@ use rustix::fs::AtFlags;
 
 use super::heal_error::HealError;
 use super::heal_staging::{stage, Staged};
+use super::prefix::{committed_prefix, Prefix};
 use super::{DbState, Inner};
 use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack};
@@ -49,7 +50,7 @@ use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::paths::{sync_dir, DirHandle};
 use crate::permissions::Permissions;
 use crate::status::RetireReason;
-use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
+use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
 /// The calls a heal makes on the main file: the connection's own wrapped file object, through
 /// its own methods (`file.rs`). Each returns an SQLite result code.
@@ -250,59 +251,6 @@ impl DbState {
         main.unlock(ffi::SQLITE_LOCK_NONE);
         result
     }
-}
-
-/// The committed prefix of the pinned WAL: its page size, frames, commits and the database
-/// size in pages after its last commit.
-pub(super) struct Prefix {
-    pub(super) page: usize,
-    pub(super) frames: u64,
-    commits: u64,
-}
-
-impl Prefix {
-    pub(super) fn frame_len(&self) -> u64 {
-        (WAL_FRAME_HEADER_SIZE + self.page) as u64
-    }
-
-    /// Bytes of the WAL up to the end of its last commit frame.
-    fn bytes(&self) -> u64 {
-        WAL_HEADER_SIZE as u64 + self.frames * self.frame_len()
-    }
-}
-
-/// The committed prefix of `wal` up to `end` (`None`: the whole file; see
-/// `Inner::generation_end`).
-pub(super) fn committed_prefix(wal: &PinnedWal, end: Option<u64>) -> Result<Prefix, HealError> {
-    let file = wal.file();
-    let mut scanner = WalScanner::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    let end = end.unwrap_or(u64::MAX);
-    while at < end {
-        let want = usize::try_from(end - at).map_or(chunk.len(), |left| left.min(chunk.len()));
-        let n = file
-            .read_at(&mut chunk[..want], at)
-            .map_err(|source| HealError::ReadWal {
-                wal: wal.id(),
-                source,
-            })?;
-        if n == 0 {
-            break;
-        }
-        scanner.feed(&chunk[..n]);
-        at += n as u64;
-    }
-    let summary = scanner.finish();
-    let page = summary.header.page_size as usize;
-    if !summary.header.valid || summary.committed_frames == 0 || page == 0 {
-        return Err(HealError::NoCommittedFrame { wal: wal.id() });
-    }
-    Ok(Prefix {
-        page,
-        frames: summary.committed_frames,
-        commits: summary.commits,
-    })
 }
 
 /// What a heal works with, found before it writes anything.

@@ -113,10 +113,10 @@ impl DbState {
 }
 
 /// Whether the main file holds, for every page of the WAL's committed frames, the version its
-/// last committed frame has (up to `end`, see `healing::committed_prefix`): the WAL was
+/// last committed frame has (up to `end`, see `prefix::committed_prefix`): the WAL was
 /// checkpointed in full. Any read that fails says no.
 fn in_main_already(pinned: &PinnedWal, end: Option<u64>, main: &dyn ImageSource) -> bool {
-    let Ok(prefix) = super::healing::committed_prefix(pinned, end) else {
+    let Ok(prefix) = super::prefix::committed_prefix(pinned, end) else {
         return false;
     };
     let wal = pinned.file();
