@@ -12,10 +12,10 @@
 //!    capture is written, and the pinned WAL is still held.
 //! 2. **The main file is what this connection last saw**: the same inode, and the same size,
 //!    `st_mtime` and `st_ctime` as at the last full check that passed, with no checkpoint or
-//!    main-file write of this connection's since (`Checks::main_written`, `state/checks.rs`). The kernel moves
-//!    both times at every write by anyone, and `st_ctime` cannot be set back: equal stamps mean
-//!    no newer generation checkpointed into it, nothing was copied over it (`cp` keeps the
-//!    inode), no peer of the old generation checkpointed.
+//!    main-file write of this connection's since (`Checks::main_written`, `state/checks.rs`).
+//!    The kernel moves both times at every write by anyone, and `st_ctime` cannot be set back:
+//!    equal stamps mean no newer generation checkpointed into it, nothing was copied over it
+//!    (`cp` keeps the inode), no peer of the old generation checkpointed.
 //! 3. **Nothing newer is at the path**: no `-wal` but the pinned one (none at all after a lost
 //!    `-wal`) and no `-shm`. A newer generation that is open has both.
 //! 4. **Nobody is inside**: the guard takes SHARED and then EXCLUSIVE on the main file through
