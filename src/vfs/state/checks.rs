@@ -4,6 +4,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 
+use super::{Gate, Site};
+
 pub(super) const LOCK_CHECKED: u8 = 1;
 pub(super) const WAL_CHECKED: u8 = 2;
 pub(super) const MAIN_CHECKED: u8 = 4;
@@ -57,6 +59,77 @@ impl Checks {
             main_written: AtomicBool::new(true),
             refusals: AtomicU64::new(0),
         }
+    }
+
+    #[inline(always)]
+    pub(super) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
+    /// [`super::DbState::main_write_gate`].
+    #[inline]
+    pub(super) fn main_write_gate(&self) -> Gate {
+        if self.is_retired() {
+            Gate::Refuse
+        } else if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
+            Gate::Go
+        } else {
+            Gate::Check(Site::MainWrite)
+        }
+    }
+
+    /// [`super::DbState::main_write_goes`].
+    #[inline(always)]
+    pub(super) fn main_write_goes(&self) -> bool {
+        !self.is_retired()
+            && (self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0
+                || !self.wal_pinned.load(Ordering::Acquire))
+            && !self.main_judge_due.load(Ordering::Relaxed)
+    }
+
+    /// [`super::DbState::write_lock_held`].
+    #[inline(always)]
+    pub(super) fn write_lock_held(&self) -> bool {
+        self.tx.load(Ordering::Acquire) & LOCK_CHECKED != 0
+    }
+
+    /// [`super::DbState::wal_write_gate`].
+    #[inline]
+    pub(super) fn wal_write_gate(&self, offset: i64) -> Gate {
+        if self.is_retired() {
+            return Gate::Refuse;
+        }
+        let tx = self.tx.load(Ordering::Acquire);
+        // No write lock (exclusive locking mode): the first write of a transaction checks. A
+        // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
+        // the next transaction writes at or below where the last write was.
+        let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
+        if tx & WAL_CHECKED != 0 && offset > previous {
+            return Gate::Go;
+        }
+        Gate::Check(Site::WalWrite)
+    }
+
+    /// A check passed at `site`: recorded for the transaction (a WAL site) or the checkpoint,
+    /// which may write the main file from here.
+    #[inline]
+    pub(super) fn checked(&self, site: Site) {
+        let bit = match site {
+            Site::WalWrite => WAL_CHECKED,
+            Site::CheckpointLock | Site::MainWrite => {
+                self.main_written.store(true, Ordering::Release);
+                MAIN_CHECKED
+            }
+        };
+        self.tx.fetch_or(bit, Ordering::AcqRel);
+    }
+
+    /// A checkpoint took its lock since the last judgement: judge before its first main-file
+    /// write (cleared). One atomic load, a swap when set.
+    #[inline]
+    pub(super) fn take_main_judge_due(&self) -> bool {
+        self.main_judge_due.load(Ordering::Relaxed)
+            && self.main_judge_due.swap(false, Ordering::Relaxed)
     }
 
     /// A write transaction committed or ended: the next write checks again.

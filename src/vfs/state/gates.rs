@@ -15,13 +15,7 @@ impl DbState {
     /// shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn main_write_gate(&self) -> Gate {
-        if self.is_retired() {
-            Gate::Refuse
-        } else if self.checks.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
-            Gate::Go
-        } else {
-            Gate::Check(Site::MainWrite)
-        }
+        self.checks.main_write_gate()
     }
 
     /// Whether a main-file write goes ahead with nothing to do first, as `file::write_gated`
@@ -31,16 +25,14 @@ impl DbState {
     /// calls it outside `catch_unwind`.
     #[inline(always)]
     pub(crate) fn main_write_goes(&self) -> bool {
-        !self.is_retired()
-            && (self.checks.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 || !self.wal_pinned())
-            && !self.checks.main_judge_due.load(Ordering::Relaxed)
+        self.checks.main_write_goes()
     }
 
     /// Whether this connection holds the WAL write lock, taken while its generation was not
     /// retired: its WAL writes then follow the frame rule (`state/frames.rs`).
     #[inline(always)]
     pub(crate) fn write_lock_held(&self) -> bool {
-        self.checks.tx.load(Ordering::Acquire) & LOCK_CHECKED != 0
+        self.checks.write_lock_held()
     }
 
     /// Whether a WAL write at `offset` without the write lock may go ahead (the write lock's are
@@ -48,18 +40,7 @@ impl DbState {
     /// Panic-free (atomics only), so the shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
-        if self.is_retired() {
-            return Gate::Refuse;
-        }
-        let tx = self.checks.tx.load(Ordering::Acquire);
-        // No write lock (exclusive locking mode): the first write of a transaction checks. A
-        // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
-        // the next transaction writes at or below where the last write was.
-        let previous = self.checks.last_wal_offset.swap(offset, Ordering::AcqRel);
-        if tx & WAL_CHECKED != 0 && offset > previous {
-            return Gate::Go;
-        }
-        Gate::Check(Site::WalWrite)
+        self.checks.wal_write_gate(offset)
     }
 
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
@@ -96,14 +77,7 @@ impl DbState {
 
     #[inline]
     fn checked(&self, site: Site) {
-        let bit = match site {
-            Site::WalWrite => WAL_CHECKED,
-            Site::CheckpointLock | Site::MainWrite => {
-                self.checks.main_written.store(true, Ordering::Release);
-                MAIN_CHECKED
-            }
-        };
-        self.checks.tx.fetch_or(bit, Ordering::AcqRel);
+        self.checks.checked(site);
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.

@@ -46,8 +46,7 @@ impl DbState {
     /// write (cleared). Panic-free: one atomic load, a swap when set.
     #[inline]
     pub(crate) fn main_judge_due(&self) -> bool {
-        self.checks.main_judge_due.load(Ordering::Relaxed)
-            && self.checks.main_judge_due.swap(false, Ordering::Relaxed)
+        self.checks.take_main_judge_due()
     }
 
     /// EXCLUSIVE on the main file in WAL mode: the close-time checkpoint (or
