@@ -26,8 +26,8 @@ use crate::vfs::watch::Creations;
 impl DbState {
     /// The creation counts of this database's names now (the watch's queue drained first).
     pub(super) fn creations_now(&self) -> Option<Creations> {
-        let name = self.db_path.file_name()?;
-        self.watch.as_ref()?.creations(name)
+        let name = self.paths.db.file_name()?;
+        self.watches.dir.as_ref()?.creations(name)
     }
 
     /// The count a sibling of this process took when it pinned the `-shm` `shm`, through the
@@ -36,14 +36,14 @@ impl DbState {
         &self,
         shm: crate::identity::FileId,
     ) -> Option<Creations> {
-        let mine = self.watch.as_ref()?;
+        let mine = self.watches.dir.as_ref()?;
         self.siblings().iter().find_map(|s| {
-            if !s.watch.as_ref().is_some_and(|w| w.counts_with(mine)) {
+            if !s.watches.dir.as_ref().is_some_and(|w| w.counts_with(mine)) {
                 return None;
             }
             let inner = s.inner.lock();
-            if inner.shm_id == Some(shm) {
-                inner.creations_at_pin
+            if inner.pins.shm_id == Some(shm) {
+                inner.pins.creations_at_pin
             } else {
                 None
             }
@@ -53,16 +53,16 @@ impl DbState {
     /// The main file had `links` names at a full check: kept when the most so far, and said at
     /// WARN the first time it is more than one.
     pub(super) fn saw_links(&self, inner: &mut super::Inner, links: u64) {
-        if links > 1 && inner.most_links <= 1 {
+        if links > 1 && inner.pins.most_links <= 1 {
             log::warn!(
                 "hermes-guard: {} has {links} names (hard links): another name can be opened as a \
                  newer generation whose -wal and -shm the guard does not watch, so a capture of \
                  this database is never taken as its generation's own base, and recovery only adds \
                  rows (docs/merge-rules.md)",
-                self.db_path.display()
+                self.paths.db.display()
             );
         }
-        inner.most_links = inner.most_links.max(links);
+        inner.pins.most_links = inner.pins.most_links.max(links);
     }
 
     /// The verdict on an image just read, from the counts taken at the `-shm`'s pin;
@@ -84,7 +84,7 @@ impl DbState {
                  the file found then, not the one its WAL was written on",
             );
         }
-        if self.watch.is_none() {
+        if self.watches.dir.is_none() {
             return BaseEntry::new(
                 BaseVerdict::Unknown,
                 "no directory watch on this database's directory (a filesystem whose changes \
@@ -151,7 +151,7 @@ impl DbState {
     /// (a replaced file is judged by its retirement reason).
     fn names_of_main(&self, main_id: Option<FileId>) -> Option<u64> {
         let dir = self.dir()?;
-        let (id, links) = links_at(dir.fd(), self.db_path.file_name()?).ok()?;
+        let (id, links) = links_at(dir.fd(), self.paths.db.file_name()?).ok()?;
         (Some(id) == main_id).then_some(links)
     }
 }

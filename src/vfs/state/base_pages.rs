@@ -334,13 +334,13 @@ impl DbState {
     /// a page the main file holds, the page is read from the main file and kept. Before the
     /// frame rule's check of the same write, which vouches for what was read.
     pub(crate) fn new_frame(&self, header: &[u8; 24]) {
-        let Some(store) = self.base_store.lock().clone() else {
+        let Some(store) = self.base.store() else {
             return;
         };
         let (pgno, salts) = frame_page(header);
         let mut keep = store.first_frame(pgno, salts);
         if keep == Keep::Begin {
-            let reader = self.base_reader.lock();
+            let reader = self.base.reader.lock();
             let Some(main) = reader.as_deref() else {
                 return;
             };
@@ -358,7 +358,8 @@ impl DbState {
         };
         let mut page = vec![0u8; page_size as usize].into_boxed_slice();
         let read = self
-            .base_reader
+            .base
+            .reader
             .lock()
             .as_deref()
             .map(|main| main.read_at(&mut page, u64::from(pgno - 1) * u64::from(page_size)));
@@ -371,7 +372,7 @@ impl DbState {
             Some(Err(e)) => {
                 log::warn!(
                     "hermes-guard: could not read page {pgno} of {} to keep its base: {e}",
-                    self.db_path.display()
+                    self.paths.db.display()
                 );
                 store.not_kept(salts);
             }
@@ -383,7 +384,7 @@ impl DbState {
     /// pages it covers are no longer their kept bases ([`BaseStore::checkpoint_wrote`]).
     /// Panic-free: it runs on the main file's write path, outside `catch_unwind`.
     pub(crate) fn main_written(&self, offset: i64, len: i32) {
-        let Some(store) = self.base_store.lock().clone() else {
+        let Some(store) = self.base.store() else {
             return;
         };
         let Some(page_size) = store.current_page_size().filter(|&p| p > 0) else {
@@ -408,14 +409,14 @@ impl DbState {
             "hermes-guard: {} wrote more distinct pages in this WAL generation than the guard \
              keeps the base of ({CAP_PAGES} pages, {} MiB): a capture of it will not hold the base \
              of the pages past that, and recovery leaves their rows undecided",
-            self.db_path.display(),
+            self.paths.db.display(),
             CAP_BYTES >> 20
         );
     }
 
     /// The base pages this process kept for the generation of `salts` (for its capture).
     pub(super) fn base_pages(&self, salts: [u32; 2]) -> Option<BasePages> {
-        let store = self.base_store.lock().clone()?;
+        let store = self.base.store()?;
         store.snapshot(salts)
     }
 }

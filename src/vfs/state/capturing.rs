@@ -3,21 +3,35 @@
 //! nowhere), and what a failure leaves (the descriptors held, the error in the status).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::{DbState, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, FailedCommit, Trigger};
+use crate::identity::PinnedWal;
+use crate::paths::DirHandle;
 use crate::permissions::Permissions;
 use crate::vfs::retry::{self, Attempt};
+
+/// Where a capture may go (`DbState::capture_dirs`).
+struct CaptureDirs {
+    /// The database's directory, when it can be had.
+    beside: Option<Arc<DirHandle>>,
+    /// It was deleted.
+    deleted: bool,
+    /// The orphan capture directory, open, when the database's was deleted and one is set.
+    orphan: Option<Arc<DirHandle>>,
+}
 
 impl DbState {
     /// Counts a refusal, captures the generation if that has not happened yet (and its back-off
     /// allows), and returns the code to hand back to SQLite.
     pub(crate) fn refuse(&self) -> i32 {
-        self.refusals
+        self.checks
+            .refusals
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        if inner.capture.is_none() && inner.worth_capturing() {
+        if inner.loss.capture.is_none() && inner.worth_capturing() {
             let _ = self.capture_locked(&mut inner, Trigger::Halt, Attempt::IfDue);
         }
         super::REFUSED
@@ -48,7 +62,7 @@ impl DbState {
             return Ok(None);
         }
         let mut inner = self.inner.lock();
-        if inner.capture.is_none() && !inner.worth_capturing() {
+        if inner.loss.capture.is_none() && !inner.worth_capturing() {
             return Ok(None);
         }
         match self.capture_locked(&mut inner, trigger, attempt) {
@@ -114,23 +128,23 @@ impl DbState {
 
     /// The check after a commit frame vouched for it after all: its frames are the generation's.
     pub(crate) fn commit_vouched(&self) {
-        if let Some(slot) = &self.inner.lock().generation {
+        if let Some(slot) = &self.inner.lock().loss.generation {
             *slot.failed_commit.lock() = None;
         }
     }
 
     /// The last capture failure, while no capture exists.
     pub(crate) fn capture_error(&self) -> Option<String> {
-        self.inner.lock().capture_error.clone()
+        self.inner.lock().loss.capture_error.clone()
     }
 
     /// Whether the main file object must be kept open after SQLite closes it, because it is the
     /// only way left to the main image of an uncaptured retired generation.
     pub(crate) fn must_hold_main(&self) -> bool {
         let inner = self.inner.lock();
-        inner.reason.is_some()
-            && inner.capture.is_none()
-            && !inner.healed
+        inner.loss.reason.is_some()
+            && inner.loss.capture.is_none()
+            && !inner.close.healed
             && inner.worth_capturing()
     }
 
@@ -140,54 +154,54 @@ impl DbState {
         trigger: Trigger,
         attempt: Attempt,
     ) -> Result<PathBuf, CaptureError> {
-        if let Some(done) = &inner.capture {
+        if let Some(done) = &inner.loss.capture {
             return Ok(done.clone());
         }
         // A capture stands for the generation from then on (it is taken once): taken of a live
         // generation, it would miss every later commit.
-        if inner.reason.is_none() {
+        if inner.loss.reason.is_none() {
             return Err(CaptureError::NotRetired {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             });
         }
-        if let Some(directory) = &inner.let_go {
+        if let Some(directory) = &inner.loss.let_go {
             return Err(CaptureError::LetGo {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
                 directory: directory.clone(),
             });
         }
         let now = Instant::now();
-        if !inner.backoff.allows(attempt, now) {
+        if !inner.loss.backoff.allows(attempt, now) {
             return Err(CaptureError::Deferred {
-                database: self.db_path.clone(),
-                attempts: inner.backoff.failures(),
-                last: inner.capture_error.clone().unwrap_or_default(),
+                database: self.paths.db.clone(),
+                attempts: inner.loss.backoff.failures(),
+                last: inner.loss.capture_error.clone().unwrap_or_default(),
             });
         }
         let result = self.write_once(inner, trigger);
         match &result {
             Ok(dir) => {
-                inner.capture = Some(dir.clone());
-                inner.capture_error = None;
+                inner.loss.capture = Some(dir.clone());
+                inner.loss.capture_error = None;
             }
             Err(e) => {
                 if self.let_go_if_orphaned(inner) {
                     return Err(CaptureError::LetGo {
-                        database: self.db_path.clone(),
-                        directory: inner.let_go.clone().unwrap_or_default(),
+                        database: self.paths.db.clone(),
+                        directory: inner.loss.let_go.clone().unwrap_or_default(),
                     });
                 }
-                if inner.backoff.failed(now) {
+                if inner.loss.backoff.failed(now) {
                     log::error!(
                         "hermes-guard: could not capture the retired generation of {} (attempt \
                          {}): {e}; the descriptors stay open and the capture is retried with a \
                          back-off (at once at the connection's close or \
                          hermes_guard::retry_pending_captures)",
-                        self.db_path.display(),
-                        inner.backoff.failures()
+                        self.paths.db.display(),
+                        inner.loss.backoff.failures()
                     );
                 }
-                inner.capture_error = Some(e.to_string());
+                inner.loss.capture_error = Some(e.to_string());
             }
         }
         result
@@ -200,116 +214,68 @@ impl DbState {
         let generation = inner
             .generation_slot()
             .ok_or_else(|| CaptureError::NoPinnedIdentity {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             })?;
         let failed_commit = *generation.failed_commit.lock();
-        let Some(wal) = &inner.wal else {
+        let Some(wal) = &inner.pins.wal else {
             return Err(CaptureError::NoPinnedIdentity {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
             });
         };
         // Held while capturing: another connection retiring the same generation waits here.
         let mut done = generation.done.lock();
-        if let Some(Captured { dir, wal: bytes }) = &*done {
-            // The same bytes were captured already (by this process's first connection to retire
-            // the generation): same size and sha256. A WAL that changed since then (a peer still
-            // attached to it appended, or restarted it and wrote again) is captured again, whole.
-            if bytes.is_held_by(wal, failed_commit.as_ref()) && dir.exists() {
-                log::info!(
-                    "hermes-guard: the retired generation of {} is already captured in {}",
-                    self.db_path.display(),
-                    dir.display()
-                );
-                return Ok(dir.clone());
-            }
+        if let Some(dir) = self.already_captured(&done, wal, failed_commit.as_ref()) {
+            return Ok(dir);
         }
-        let Some(main) = &inner.main_image else {
+        let Some(main) = &inner.loss.main_image else {
             return Err(CaptureError::NotHeld {
-                database: self.db_path.clone(),
+                database: self.paths.db.clone(),
                 identity: wal.id(),
             });
         };
-        // Found now if the retirement did not (`state/dir.rs`).
-        let dir = self.dir();
-        let deleted = self.directory_deleted();
-        let orphan_dir = if deleted {
-            retry::open_orphan_dir(&self.db_path).map_err(|why| CaptureError::Io {
-                database: self.db_path.clone(),
-                artifact: retry::orphan_capture_dir().unwrap_or_default(),
-                source: std::io::Error::other(why),
-            })?
-        } else {
-            None
-        };
-        if deleted && orphan_dir.is_none() && dir.is_none() {
-            // Never by path: another directory may have its name now.
-            return Err(CaptureError::Io {
-                database: self.db_path.clone(),
-                artifact: self
-                    .db_path
-                    .parent()
-                    .map(|p| p.to_path_buf())
-                    .unwrap_or_default(),
-                source: std::io::Error::other("the database's directory was deleted"),
-            });
-        }
+        let CaptureDirs {
+            beside: dir,
+            deleted,
+            orphan: orphan_dir,
+        } = self.capture_dirs()?;
         let (at_pin, reason, main_id, most_links) = (
-            inner.creations_at_pin,
-            inner.reason,
-            inner.main_id,
-            inner.most_links,
+            inner.pins.creations_at_pin,
+            inner.loss.reason,
+            inner.pins.main_id,
+            inner.pins.most_links,
         );
         // The database's own permissions, read in its directory (wherever that is now), whether
         // the capture goes beside it or elsewhere; the most private when it cannot be read.
         let permissions = match dir.as_deref() {
-            Some(d) if !deleted => Permissions::of_database_in(d.fd(), &self.db_path),
-            _ => Permissions::of_database(&self.db_path),
+            Some(d) if !deleted => Permissions::of_database_in(d.fd(), &self.paths.db),
+            _ => Permissions::of_database(&self.paths.db),
         };
         let input = CaptureInput {
-            database: &self.db_path,
+            database: &self.paths.db,
             dir: orphan_dir.as_deref().or(dir.as_deref()),
             wal,
             main: main.as_ref(),
-            main_id: inner.main_id,
-            shm_id: inner.shm_id,
+            main_id: inner.pins.main_id,
+            shm_id: inner.pins.shm_id,
             trigger,
-            reason: inner.reason,
-            backfill_at_loss: inner.backfill_at_loss,
+            reason: inner.loss.reason,
+            backfill_at_loss: inner.loss.backfill_at_loss,
             base: Some(&|| self.judge_base(at_pin, reason, main_id, most_links)),
             permissions,
             failed_commit,
             base_pages: Some(&|salts| self.base_pages(salts)),
         };
-        let captured = match capture::write_capture(&input) {
-            Err(CaptureError::Io { source, .. })
-                if orphan_dir.is_none() && fallback::wants_fallback(&source) =>
-            {
-                // Beside the database is not writable (permission, read-only, full): the
-                // fallback directory, never worse than stock.
-                inner.unwritable_beside = true;
-                let fallback = open_fallback_dir(&self.db_path, &source)?;
-                let captured = capture::write_capture(&CaptureInput {
-                    dir: Some(&fallback),
-                    ..input
-                })?;
-                log::warn!(
-                    "hermes-guard: the capture of {} could not be written beside it ({source}); \
-                     it was written to the fallback capture directory instead: {} (`hermes-guard \
-                     captures {}` finds it)",
-                    self.db_path.display(),
-                    captured.dir.display(),
-                    self.db_path.display()
-                );
-                captured
-            }
-            other => other?,
-        };
+        let captured = self.write_or_fall_back(
+            input,
+            orphan_dir.is_some(),
+            &mut inner.loss.unwritable_beside,
+        )?;
         if orphan_dir.is_some() {
             // The capture's own WARN line names where it went; this says why there.
             log::info!(
                 "hermes-guard: the directory of {} was deleted; its retired generation was \
                  captured in the orphan capture directory instead: {}",
-                self.db_path.display(),
+                self.paths.db.display(),
                 captured.dir.display()
             );
         }
@@ -323,6 +289,96 @@ impl DbState {
         Ok(dir)
     }
 
+    /// The capture this process already wrote of the generation, when it holds the same bytes
+    /// (by this process's first connection to retire the generation): same size and sha256. A
+    /// WAL that changed since then (a peer still attached to it appended, or restarted it and
+    /// wrote again) is captured again, whole.
+    fn already_captured(
+        &self,
+        done: &Option<Captured>,
+        wal: &PinnedWal,
+        failed_commit: Option<&FailedCommit>,
+    ) -> Option<PathBuf> {
+        let Captured { dir, wal: bytes } = done.as_ref()?;
+        if bytes.is_held_by(wal, failed_commit) && dir.exists() {
+            log::info!(
+                "hermes-guard: the retired generation of {} is already captured in {}",
+                self.paths.db.display(),
+                dir.display()
+            );
+            return Some(dir.clone());
+        }
+        None
+    }
+
+    /// Where a capture may go: the database's directory (found now if the retirement did not,
+    /// `state/dir.rs`), whether it was deleted, and then the orphan capture directory, if one is
+    /// set. An error when it was deleted and there is nowhere else: never by path, another
+    /// directory may have its name now.
+    fn capture_dirs(&self) -> Result<CaptureDirs, CaptureError> {
+        let dir = self.dir();
+        let deleted = self.directory_deleted();
+        let orphan_dir = if deleted {
+            retry::open_orphan_dir(&self.paths.db).map_err(|why| CaptureError::Io {
+                database: self.paths.db.clone(),
+                artifact: retry::orphan_capture_dir().unwrap_or_default(),
+                source: std::io::Error::other(why),
+            })?
+        } else {
+            None
+        };
+        if deleted && orphan_dir.is_none() && dir.is_none() {
+            return Err(CaptureError::Io {
+                database: self.paths.db.clone(),
+                artifact: self
+                    .paths
+                    .db
+                    .parent()
+                    .map(|p| p.to_path_buf())
+                    .unwrap_or_default(),
+                source: std::io::Error::other("the database's directory was deleted"),
+            });
+        }
+        Ok(CaptureDirs {
+            beside: dir,
+            deleted,
+            orphan: orphan_dir,
+        })
+    }
+
+    /// Writes the capture `input` describes; when beside the database is not writable
+    /// (permission, read-only, full) and it is not the orphan directory, in the fallback
+    /// directory instead, never worse than stock (`unwritable_beside` then set).
+    fn write_or_fall_back(
+        &self,
+        input: CaptureInput<'_>,
+        orphan: bool,
+        unwritable_beside: &mut bool,
+    ) -> Result<Captured, CaptureError> {
+        match capture::write_capture(&input) {
+            Err(CaptureError::Io { source, .. })
+                if !orphan && fallback::wants_fallback(&source) =>
+            {
+                *unwritable_beside = true;
+                let fallback = open_fallback_dir(&self.paths.db, &source)?;
+                let captured = capture::write_capture(&CaptureInput {
+                    dir: Some(&fallback),
+                    ..input
+                })?;
+                log::warn!(
+                    "hermes-guard: the capture of {} could not be written beside it ({source}); \
+                     it was written to the fallback capture directory instead: {} (`hermes-guard \
+                     captures {}` finds it)",
+                    self.paths.db.display(),
+                    captured.dir.display(),
+                    self.paths.db.display()
+                );
+                Ok(captured)
+            }
+            other => other,
+        }
+    }
+
     /// After a failed attempt: when the database's directory was deleted and no orphan capture
     /// directory is set, lets the generation go — said once at WARN, never retried, and its
     /// descriptors released as the connection's files close (see `worth_capturing`). Returns
@@ -332,7 +388,8 @@ impl DbState {
             return false;
         }
         let directory = self
-            .db_path
+            .paths
+            .db
             .parent()
             .map(|p| p.to_path_buf())
             .unwrap_or_default();
@@ -348,15 +405,15 @@ impl DbState {
                  call hermes_guard::set_orphan_capture_dir) to capture such generations \
                  elsewhere{more}",
                 directory.display(),
-                self.db_path.display(),
+                self.paths.db.display(),
                 retry::ORPHAN_DIR_ENV
             );
         }
-        inner.capture_error = Some(format!(
+        inner.loss.capture_error = Some(format!(
             "let go: its directory {} was deleted",
             directory.display()
         ));
-        inner.let_go = Some(directory);
+        inner.loss.let_go = Some(directory);
         true
     }
 }

@@ -21,10 +21,45 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use parking_lot::Mutex;
+
 use super::super::retry;
 use super::DbState;
+use crate::filesystem::Filesystem;
 use crate::identity::FileId;
 use crate::paths::DirHandle;
+
+/// The database's directory: its identity and filesystem at the open, and where it is now.
+pub(super) struct Directory {
+    /// Where it is, as far as the guard knows.
+    pub(super) slot: Mutex<DirSlot>,
+    /// Its identity at the open (shared with the connections opened beside this one,
+    /// `state/open_here.rs`).
+    pub(super) id: Option<FileId>,
+    /// The filesystem the database is on (found once per mount).
+    pub(super) filesystem: Option<Filesystem>,
+}
+
+impl Directory {
+    /// [`DirSlot::at_open`], with the identity and filesystem found at the open.
+    pub(super) fn at_open(
+        db_path: &Path,
+        main_fd: Option<RawFd>,
+        id: Option<FileId>,
+        filesystem: Option<Filesystem>,
+    ) -> Directory {
+        Directory {
+            slot: Mutex::new(DirSlot::at_open(db_path, main_fd, id)),
+            id,
+            filesystem,
+        }
+    }
+
+    /// Whether the database is on a local filesystem (inotify sees every change there).
+    pub(super) fn on_local_filesystem(&self) -> bool {
+        self.filesystem.as_ref().is_some_and(|f| f.local)
+    }
+}
 
 /// Where the database's directory is, as far as the guard knows it.
 pub(crate) enum DirSlot {
@@ -156,9 +191,9 @@ impl DbState {
     /// The database's directory, found now if it was not needed before (and held from now on);
     /// `None` when it is gone or only reachable by path.
     pub(crate) fn dir(&self) -> Option<Arc<DirHandle>> {
-        let mut slot = self.dir.lock();
+        let mut slot = self.directory.slot.lock();
         if let DirSlot::Unresolved { id, main_fd } = *slot {
-            *slot = resolve(&self.db_path, id, main_fd);
+            *slot = resolve(&self.paths.db, id, main_fd);
         }
         match &*slot {
             DirSlot::Held(dir) => Some(dir.clone()),
@@ -171,14 +206,14 @@ impl DbState {
         let held = self.dir();
         match held {
             Some(dir) => retry::directory_deleted(&dir),
-            None => matches!(*self.dir.lock(), DirSlot::Gone),
+            None => matches!(*self.directory.slot.lock(), DirSlot::Gone),
         }
     }
 
     /// Whether the directory is held now (for the tests).
     #[cfg(test)]
     pub(crate) fn holds_dir(&self) -> bool {
-        matches!(*self.dir.lock(), DirSlot::Held(_))
+        matches!(*self.directory.slot.lock(), DirSlot::Held(_))
     }
 }
 

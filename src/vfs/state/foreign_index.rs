@@ -54,7 +54,7 @@ impl DbState {
             return false;
         }
         let inner = self.inner.lock();
-        let Some(wal) = inner.wal.as_ref() else {
+        let Some(wal) = inner.pins.wal.as_ref() else {
             return false;
         };
         let mut head = [0u8; WAL_HEADER_SIZE];

@@ -20,7 +20,7 @@ impl DbState {
     /// The page of page 1's frame, or of the freelist trunk's frame it announced, is about to be
     /// written: the pages this transaction freed are kept (see the module's docs).
     pub(crate) fn freelist_page_written(&self, pgno: u32, page: &[u8]) {
-        let Some(store) = self.base_store.lock().clone() else {
+        let Some(store) = self.base.store() else {
             return;
         };
         let word = |i: usize| {
@@ -55,7 +55,7 @@ impl DbState {
         for leaf in to_read {
             let mut base = vec![0u8; page_size as usize].into_boxed_slice();
             let read =
-                self.base_reader.lock().as_deref().map(|main| {
+                self.base.reader.lock().as_deref().map(|main| {
                     main.read_at(&mut base, u64::from(leaf - 1) * u64::from(page_size))
                 });
             match read {

@@ -8,7 +8,6 @@ use std::sync::atomic::Ordering;
 use super::{DbState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::{Backfill, RetireReason};
-use crate::vfs::watch::DirWatch;
 
 impl DbState {
     /// Whether a main-file write, truncate or size hint may go ahead: the shim carries the gate
@@ -16,13 +15,7 @@ impl DbState {
     /// shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn main_write_gate(&self) -> Gate {
-        if self.is_retired() {
-            Gate::Refuse
-        } else if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
-            Gate::Go
-        } else {
-            Gate::Check(Site::MainWrite)
-        }
+        self.checks.main_write_gate()
     }
 
     /// Whether a main-file write goes ahead with nothing to do first, as `file::write_gated`
@@ -32,16 +25,14 @@ impl DbState {
     /// calls it outside `catch_unwind`.
     #[inline(always)]
     pub(crate) fn main_write_goes(&self) -> bool {
-        !self.is_retired()
-            && (self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 || !self.wal_pinned())
-            && !self.main_judge_due.load(Ordering::Relaxed)
+        self.checks.main_write_goes()
     }
 
     /// Whether this connection holds the WAL write lock, taken while its generation was not
     /// retired: its WAL writes then follow the frame rule (`state/frames.rs`).
     #[inline(always)]
     pub(crate) fn write_lock_held(&self) -> bool {
-        self.tx.load(Ordering::Acquire) & LOCK_CHECKED != 0
+        self.checks.write_lock_held()
     }
 
     /// Whether a WAL write at `offset` without the write lock may go ahead (the write lock's are
@@ -49,18 +40,7 @@ impl DbState {
     /// Panic-free (atomics only), so the shim calls it outside `catch_unwind`.
     #[inline]
     pub(crate) fn wal_write_gate(&self, offset: i64) -> Gate {
-        if self.is_retired() {
-            return Gate::Refuse;
-        }
-        let tx = self.tx.load(Ordering::Acquire);
-        // No write lock (exclusive locking mode): the first write of a transaction checks. A
-        // commit ends a transaction (`SQLITE_FCNTL_COMMIT_PHASETWO`); a rollback is seen when
-        // the next transaction writes at or below where the last write was.
-        let previous = self.last_wal_offset.swap(offset, Ordering::AcqRel);
-        if tx & WAL_CHECKED != 0 && offset > previous {
-            return Gate::Go;
-        }
-        Gate::Check(Site::WalWrite)
+        self.checks.wal_write_gate(offset)
     }
 
     /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
@@ -86,26 +66,18 @@ impl DbState {
     /// [`DbState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
     #[inline(always)]
     pub(crate) fn vouched_fast(&self) -> bool {
-        self.fast_watch.current_fast(&self.verified_changes)
+        self.watches.vouched_fast()
     }
 
     /// [`DbState::vouched_fast`] as of the watch's last drain, with no system call (see
     /// `FastWatch::current_as_of_last_drain`).
     pub(crate) fn vouched_as_of_last_drain(&self) -> bool {
-        self.fast_watch
-            .current_as_of_last_drain(&self.verified_changes)
+        self.watches.vouched_as_of_last_drain()
     }
 
     #[inline]
     fn checked(&self, site: Site) {
-        let bit = match site {
-            Site::WalWrite => WAL_CHECKED,
-            Site::CheckpointLock | Site::MainWrite => {
-                self.main_written.store(true, Ordering::Release);
-                MAIN_CHECKED
-            }
-        };
-        self.tx.fetch_or(bit, Ordering::AcqRel);
+        self.checks.checked(site);
     }
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
@@ -113,15 +85,15 @@ impl DbState {
     /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
     /// check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
-        let (generation, changes) = self.watch_figures();
-        let vouched =
-            generation.is_some_and(|g| g == self.verified_generation.load(Ordering::Acquire));
+        let (generation, changes) = self.watches.figures();
+        let vouched = generation
+            .is_some_and(|g| g == self.watches.verified_generation.load(Ordering::Acquire));
         if !vouched || self.is_retired() {
             if self.check_pins().is_some() {
                 return Err(self.refuse());
             }
             if let Some(g) = generation {
-                self.verified_generation.store(g, Ordering::Release);
+                self.watches.verified_generation.store(g, Ordering::Release);
             }
         }
         self.record_vouch(generation, changes);
@@ -134,31 +106,16 @@ impl DbState {
     /// `SQLITE_FCNTL_HAS_MOVED`, then spares the checks after it their `stat` calls). The reason
     /// when the generation is retired.
     pub(crate) fn check_pins_vouching(&self) -> Option<RetireReason> {
-        let (generation, changes) = self.watch_figures();
+        let (generation, changes) = self.watches.figures();
         if let Some(reason) = self.check_pins() {
             return Some(reason);
         }
         if let Some(g) = generation {
-            self.verified_generation.store(g, Ordering::Release);
+            self.watches.verified_generation.store(g, Ordering::Release);
         }
         self.record_vouch(generation, changes);
         self.share_vouch(generation, changes);
         None
-    }
-
-    /// The watch's figures, read before a check: any change from here on (including one the
-    /// drain below takes in) moves them, so recording them after the check vouches for nothing
-    /// that happened after this read. `(generation, changes)`.
-    fn watch_figures(&self) -> (Option<u64>, Option<u64>) {
-        let changes = self.watch.as_ref().map(DirWatch::changes);
-        let generation = self.watch.as_ref().and_then(DirWatch::current);
-        let generation = match (&*self.shm_watch.lock(), generation) {
-            (None, g) => g,
-            // Both figures only grow: their sum moves when either does.
-            (Some(Some(shm)), Some(g)) => shm.current().map(|s| g.wrapping_add(s)),
-            _ => None,
-        };
-        (generation, changes)
     }
 
     /// After a check that passed: the fast path may vouch from the change count read before it.
@@ -166,13 +123,15 @@ impl DbState {
         if let (Some(_), Some(c)) = (generation, changes) {
             // Vouched for by the path's generations, or verified by `stat` just now: the path was
             // as pinned when `changes` was read, or `changes` has moved since.
-            self.verified_changes.store(c, Ordering::SeqCst);
+            self.watches.verified_changes.store(c, Ordering::SeqCst);
             // A retirement stores `retired` and then `NEVER_VOUCHED`, all `SeqCst`: either this
             // load sees it, or its `NEVER_VOUCHED` lands after the store above. Either way the
             // fast path never vouches for a retired generation (belt and braces: retirements run
             // inside this connection's own calls).
-            if self.retired.load(Ordering::SeqCst) {
-                self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+            if self.checks.retired.load(Ordering::SeqCst) {
+                self.watches
+                    .verified_changes
+                    .store(NEVER_VOUCHED, Ordering::SeqCst);
             }
         }
     }
@@ -193,10 +152,11 @@ impl DbState {
     pub(crate) fn write_lock(&self, held: bool) {
         if held {
             self.frames.begin();
-            self.tx
+            self.checks
+                .tx
                 .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
-            if self.retired.load(Ordering::SeqCst) {
-                self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+            if self.checks.retired.load(Ordering::SeqCst) {
+                self.checks.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
             }
         } else {
             self.end_of_transaction();
@@ -210,9 +170,9 @@ impl DbState {
         if held {
             // A checkpoint of this connection's may write the main file from here: its first
             // write judges the main file first, for an overwrite in place (`state/overwrite.rs`).
-            self.main_judge_due.store(true, Ordering::Relaxed);
-            self.main_written.store(true, Ordering::Release);
-            self.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
+            self.checks.main_judge_due.store(true, Ordering::Relaxed);
+            self.checks.main_written.store(true, Ordering::Release);
+            self.checks.tx.fetch_or(MAIN_CHECKED, Ordering::AcqRel);
         } else {
             self.end_of_main_write();
         }
@@ -221,18 +181,14 @@ impl DbState {
     /// A write transaction committed or ended: the next write checks again.
     #[inline]
     pub(crate) fn end_of_transaction(&self) {
-        // All three: new frames mean a later checkpoint has new pages to copy. (A retirement's
-        // concurrent clear of LOCK_CHECKED clears no more than this.)
-        self.tx.store(0, Ordering::Release);
+        self.checks.end_of_transaction();
     }
 
     /// A main-file write ended — a checkpoint (its lock released, or the main file synced) or a
     /// rollback-mode write (its lock dropped to SHARED): the next one checks.
     #[inline]
     pub(crate) fn end_of_main_write(&self) {
-        if self.tx.load(Ordering::Acquire) & MAIN_CHECKED != 0 {
-            self.tx.fetch_and(!MAIN_CHECKED, Ordering::AcqRel);
-        }
+        self.checks.end_of_main_write();
     }
 
     /// A commit frame was made whole after this generation's files changed (the check after it
@@ -241,7 +197,7 @@ impl DbState {
     /// (`capture/unacknowledged.rs`), but a WAL left at the path is shared with the newer
     /// generation, which may have read them.
     pub(crate) fn commit_not_acknowledged(&self, frame_offset: i64) {
-        let reason = self.inner.lock().reason;
+        let reason = self.inner.lock().loss.reason;
         let frames = if reason == Some(RetireReason::ShmLost) {
             "Its frames are in the WAL file still at the path, which a newer generation shares: \
              if that generation read the WAL after them, the rows are live there; otherwise it \
@@ -255,8 +211,8 @@ impl DbState {
              its frames were written (the WAL's frame at byte {frame_offset}), so the application \
              gets SQLITE_READONLY_DBMOVED for it. {frames} (`hermes-guard captures {}` lists \
              what the retired generation holds)",
-            self.db_path.display(),
-            self.db_path.display()
+            self.paths.db.display(),
+            self.paths.db.display()
         );
     }
 
@@ -270,8 +226,8 @@ impl DbState {
     /// only because SQLite serialises the connection's calls (see [`WalGate`]).
     pub(crate) fn check_pins(&self) -> Option<RetireReason> {
         let mut inner = self.inner.lock();
-        if inner.reason.is_some() {
-            return inner.reason;
+        if inner.loss.reason.is_some() {
+            return inner.loss.reason;
         }
         let moved = |pinned: Option<FileId>, path: &Path| match pinned {
             None => false,
@@ -280,8 +236,8 @@ impl DbState {
         };
         // The main file's stamp, kept when the check passes: what a heal at close compares with
         // (`state/healing.rs`).
-        let main_now = stamp_of_path(&self.db_path);
-        let main_moved = match inner.main_id {
+        let main_now = stamp_of_path(&self.paths.db);
+        let main_moved = match inner.pins.main_id {
             None => false,
             Some(id) => main_now
                 .as_ref()
@@ -289,16 +245,16 @@ impl DbState {
         };
         let reason = if main_moved {
             RetireReason::MainReplaced
-        } else if moved(inner.wal.as_ref().map(PinnedWal::id), &self.wal_path) {
+        } else if moved(inner.pins.wal_id(), &self.paths.wal) {
             RetireReason::WalLost
-        } else if moved(inner.shm_id, self.shm_check_path(&inner)) {
+        } else if moved(inner.pins.shm_id, self.shm_check_path(&inner)) {
             RetireReason::ShmLost
         } else {
             if let Ok(Some(stamp)) = &main_now {
                 self.saw_links(&mut inner, stamp.links);
             }
-            inner.main_stamp = main_now.ok().flatten();
-            self.main_written.store(false, Ordering::Release);
+            inner.pins.main_stamp = main_now.ok().flatten();
+            self.checks.main_written.store(false, Ordering::Release);
             return None;
         };
         self.retire_locked(&mut inner, reason);
@@ -309,29 +265,29 @@ impl DbState {
     /// retired yet): the WAL's write gate closes, the fast check stops vouching, and the
     /// retirement is logged at ERROR (and a torn main file).
     pub(super) fn retire_locked(&self, inner: &mut super::Inner, reason: RetireReason) {
-        inner.reason = Some(reason);
-        self.retired.store(true, Ordering::SeqCst);
+        inner.loss.reason = Some(reason);
+        self.checks.retired.store(true, Ordering::SeqCst);
         // The retired WAL must outlive SQLite's descriptor of it: a descriptor of the guard's
         // own from now on (a `dup`; failing that, tried again before SQLite's close).
-        if let Some(Err(e)) = inner.wal.as_mut().map(PinnedWal::own) {
+        if let Some(Err(e)) = inner.pins.wal.as_mut().map(PinnedWal::own) {
             log::warn!(
                 "hermes-guard: cannot take a descriptor of the retired WAL {}: {e}; tried again \
                  before its close",
-                self.wal_path.display()
+                self.paths.wal.display()
             );
         }
         // The WAL's writes go through the gate from now on, and it refuses them: its first
         // test is this flag (see `write_lock`).
-        inner.sync_wal_gate(self.main_above_shared.load(Ordering::Acquire));
-        self.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
+        inner.sync_wal_gate(self.checks.main_above_shared.load(Ordering::Acquire));
+        self.checks.tx.fetch_and(!LOCK_CHECKED, Ordering::SeqCst);
         // The fast check no longer vouches (see `check_fast` and `check`).
-        self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
+        self.watches.stop_vouching();
         if self.directory_deleted() {
             // Deleted on purpose, most likely: said once, at WARN, where the capture is decided
             // (`state/capturing.rs`), not as a loss.
             log::info!(
                 "hermes-guard: {} is retired for this connection: {}; its directory was deleted",
-                self.db_path.display(),
+                self.paths.db.display(),
                 reason.describe()
             );
         } else {
@@ -341,25 +297,25 @@ impl DbState {
                  so that nothing lands on a file nobody will read again. {}; close every \
                  connection of this database in this process (a pool's idle ones too) and \
                  reopen it",
-                self.db_path.display(),
+                self.paths.db.display(),
                 reason.describe(),
-                where_the_rows_are(&self.db_path, reason, inner.worth_capturing())
+                where_the_rows_are(&self.paths.db, reason, inner.worth_capturing())
             );
         }
-        crate::sqlite_log::retired(&self.db_path, reason);
+        crate::sqlite_log::retired(&self.paths.db, reason);
         if !matches!(
             reason,
             RetireReason::MainReplaced | RetireReason::MainOverwritten
         ) {
-            inner.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
-            if let Some(b) = inner.backfill_at_loss.filter(Backfill::tears_main) {
+            inner.loss.backfill_at_loss = inner.wal_index.as_ref().and_then(|i| i.backfill());
+            if let Some(b) = inner.loss.backfill_at_loss.filter(Backfill::tears_main) {
                 log::error!(
                     "hermes-guard: {} was lost while only partly checkpointed ({} of its {} frames \
                      copied into the main file, {} attempted): the live database file now holds \
                      a torn mix of pages that the newer generation builds on. Stop its writers, \
                      run PRAGMA integrity_check on it, and rebuild it from the capture of this \
                      generation (`hermes-guard help recovery`, \"A torn main file\")",
-                    self.wal_path.display(),
+                    self.paths.wal.display(),
                     b.backfilled,
                     b.frames,
                     b.attempted

@@ -12,10 +12,10 @@
 //!    capture is written, and the pinned WAL is still held.
 //! 2. **The main file is what this connection last saw**: the same inode, and the same size,
 //!    `st_mtime` and `st_ctime` as at the last full check that passed, with no checkpoint or
-//!    main-file write of this connection's since (`DbState::main_written`). The kernel moves
-//!    both times at every write by anyone, and `st_ctime` cannot be set back: equal stamps mean
-//!    no newer generation checkpointed into it, nothing was copied over it (`cp` keeps the
-//!    inode), no peer of the old generation checkpointed.
+//!    main-file write of this connection's since (`Checks::main_written`, `state/checks.rs`).
+//!    The kernel moves both times at every write by anyone, and `st_ctime` cannot be set back:
+//!    equal stamps mean no newer generation checkpointed into it, nothing was copied over it
+//!    (`cp` keeps the inode), no peer of the old generation checkpointed.
 //! 3. **Nothing newer is at the path**: no `-wal` but the pinned one (none at all after a lost
 //!    `-wal`) and no `-shm`. A newer generation that is open has both.
 //! 4. **Nobody is inside**: the guard takes SHARED and then EXCLUSIVE on the main file through
@@ -30,26 +30,27 @@
 //! failure on the way leaves the capture as the only copy, as without healing.
 
 use std::collections::HashSet;
-use std::ffi::{c_int, OsStr};
-use std::fs::File;
-use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::ffi::{c_int, OsString};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use rusqlite::ffi;
-use rustix::fs::{AtFlags, OFlags, RenameFlags};
+use rustix::fs::AtFlags;
 
+use super::heal_error::HealError;
+use super::heal_staging::{stage, Staged};
+use super::prefix::{committed_prefix, Prefix};
 use super::{DbState, Inner};
 use crate::capture::fallback;
-use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack, HEALED_NAME};
+use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::paths::{sync_dir, DirHandle};
 use crate::permissions::Permissions;
 use crate::status::RetireReason;
-use crate::walfile::{WalScanner, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
+use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
 /// The calls a heal makes on the main file: the connection's own wrapped file object, through
 /// its own methods (`file.rs`). Each returns an SQLite result code.
@@ -67,12 +68,13 @@ pub(crate) trait MainFile {
 /// worse. Any other capture failure keeps the generation held for a retry, as before.
 pub(super) fn may_heal(inner: &Inner) -> bool {
     matches!(
-        inner.reason,
+        inner.loss.reason,
         Some(RetireReason::WalLost | RetireReason::ShmLost)
-    ) && (inner.capture.is_some() || (inner.capture_error.is_some() && inner.unwritable_beside))
-        && !inner.healed
-        && inner.let_go.is_none()
-        && inner.wal.is_some()
+    ) && (inner.loss.capture.is_some()
+        || (inner.loss.capture_error.is_some() && inner.loss.unwritable_beside))
+        && !inner.close.healed
+        && inner.loss.let_go.is_none()
+        && inner.pins.wal.is_some()
 }
 
 /// What a heal wrote.
@@ -86,7 +88,9 @@ impl DbState {
     /// Whether a sync of the main file ends a checkpoint of this connection's whose result is
     /// not stamped yet (WAL mode, live generation). Atomics only.
     pub(crate) fn stamp_due(&self) -> bool {
-        self.main_written.load(std::sync::atomic::Ordering::Acquire)
+        self.checks
+            .main_written
+            .load(std::sync::atomic::Ordering::Acquire)
             && self.wal_pinned()
             && !self.is_retired()
     }
@@ -95,14 +99,15 @@ impl DbState {
     /// truncate and sync): from now on a heal compares with this. A stamp of another inode than
     /// the pinned one is not kept (the next check retires the generation).
     pub(crate) fn stamp_main(&self) {
-        let Ok(Some(now)) = stamp_of_path(&self.db_path) else {
+        let Ok(Some(now)) = stamp_of_path(&self.paths.db) else {
             return;
         };
         let mut inner = self.inner.lock();
-        if inner.main_id == Some(now.id) && inner.reason.is_none() {
+        if inner.pins.main_id == Some(now.id) && inner.loss.reason.is_none() {
             self.saw_links(&mut inner, now.links);
-            inner.main_stamp = Some(now);
-            self.main_written
+            inner.pins.main_stamp = Some(now);
+            self.checks
+                .main_written
                 .store(false, std::sync::atomic::Ordering::Release);
         }
     }
@@ -113,13 +118,13 @@ impl DbState {
     /// Returns whether the generation is healed (now, or by an earlier call).
     pub(crate) fn heal_at_close(&self, main: &dyn MainFile) -> bool {
         let mut inner = self.inner.lock();
-        if inner.healed {
+        if inner.close.healed {
             return true;
         }
         if !may_heal(&inner) {
             return false;
         }
-        let kept = if inner.capture.is_some() {
+        let kept = if inner.loss.capture.is_some() {
             "its retired generation stays in the capture only"
         } else {
             "its retired generation stays in the descriptors this process holds"
@@ -127,24 +132,24 @@ impl DbState {
         if let Err(why) = self.nothing_newer(&inner) {
             log::info!(
                 "hermes-guard: not healing {} at close: {why}; {kept}",
-                self.db_path.display()
+                self.paths.db.display()
             );
             return false;
         }
         let started = Instant::now();
         let result = self.heal_locked(&inner, main);
-        inner.healed = result.is_ok();
+        inner.close.healed = result.is_ok();
         match result {
             // ERROR, not WARN: the guard could keep no copy anywhere, which needs the operator's
             // eye (a directory or HOME it cannot write), even though no row is lost.
-            Ok(h) if inner.capture.is_none() => log::error!(
+            Ok(h) if inner.loss.capture.is_none() => log::error!(
                 "hermes-guard: healed {} at close WITHOUT a copy: its capture could not be written \
                  anywhere ({}), but nothing newer had touched the database, so the retired \
                  generation's {} frame(s) ({} commit(s)) were checkpointed back into the main \
                  file, as SQLite's own close would have done; every row is live, and no capture \
                  of them exists",
-                self.db_path.display(),
-                inner.capture_error.as_deref().unwrap_or("unknown error"),
+                self.paths.db.display(),
+                inner.loss.capture_error.as_deref().unwrap_or("unknown error"),
                 h.frames,
                 h.commits
             ),
@@ -154,12 +159,13 @@ impl DbState {
                      retired generation's {} frame(s) ({} commit(s), {} page(s)) were \
                      checkpointed back into the main file, as SQLite's own close would have done \
                      ({:?}); the capture {} stays as a copy",
-                    self.db_path.display(),
+                    self.paths.db.display(),
                     h.frames,
                     h.commits,
                     h.pages,
                     started.elapsed(),
                     inner
+                        .loss
                         .capture
                         .as_deref()
                         .map(|c| c.display().to_string())
@@ -168,63 +174,76 @@ impl DbState {
             }
             Err(why) => log::info!(
                 "hermes-guard: not healing {} at close: {why}; {kept}",
-                self.db_path.display()
+                self.paths.db.display()
             ),
         }
-        inner.healed
+        inner.close.healed
     }
 
     /// Obligations 2 and 3.
-    fn nothing_newer(&self, inner: &Inner) -> Result<(), String> {
-        if self.main_written.load(std::sync::atomic::Ordering::Acquire) {
-            return Err("this connection wrote the main file after its last full check".into());
+    fn nothing_newer(&self, inner: &Inner) -> Result<(), HealError> {
+        if self
+            .checks
+            .main_written
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(HealError::MainWrittenHere);
         }
-        let Some(then) = inner.main_stamp else {
-            return Err("the main file was never stamped by a full check".into());
+        let Some(then) = inner.pins.main_stamp else {
+            return Err(HealError::NeverStamped);
         };
-        let now = stamp_of_path(&self.db_path).map_err(|e| format!("stat: {e}"))?;
+        let db = &self.paths.db;
+        let now = stamp_of_path(db).map_err(|source| HealError::StatMain {
+            path: db.clone(),
+            source,
+        })?;
         if now != Some(then) {
-            return Err("the main file changed since the loss (or was replaced)".into());
+            return Err(HealError::MainChanged { path: db.clone() });
         }
-        let wal = inner.wal.as_ref().map(PinnedWal::id);
-        let lost_shm = inner.reason == Some(RetireReason::ShmLost);
-        match identity_of_path(&self.wal_path).map_err(|e| format!("stat of the -wal: {e}"))? {
+        let wal = inner.pins.wal_id();
+        let lost_shm = inner.loss.reason == Some(RetireReason::ShmLost);
+        let wal_path = &self.paths.wal;
+        match identity_of_path(wal_path).map_err(|source| HealError::StatWal {
+            path: wal_path.clone(),
+            source,
+        })? {
             None => {}
             Some(id) if Some(id) == wal && lost_shm => {}
-            Some(id) => {
-                return Err(format!(
-                    "a -wal this connection did not write is at the path (inode {}, the retired \
-                     one was {}): a newer generation",
-                    id.ino,
-                    wal.map_or_else(|| "unknown".into(), |w| w.ino.to_string())
-                ))
+            Some(found) => {
+                return Err(HealError::NewerWal {
+                    path: wal_path.clone(),
+                    found,
+                    retired: wal,
+                })
             }
         }
         // After a lost -wal the connection's own -shm is still at the path: an opener since would
         // have made a -wal there (checked above) or written the main file (its stamp, checked
         // first). Any other -shm is a newer generation's.
         let shm_path = self.shm_check_path(inner);
-        match identity_of_path(shm_path).map_err(|e| format!("stat of the -shm: {e}"))? {
+        match identity_of_path(shm_path).map_err(|source| HealError::StatShm {
+            path: shm_path.to_path_buf(),
+            source,
+        })? {
             None => {}
-            Some(id) if Some(id) == inner.shm_id && !lost_shm => {}
-            Some(id) => {
-                return Err(format!(
-                    "a -shm this connection did not map is at {} (inode {}): a newer generation",
-                    shm_path.display(),
-                    id.ino
-                ))
+            Some(id) if Some(id) == inner.pins.shm_id && !lost_shm => {}
+            Some(found) => {
+                return Err(HealError::NewerShm {
+                    path: shm_path.to_path_buf(),
+                    found,
+                })
             }
         }
         Ok(())
     }
 
     /// Obligation 4, the checks again under the lock, and the copy.
-    fn heal_locked(&self, inner: &Inner, main: &dyn MainFile) -> Result<Healed, String> {
+    fn heal_locked(&self, inner: &Inner, main: &dyn MainFile) -> Result<Healed, HealError> {
         if main.lock(ffi::SQLITE_LOCK_SHARED) != ffi::SQLITE_OK {
-            return Err("SHARED on the main file was refused".into());
+            return Err(HealError::SharedRefused);
         }
         let result = if main.lock(ffi::SQLITE_LOCK_EXCLUSIVE) != ffi::SQLITE_OK {
-            Err("another connection has the database open (EXCLUSIVE was refused)".into())
+            Err(HealError::ExclusiveRefused)
         } else {
             self.nothing_newer(inner)
                 .and_then(|()| put_back_and_checkpoint(self, inner, main))
@@ -234,53 +253,20 @@ impl DbState {
     }
 }
 
-/// The committed prefix of the pinned WAL: its page size, frames, commits and the database
-/// size in pages after its last commit.
-pub(super) struct Prefix {
-    pub(super) page: usize,
-    pub(super) frames: u64,
-    commits: u64,
-}
-
-impl Prefix {
-    pub(super) fn frame_len(&self) -> u64 {
-        (WAL_FRAME_HEADER_SIZE + self.page) as u64
-    }
-
-    /// Bytes of the WAL up to the end of its last commit frame.
-    fn bytes(&self) -> u64 {
-        WAL_HEADER_SIZE as u64 + self.frames * self.frame_len()
-    }
-}
-
-/// The committed prefix of `wal` up to `end` (`None`: the whole file; see
-/// `Inner::generation_end`).
-pub(super) fn committed_prefix(wal: &File, end: Option<u64>) -> Result<Prefix, String> {
-    let mut scanner = WalScanner::new();
-    let mut chunk = vec![0u8; 1 << 20];
-    let mut at = 0u64;
-    let end = end.unwrap_or(u64::MAX);
-    while at < end {
-        let want = usize::try_from(end - at).map_or(chunk.len(), |left| left.min(chunk.len()));
-        let n = wal
-            .read_at(&mut chunk[..want], at)
-            .map_err(|e| format!("reading the pinned WAL: {e}"))?;
-        if n == 0 {
-            break;
-        }
-        scanner.feed(&chunk[..n]);
-        at += n as u64;
-    }
-    let summary = scanner.finish();
-    let page = summary.header.page_size as usize;
-    if !summary.header.valid || summary.committed_frames == 0 || page == 0 {
-        return Err("the retired WAL holds no committed frame".into());
-    }
-    Ok(Prefix {
-        page,
-        frames: summary.committed_frames,
-        commits: summary.commits,
-    })
+/// What a heal works with, found before it writes anything.
+struct Plan<'a> {
+    wal: &'a PinnedWal,
+    /// The database's directory: `None` when it could not be found (or is only reachable by a
+    /// relative path).
+    dir: Option<Arc<DirHandle>>,
+    /// The WAL's name in it.
+    name: OsString,
+    /// The capture the heal is recorded in, and its directory, open.
+    record_in: Option<(&'a Path, OwnedFd)>,
+    /// The database's permissions: the staged WAL and the heal record get them.
+    permissions: Permissions,
+    prefix: Prefix,
+    record: HealRecord,
 }
 
 /// The heal proper, under the EXCLUSIVE lock, crash-safe at every step the way SQLite's own
@@ -306,25 +292,54 @@ fn put_back_and_checkpoint(
     state: &DbState,
     inner: &Inner,
     main: &dyn MainFile,
-) -> Result<Healed, String> {
-    let wal = inner.wal.as_ref().ok_or("no pinned WAL")?.file();
+) -> Result<Healed, HealError> {
+    let mut plan = plan(state, inner)?;
+    let staged = stage_prefix(state, &plan, inner.pins.wal_id())?;
+    if let Some(staged) = &staged {
+        plan.record.put_back = Some(PutBack {
+            suffix: staged.suffix.clone(),
+            identity: staged.id,
+            bytes: Some(staged.bytes),
+            sha256: Some(staged.sha256.clone()),
+        });
+    }
+    let placed = record_start_and_place(state, &plan, staged.as_ref(), inner.pins.wal_id())?;
+    let pages = copy_frames(&plan, main)?;
+    finish(state, &mut plan, placed);
+    Ok(Healed {
+        frames: plan.prefix.frames,
+        commits: plan.prefix.commits,
+        pages,
+    })
+}
+
+/// What the heal needs before it writes: the pinned WAL, the directory (none at all with a
+/// capture: the heal does not happen), the capture's directory to record in, the database's
+/// permissions and the WAL's committed prefix.
+fn plan<'a>(state: &DbState, inner: &'a Inner) -> Result<Plan<'a>, HealError> {
+    let wal = inner.pins.wal.as_ref().ok_or(HealError::NoPinnedWal)?;
     // Read-only, or `O_PATH` for a directory this process may write in but not list.
     // None at all (it could not be found, or is only reachable by a relative path): a generation
     // with a capture stays capture-only (the crash-safe steps need the directory); one that no
     // capture could be written for is healed in place, as SQLite's own close would.
     let dir = state.dir();
-    if dir.is_none() && inner.capture.is_some() {
-        return Err("no descriptor of the database's directory".into());
+    if dir.is_none() && inner.loss.capture.is_some() {
+        return Err(HealError::NoDirectory {
+            database: state.paths.db.clone(),
+        });
     }
     let name = state
-        .wal_path
+        .paths
+        .wal
         .file_name()
-        .ok_or("the WAL path has no file name")?
+        .ok_or_else(|| HealError::NoWalName {
+            path: state.paths.wal.clone(),
+        })?
         .to_owned();
     // The record goes into the capture — beside the database (through its directory, wherever
     // that went), else (a fallback capture directory) by its path. A generation no capture could
     // be written for is healed without one: nothing to record, nothing could merge it twice.
-    let record_in = match inner.capture.as_deref() {
+    let record_in = match inner.loss.capture.as_deref() {
         Some(capture) => {
             let beside = capture
                 .file_name()
@@ -332,7 +347,10 @@ fn put_back_and_checkpoint(
                 .and_then(|(name, dir)| crate::paths::open_dir(dir.fd(), Path::new(name)).ok());
             let fd = beside
                 .map_or_else(|| crate::paths::open_dir(rustix::fs::CWD, capture), Ok)
-                .map_err(|e| format!("opening the capture {}: {e}", capture.display()))?;
+                .map_err(|source| HealError::OpenCapture {
+                    capture: capture.to_path_buf(),
+                    source,
+                })?;
             Some((capture, fd))
         }
         None => None,
@@ -340,112 +358,143 @@ fn put_back_and_checkpoint(
     // The database's permissions: the staged WAL (the database's `-wal` once renamed into
     // place) and the heal record get them, as SQLite's own `-wal` does.
     let permissions = match dir.as_ref() {
-        Some(d) => Permissions::of_database_in(d.fd(), &state.db_path),
-        None => Permissions::of_database(&state.db_path),
+        Some(d) => Permissions::of_database_in(d.fd(), &state.paths.db),
+        None => Permissions::of_database(&state.paths.db),
     };
     let prefix = committed_prefix(wal, inner.generation_end())?;
-    let pinned = inner.wal.as_ref().map(PinnedWal::id);
-    let mut record = HealRecord {
+    let record = HealRecord {
         v: 1,
         phase: HealPhase::Started,
         at: now(),
         pid: std::process::id(),
-        main: inner.main_id,
+        main: inner.pins.main_id,
         frames: prefix.frames,
         commits: prefix.commits,
         put_back: None,
     };
-    // After a lost `-shm` the WAL is still at the path (checked): it is the crash-safe copy
-    // already. After a lost `-wal` its committed prefix goes back there first.
-    let wal_at_path = identity_of_path(&state.wal_path).ok().flatten() == pinned;
-    let staged = match &dir {
-        _ if wal_at_path => None,
-        // No directory to stage in, and (checked above) no capture: in place, as below.
+    Ok(Plan {
+        wal,
+        dir,
+        name,
+        record_in,
+        permissions,
+        prefix,
+        record,
+    })
+}
+
+/// Step 1: the committed prefix staged beside the database, after a lost `-wal` (`pinned`: the
+/// pinned WAL's identity). `None` when the WAL is still at the path (a lost `-shm`: it is the
+/// crash-safe copy already), or when nothing can be staged and no copy of the generation exists
+/// (healed in place, as stock SQLite's close does: not crash-safe, never worse).
+fn stage_prefix(
+    state: &DbState,
+    plan: &Plan<'_>,
+    pinned: Option<FileId>,
+) -> Result<Option<Staged>, HealError> {
+    let wal_at_path = identity_of_path(&state.paths.wal).ok().flatten() == pinned;
+    match &plan.dir {
+        _ if wal_at_path => Ok(None),
+        // No directory to stage in, and (checked in `plan`) no capture: in place.
         None => {
             log::warn!(
                 "hermes-guard: the retired WAL of {} cannot be put back beside it (no descriptor \
                  of its directory): healing it straight into the main file, as SQLite's own \
                  close does",
-                state.db_path.display()
+                state.paths.db.display()
             );
-            None
+            Ok(None)
         }
-        Some(dir) => match stage(dir, &name, wal, prefix.bytes(), &permissions) {
-            Ok(staged) => Some(staged),
-            // Nothing can be written beside the database, and no copy of the generation exists:
-            // healed in place, as stock SQLite's close does (not crash-safe, never worse).
-            Err(e) if record_in.is_none() && fallback::wants_fallback(&e) => {
+        Some(dir) => match stage(
+            dir,
+            &plan.name,
+            plan.wal.file(),
+            plan.prefix.bytes(),
+            &plan.permissions,
+        ) {
+            Ok(staged) => Ok(Some(staged)),
+            Err(e) if plan.record_in.is_none() && fallback::wants_fallback(&e) => {
                 log::warn!(
                     "hermes-guard: the retired WAL of {} cannot be put back beside it ({e}): \
                      healing it straight into the main file, as SQLite's own close does",
-                    state.db_path.display()
+                    state.paths.db.display()
                 );
-                None
+                Ok(None)
             }
-            Err(e) => {
-                return Err(format!(
-                    "writing the retired WAL's committed prefix beside the database: {e}"
-                ))
-            }
+            Err(source) => Err(HealError::Stage {
+                wal: plan.wal.id(),
+                source,
+            }),
         },
-    };
-    if let Some(staged) = &staged {
-        record.put_back = Some(PutBack {
-            suffix: staged.suffix.clone(),
-            identity: staged.id,
-            bytes: Some(staged.bytes),
-            sha256: Some(staged.sha256.clone()),
-        });
     }
-    let recorded = match &record_in {
-        Some((capture, d)) => write_record(d.as_fd(), &record, &permissions)
-            .map_err(|e| format!("recording the heal's start in {}: {e}", capture.display())),
+}
+
+/// Steps 2 and 3: the `started` record, durably, then the staged WAL renamed to `<db>-wal` (the
+/// commit point). The WAL at the path afterwards: the one put there, or (nothing staged) the
+/// pinned one. A failure before the commit point rolls the heal back.
+fn record_start_and_place(
+    state: &DbState,
+    plan: &Plan<'_>,
+    staged: Option<&Staged>,
+    pinned: Option<FileId>,
+) -> Result<FileId, HealError> {
+    let recorded = match &plan.record_in {
+        Some((capture, d)) => {
+            write_record(d.as_fd(), &plan.record, &plan.permissions).map_err(|source| {
+                HealError::RecordStart {
+                    capture: capture.to_path_buf(),
+                    source,
+                }
+            })
+        }
         None => Ok(()),
     };
-    let record_dir = record_in.as_ref().map(|(_, d)| d.as_fd());
+    let record_dir = plan.record_in.as_ref().map(|(_, d)| d.as_fd());
     if let Err(e) = recorded {
         // The record may have reached its name before the failure (its directory's fsync).
-        if let Some(staged) = &staged {
+        if let Some(staged) = staged {
             staged.roll_back(record_dir);
         }
         return Err(e);
     }
-    let placed = match &staged {
-        None => pinned.ok_or("no pinned WAL")?,
-        Some(staged) => match staged.rename_into_place(&name) {
-            Ok(placed) => placed,
-            Err(e) => {
-                // Renamed, but the directory's fsync failed: the rename may reach the disk with
-                // any later fsync of the directory. Back under its staging name, durably, it is
-                // rolled back; if it cannot go back it stays at the path, committed (the record,
-                // `started` with its staging file gone, reads healed; the next open replays it).
-                let at_path = identity_of_path(&state.wal_path).ok().flatten() == Some(staged.id);
-                if at_path && !staged.rename_back(&name) {
-                    return Err(e);
-                }
-                staged.roll_back(record_dir);
-                return Err(e);
-            }
-        },
+    let Some(staged) = staged else {
+        return pinned.ok_or(HealError::NoPinnedWal);
     };
+    staged.rename_into_place(&plan.name).inspect_err(|_| {
+        // Renamed, but the directory's fsync failed: the rename may reach the disk with any
+        // later fsync of the directory. Back under its staging name, durably, it is rolled back;
+        // if it cannot go back it stays at the path, committed (the record, `started` with its
+        // staging file gone, reads healed; the next open replays it).
+        let at_path = identity_of_path(&state.paths.wal).ok().flatten() == Some(staged.id);
+        if at_path && !staged.rename_back(&plan.name) {
+            return;
+        }
+        staged.roll_back(record_dir);
+    })
+}
 
+/// Step 4: the prefix's frames written into the main file in WAL order (each page's last
+/// committed version wins), the file truncated to the last commit's size and synced. The number
+/// of distinct pages written.
+fn copy_frames(plan: &Plan<'_>, main: &dyn MainFile) -> Result<u64, HealError> {
+    let (wal, prefix) = (plan.wal.file(), &plan.prefix);
     let mut frame = vec![0u8; prefix.frame_len() as usize];
     let mut pages = HashSet::new();
     let mut db_pages = 0u32;
     for i in 0..prefix.frames {
         let at = WAL_HEADER_SIZE as u64 + i * prefix.frame_len();
-        wal.read_exact_at(&mut frame, at).map_err(|e| {
-            format!("reading the pinned WAL at {at}: {e} (the WAL is back in place)")
-        })?;
+        wal.read_exact_at(&mut frame, at)
+            .map_err(|source| HealError::ReadFrame {
+                wal: plan.wal.id(),
+                at,
+                source,
+            })?;
         let pgno = u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]);
         let commit = u32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
         let offset = (i64::from(pgno) - 1) * prefix.page as i64;
         let rc = main.write_at(&frame[WAL_FRAME_HEADER_SIZE..], offset);
         if pgno == 0 || rc != ffi::SQLITE_OK {
-            return Err(format!(
-                "writing page {pgno} of the main file: SQLite code {rc} (the WAL is back in \
-                 place: the next open replays it)"
-            ));
+            return Err(HealError::WritePage { page: pgno, rc });
         }
         pages.insert(pgno);
         if commit != 0 {
@@ -459,20 +508,22 @@ fn put_back_and_checkpoint(
         rc
     };
     if rc != ffi::SQLITE_OK {
-        return Err(format!(
-            "truncating or syncing the main file: SQLite code {rc} (the WAL is back in place: \
-             the next open replays it)"
-        ));
+        return Err(HealError::TruncateOrSync { rc });
     }
-    record.phase = HealPhase::Done;
-    record.at = now();
-    if let Some((capture, d)) = &record_in {
-        if let Err(e) = write_record(d.as_fd(), &record, &permissions) {
+    Ok(pages.len() as u64)
+}
+
+/// Steps 5 and 6: the `done` record, and the WAL at the path unlinked if it is still `placed`.
+fn finish(state: &DbState, plan: &mut Plan<'_>, placed: FileId) {
+    plan.record.phase = HealPhase::Done;
+    plan.record.at = now();
+    if let Some((capture, d)) = &plan.record_in {
+        if let Err(e) = write_record(d.as_fd(), &plan.record, &plan.permissions) {
             // The `started` record with the staging file gone already reads as healed.
             log::warn!(
                 "hermes-guard: healed {} but could not record the end of the heal in {} ({e}); \
                  its start record already says the rows are live",
-                state.db_path.display(),
+                state.paths.db.display(),
                 capture.display()
             );
         }
@@ -481,134 +532,19 @@ fn put_back_and_checkpoint(
     // is still the one the heal wrote from.
     // Without a descriptor of the directory (healed in place, nothing staged) it goes by its
     // path, after the same check, as SQLite's own close deletes it.
-    if identity_of_path(&state.wal_path).ok().flatten() == Some(placed) {
-        match &dir {
+    if identity_of_path(&state.paths.wal).ok().flatten() == Some(placed) {
+        match &plan.dir {
             Some(dir) => {
-                let _ = rustix::fs::unlinkat(dir.fd(), &name, AtFlags::empty());
-                let _ = sync_dir(dir.fd(), wal.as_fd());
+                let _ = rustix::fs::unlinkat(dir.fd(), &plan.name, AtFlags::empty());
+                let _ = sync_dir(dir.fd(), plan.wal.file().as_fd());
             }
             None => {
-                let _ = std::fs::remove_file(&state.wal_path);
+                let _ = std::fs::remove_file(&state.paths.wal);
             }
         }
     }
-    Ok(Healed {
-        frames: prefix.frames,
-        commits: prefix.commits,
-        pages: pages.len() as u64,
-    })
 }
 
 fn now() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
-}
-
-/// The retired WAL's committed prefix written beside the database under a staging name.
-struct Staged {
-    /// The database's directory, which holds it.
-    dir: Arc<DirHandle>,
-    /// The staging file, open: what syncs the directory's filesystem when the directory itself
-    /// cannot be read, so not fsynced (`paths::sync_dir`).
-    file: File,
-    /// `<db>-wal<suffix>` is its name.
-    suffix: String,
-    name: std::ffi::OsString,
-    id: FileId,
-    /// What the heal puts back at `<db>-wal`: its length and sha256 (hex), recorded in the
-    /// `started` record, so that a reader can tell from the live `-wal` that it got there.
-    bytes: u64,
-    sha256: String,
-}
-
-impl Staged {
-    /// Renames it to `name` (which nothing names now: checked under the lock; never over
-    /// anything) and fsyncs the directory.
-    fn rename_into_place(&self, name: &OsStr) -> Result<FileId, String> {
-        let dir = self.dir.fd();
-        rustix::fs::renameat_with(dir, &self.name, dir, name, RenameFlags::NOREPLACE)
-            .map_err(io::Error::from)
-            .and_then(|()| self.sync_dir())
-            .map_err(|e| format!("putting the retired WAL back at the path: {e}"))?;
-        Ok(self.id)
-    }
-
-    /// Renames it from `name` back to its staging name and fsyncs the directory: whether both
-    /// succeeded.
-    fn rename_back(&self, name: &OsStr) -> bool {
-        let dir = self.dir.fd();
-        rustix::fs::renameat_with(dir, name, dir, &self.name, RenameFlags::NOREPLACE).is_ok()
-            && self.sync_dir().is_ok()
-    }
-
-    /// The heal rolled back before its commit point: the record (in `record_dir`, if any) goes
-    /// first, and the staging file only once that removal is durable — while the staging file is
-    /// there, a `started` record reads rolled back, never healed.
-    fn roll_back(&self, record_dir: Option<BorrowedFd<'_>>) {
-        let record_gone = record_dir.is_none_or(|d| {
-            let _ = rustix::fs::unlinkat(d, HEALED_NAME, AtFlags::empty());
-            rustix::fs::fsync(d).is_ok()
-        });
-        if record_gone {
-            let _ = rustix::fs::unlinkat(self.dir.fd(), &self.name, AtFlags::empty());
-            let _ = self.sync_dir();
-        }
-    }
-
-    /// The directory's fsync (its filesystem's, through the staging file, when the directory
-    /// cannot be read: `paths::sync_dir`).
-    fn sync_dir(&self) -> io::Result<()> {
-        sync_dir(self.dir.fd(), self.file.as_fd())
-    }
-}
-
-/// Writes the first `len` bytes of `wal` to a new file in `dir` named after `name` (the WAL's
-/// name) and this process, with the database's `permissions` (its bits, its owner for a root
-/// process: what SQLite gives its `-wal`), and fsyncs it and `dir`.
-fn stage(
-    handle: &Arc<DirHandle>,
-    name: &OsStr,
-    wal: &File,
-    len: u64,
-    permissions: &Permissions,
-) -> io::Result<Staged> {
-    let dir = handle.fd();
-    let suffix = format!(".hermes-guard-heal-{}", std::process::id());
-    let mut staging = name.to_owned();
-    staging.push(&suffix);
-    let fd = permissions.create_file(dir, &staging, OFlags::WRONLY)?;
-    let file = File::from(fd);
-    let copied = (|| -> io::Result<(FileId, String)> {
-        use sha2::Digest;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut hash = sha2::Sha256::new();
-        let mut at = 0u64;
-        while at < len {
-            let want = buf.len().min((len - at) as usize);
-            wal.read_exact_at(&mut buf[..want], at)?;
-            file.write_all_at(&buf[..want], at)?;
-            hash.update(&buf[..want]);
-            at += want as u64;
-        }
-        file.sync_all()?;
-        sync_dir(dir, file.as_fd())?;
-        Ok((
-            crate::identity::identity_of_fd(&file)?,
-            crate::paths::hex(&hash.finalize()),
-        ))
-    })();
-    match copied {
-        Ok((id, sha256)) => Ok(Staged {
-            dir: handle.clone(),
-            file,
-            suffix,
-            name: staging,
-            id,
-            bytes: len,
-            sha256,
-        }),
-        Err(e) => {
-            let _ = rustix::fs::unlinkat(dir, staging.as_os_str(), AtFlags::empty());
-            Err(e)
-        }
-    }
 }

@@ -14,13 +14,12 @@
 //! is outside what this process can see.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
 use super::{DbState, Inner};
 use crate::capture::ImageSource;
-use crate::identity::{identity_of_path, FileId};
+use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::vfs::in_use;
 use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
@@ -43,34 +42,34 @@ impl DbState {
     /// close, [`DbState::left_behind`]). Not when another guarded connection of the process has
     /// the WAL open: that connection holds the generation.
     pub(super) fn leaves_wal_to_opener(&self, inner: &mut Inner, wal: FileId) -> bool {
-        let Some(main) = inner.main_id else {
+        let Some(main) = inner.pins.main_id else {
             return false;
         };
         if in_use::wal_open_count(main, wal) > 1 || !self.opener_inside(main) {
             return false;
         }
-        match inner.wal.as_mut().map(|w| w.own()) {
+        match inner.pins.wal.as_mut().map(|w| w.own()) {
             Some(Ok(())) => {}
             Some(Err(e)) => {
                 log::warn!(
                     "hermes-guard: {} closes leaving committed frames in {} for another \
                      connection's open, and cannot keep a descriptor of it ({e}): if it is taken \
                      away before that open, its frames are in no file",
-                    self.db_path.display(),
-                    self.wal_path.display()
+                    self.paths.db.display(),
+                    self.paths.wal.display()
                 );
                 return false;
             }
             None => return false,
         }
-        inner.left = true;
+        inner.close.left = true;
         // Nobody has it open now: the opener's gate must not take it for judged.
-        inner.wal_here = None;
+        inner.pins.wal_here = None;
         log::debug!(
             "hermes-guard: {} closes leaving committed frames in {} for another connection of \
              this process inside its open; pinned until that open finds it",
-            self.db_path.display(),
-            self.wal_path.display()
+            self.paths.db.display(),
+            self.paths.wal.display()
         );
         true
     }
@@ -83,23 +82,23 @@ impl DbState {
     }
 
     fn opener_inside(&self, main: FileId) -> bool {
-        self.siblings_on(main)
-            .iter()
-            .any(|s| !s.closing.load(Ordering::SeqCst) && !s.wal_pinned() && !s.is_retired())
+        self.siblings_on(main).iter().any(|s| {
+            !s.closing.started.load(Ordering::SeqCst) && !s.wal_pinned() && !s.is_retired()
+        })
     }
 
     /// What became of the WAL this closed connection left (one `stat`; when it is gone, a read
     /// of its committed frames and of their pages in the main file).
     pub(crate) fn left_wal(&self) -> LeftWal {
         let inner = self.inner.lock();
-        let Some(wal) = inner.wal.as_ref() else {
+        let Some(wal) = inner.pins.wal.as_ref() else {
             return LeftWal::AtPath;
         };
-        if identity_of_path(&self.wal_path).is_ok_and(|now| now == Some(wal.id())) {
+        if identity_of_path(&self.paths.wal).is_ok_and(|now| now == Some(wal.id())) {
             return LeftWal::AtPath;
         }
-        match inner.main_image.as_deref() {
-            Some(main) if in_main_already(wal.file(), inner.generation_end(), main) => {
+        match inner.loss.main_image.as_deref() {
+            Some(main) if in_main_already(wal, inner.generation_end(), main) => {
                 LeftWal::Checkpointed
             }
             _ => LeftWal::TakenAway,
@@ -109,17 +108,18 @@ impl DbState {
     /// Whether this connection's close left its WAL for an opener (see the module's docs): its
     /// main file object is then kept with the pins.
     pub(crate) fn left_behind(&self) -> bool {
-        self.inner.lock().left
+        self.inner.lock().close.left
     }
 }
 
 /// Whether the main file holds, for every page of the WAL's committed frames, the version its
-/// last committed frame has (up to `end`, see `healing::committed_prefix`): the WAL was
+/// last committed frame has (up to `end`, see `prefix::committed_prefix`): the WAL was
 /// checkpointed in full. Any read that fails says no.
-fn in_main_already(wal: &File, end: Option<u64>, main: &dyn ImageSource) -> bool {
-    let Ok(prefix) = super::healing::committed_prefix(wal, end) else {
+fn in_main_already(pinned: &PinnedWal, end: Option<u64>, main: &dyn ImageSource) -> bool {
+    let Ok(prefix) = super::prefix::committed_prefix(pinned, end) else {
         return false;
     };
+    let wal = pinned.file();
     let page = prefix.page as u64;
     let mut last: HashMap<u32, u64> = HashMap::new();
     let mut fh = [0u8; WAL_FRAME_HEADER_SIZE];

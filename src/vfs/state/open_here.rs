@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -18,7 +18,17 @@ use parking_lot::Mutex;
 use super::super::watch::DirWatch;
 use super::DbState;
 use crate::filesystem::Filesystem;
-use crate::identity::{FileId, PinnedWal};
+use crate::identity::FileId;
+
+/// A connection's close, as the other connections of the process see it.
+#[derive(Default)]
+pub(super) struct Closing {
+    /// The connection has started to close.
+    pub(super) started: AtomicBool,
+    /// This close leaves its checks to another connection of the generation, decided once per
+    /// close.
+    pub(super) left_to_sibling: AtomicBool,
+}
 
 static OPEN: Mutex<Option<HashMap<FileId, Vec<Weak<DbState>>>>> = Mutex::new(None);
 
@@ -84,18 +94,22 @@ impl DbState {
             .map(|c| c.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default();
         let sibling = states.into_iter().find(|s| {
-            s.db_path == db_path
+            s.paths.db == db_path
                 && !s.is_retired()
-                && s.dir_id.is_some()
-                && s.filesystem.as_ref().is_some_and(|f| f.local)
-                && s.shm_watch.lock().is_none()
+                && s.directory.id.is_some()
+                && s.directory.on_local_filesystem()
+                && !s.watches.shm_elsewhere()
         })?;
-        let verified = sibling.verified_generation.load(Ordering::Acquire);
+        let verified = sibling.watches.verified_generation.load(Ordering::Acquire);
         let watch = DirWatch::new_local(parent)?;
         if watch.generation_as_drained() != Some(verified) {
             return None;
         }
-        Some((sibling.dir_id?, sibling.filesystem.clone()?, watch))
+        Some((
+            sibling.directory.id?,
+            sibling.directory.filesystem.clone()?,
+            watch,
+        ))
     }
 
     /// A full check of this connection passed, from the watch's figures read before it: it is one
@@ -107,26 +121,26 @@ impl DbState {
         let Some(g) = generation else {
             return;
         };
-        if changes.is_none() || self.shm_watch.lock().is_some() {
+        if changes.is_none() || self.watches.shm_elsewhere() {
             return;
         }
         let pins = |s: &DbState| {
             let inner = s.inner.lock();
             (
-                inner.main_id,
-                inner.wal.as_ref().map(PinnedWal::id),
-                inner.shm_id,
-                inner.shm_check_path.clone(),
+                inner.pins.main_id,
+                inner.pins.wal_id(),
+                inner.pins.shm_id,
+                inner.pins.shm_check_path.clone(),
             )
         };
         let ours = pins(self);
         for s in self.siblings() {
-            if s.db_path == self.db_path
+            if s.paths.db == self.paths.db
                 && !s.is_retired()
-                && s.shm_watch.lock().is_none()
+                && !s.watches.shm_elsewhere()
                 && pins(&s) == ours
             {
-                s.verified_generation.store(g, Ordering::Release);
+                s.watches.verified_generation.store(g, Ordering::Release);
                 s.record_vouch(generation, changes);
             }
         }
@@ -140,11 +154,11 @@ impl DbState {
     /// connection's first check is a full one, and retires it.
     pub(crate) fn sibling_shm_vouched(&self) -> Option<FileId> {
         self.siblings().iter().find_map(|s| {
-            if s.db_path != self.db_path || s.is_retired() || !s.vouched_as_of_last_drain() {
+            if s.paths.db != self.paths.db || s.is_retired() || !s.vouched_as_of_last_drain() {
                 return None;
             }
             let (id, _) = s.wal_index().file()?;
-            (s.inner.lock().shm_id == Some(id)).then_some(id)
+            (s.inner.lock().pins.shm_id == Some(id)).then_some(id)
         })
     }
 
@@ -174,7 +188,7 @@ impl DbState {
     /// This connection starts to close (`SQLITE_FCNTL_HAS_MOVED`, else its WAL's close): from
     /// now on it holds its generation for nobody ([`DbState::generation_held_by_sibling`]).
     pub(crate) fn close_starts(&self) {
-        self.closing.store(true, Ordering::SeqCst);
+        self.closing.started.store(true, Ordering::SeqCst);
     }
 
     /// Whether this closing connection leaves its close-time checks to another connection of the
@@ -186,14 +200,14 @@ impl DbState {
     /// checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose` follow the first one's answer.
     pub(crate) fn close_left_to_sibling(&self) -> bool {
         self.close_starts();
-        if self.left_to_sibling.load(Ordering::Acquire) {
+        if self.closing.left_to_sibling.load(Ordering::Acquire) {
             return true;
         }
         let left = self
             .sibling_holding_generation()
             .is_some_and(|s| s.vouched_fast());
         if left {
-            self.left_to_sibling.store(true, Ordering::Release);
+            self.closing.left_to_sibling.store(true, Ordering::Release);
         }
         left
     }
@@ -221,12 +235,12 @@ impl DbState {
         if self.is_retired() {
             return None;
         }
-        let wal = self.inner.lock().wal.as_ref().map(PinnedWal::id)?;
+        let wal = self.inner.lock().pins.wal_id()?;
         self.siblings().into_iter().find(|s| {
-            !s.closing.load(Ordering::SeqCst)
+            !s.closing.started.load(Ordering::SeqCst)
                 && !s.is_retired()
                 && s.shield.holds_shared_here()
-                && s.inner.lock().wal.as_ref().map(PinnedWal::id) == Some(wal)
+                && s.inner.lock().pins.wal_id() == Some(wal)
         })
     }
 }

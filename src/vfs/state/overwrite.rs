@@ -46,8 +46,7 @@ impl DbState {
     /// write (cleared). Panic-free: one atomic load, a swap when set.
     #[inline]
     pub(crate) fn main_judge_due(&self) -> bool {
-        self.main_judge_due.load(Ordering::Relaxed)
-            && self.main_judge_due.swap(false, Ordering::Relaxed)
+        self.checks.take_main_judge_due()
     }
 
     /// EXCLUSIVE on the main file in WAL mode: the close-time checkpoint (or
@@ -56,7 +55,7 @@ impl DbState {
     /// came before this lock, so an overwrite in between would go unseen: the next main-file
     /// write judges first.
     pub(crate) fn main_writes_may_follow(&self) {
-        self.main_judge_due.store(true, Ordering::Relaxed);
+        self.checks.main_judge_due.store(true, Ordering::Relaxed);
     }
 
     /// Judges the main file (`main`: this connection's own file object of it) against the WAL
@@ -64,7 +63,7 @@ impl DbState {
     /// [`RetireReason::MainOverwritten`]) when something else wrote it.
     pub(crate) fn judge_main(&self, main: &dyn ImageSource) {
         let mut inner = self.inner.lock();
-        if inner.reason.is_some() {
+        if inner.loss.reason.is_some() {
             return;
         }
         let Some(detail) = overwritten(&inner, main) else {
@@ -73,7 +72,7 @@ impl DbState {
         log::error!(
             "hermes-guard: {} was overwritten in place under this connection ({detail}): no \
              checkpoint of this connection's WAL generation will write into it",
-            self.db_path.display()
+            self.paths.db.display()
         );
         self.retire_locked(&mut inner, RetireReason::MainOverwritten);
     }
@@ -83,13 +82,13 @@ impl DbState {
     /// [`RetireReason::MainOverwritten`]) before a frame made from that cache is written.
     pub(crate) fn overwritten_under_cache(&self, detail: &str) {
         let mut inner = self.inner.lock();
-        if inner.reason.is_some() {
+        if inner.loss.reason.is_some() {
             return;
         }
         log::error!(
             "hermes-guard: {} was overwritten in place under this connection ({detail}): none \
              of this connection's writes will land on it",
-            self.db_path.display()
+            self.paths.db.display()
         );
         self.retire_locked(&mut inner, RetireReason::MainOverwritten);
     }
@@ -140,7 +139,7 @@ impl Record {
 
 /// Why the main file is not one this generation's checkpoints left, if it is not.
 fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
-    let wal = inner.wal.as_ref()?.file();
+    let wal = inner.pins.wal.as_ref()?.file();
     let record = Record::read(wal)?;
     let mut head = [0u8; WAL_HEADER_SIZE];
     wal.read_exact_at(&mut head, 0).ok()?;

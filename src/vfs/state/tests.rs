@@ -14,7 +14,9 @@ use parking_lot::Mutex;
 
 use super::*;
 use crate::capture::{Manifest, Trigger};
+use crate::status::RetireReason;
 use crate::walfile::encode_test_wal;
+use crate::walfile::SMALLEST_WAL_WITH_A_FRAME;
 
 /// Records every `set_open` call.
 #[derive(Clone, Default)]
@@ -106,7 +108,7 @@ impl Fixture {
     }
 
     fn tx(&self) -> u8 {
-        self.state.tx.load(Ordering::SeqCst)
+        self.state.checks.tx.load(Ordering::SeqCst)
     }
 }
 
@@ -231,7 +233,7 @@ fn the_main_write_gate_goes_for_a_checked_checkpoint_only() {
     assert_eq!(s.main_write_gate(), Gate::Check(Site::MainWrite));
     s.checkpoint_lock(true);
     assert_eq!(s.main_write_gate(), Gate::Go);
-    assert!(s.main_written.load(Ordering::SeqCst));
+    assert!(s.checks.main_written.load(Ordering::SeqCst));
     s.checkpoint_lock(false);
     assert_eq!(s.main_write_gate(), Gate::Check(Site::MainWrite));
 
@@ -282,18 +284,28 @@ fn after_the_retirement_every_gate_refuses_and_no_lock_vouches() {
 fn a_retirement_stops_the_fast_path_vouching() {
     let f = Fixture::with_a_frame();
     let s = &f.state;
-    assert_eq!(s.verified_changes.load(Ordering::SeqCst), NEVER_VOUCHED);
+    assert_eq!(
+        s.watches.verified_changes.load(Ordering::SeqCst),
+        NEVER_VOUCHED
+    );
     assert!(!s.vouched_fast(), "nothing checked yet");
     assert_eq!(s.check(Site::WalWrite), Ok(()));
-    if s.watch.as_ref().is_some_and(|w| w.current().is_some()) {
+    if s.watches
+        .dir
+        .as_ref()
+        .is_some_and(|w| w.current().is_some())
+    {
         assert_ne!(
-            s.verified_changes.load(Ordering::SeqCst),
+            s.watches.verified_changes.load(Ordering::SeqCst),
             NEVER_VOUCHED,
             "a full check that passed records the change count"
         );
     }
     f.lose_wal();
-    assert_eq!(s.verified_changes.load(Ordering::SeqCst), NEVER_VOUCHED);
+    assert_eq!(
+        s.watches.verified_changes.load(Ordering::SeqCst),
+        NEVER_VOUCHED
+    );
     assert!(!s.vouched_fast());
     assert!(!s.check_fast(Site::WalWrite));
 }
@@ -309,13 +321,13 @@ fn a_lost_wal_records_the_backfill_the_wal_index_shows() {
     };
     f.state.pin_shm(|| None, Box::new(FixedIndex(Some(torn))));
     assert!(
-        f.state.inner.lock().shm_id.is_some(),
+        f.state.inner.lock().pins.shm_id.is_some(),
         "pinned by the -shm's pathname"
     );
     assert_eq!(f.lose_wal(), Some(RetireReason::WalLost));
     let inner = f.state.inner.lock();
-    assert_eq!(inner.backfill_at_loss, Some(torn));
-    assert!(inner.backfill_at_loss.is_some_and(|b| b.tears_main()));
+    assert_eq!(inner.loss.backfill_at_loss, Some(torn));
+    assert!(inner.loss.backfill_at_loss.is_some_and(|b| b.tears_main()));
 }
 
 #[test]
@@ -330,7 +342,7 @@ fn a_lost_shm_is_a_retirement_of_its_own_and_records_the_backfill() {
     f.state.pin_shm(|| None, Box::new(FixedIndex(Some(whole))));
     fs::remove_file(f.path("-shm")).expect("unlink shm");
     assert_eq!(f.state.check_pins(), Some(RetireReason::ShmLost));
-    assert_eq!(f.state.inner.lock().backfill_at_loss, Some(whole));
+    assert_eq!(f.state.inner.lock().loss.backfill_at_loss, Some(whole));
 }
 
 #[test]
@@ -344,20 +356,20 @@ fn a_replaced_main_file_records_no_backfill() {
     f.state.pin_shm(|| None, Box::new(FixedIndex(Some(shown))));
     replace(&f.db);
     assert_eq!(f.state.check_pins(), Some(RetireReason::MainReplaced));
-    assert_eq!(f.state.inner.lock().backfill_at_loss, None);
+    assert_eq!(f.state.inner.lock().loss.backfill_at_loss, None);
 }
 
 #[test]
 fn an_unchanged_generation_passes_and_stamps_the_main_file() {
     let f = Fixture::with_a_frame();
     assert!(
-        f.state.main_written.load(Ordering::SeqCst),
+        f.state.checks.main_written.load(Ordering::SeqCst),
         "unknown at the open"
     );
     assert_eq!(f.state.check_pins(), None);
     assert!(!f.state.is_retired());
-    assert!(!f.state.main_written.load(Ordering::SeqCst));
-    assert!(f.state.inner.lock().main_stamp.is_some());
+    assert!(!f.state.checks.main_written.load(Ordering::SeqCst));
+    assert!(f.state.inner.lock().pins.main_stamp.is_some());
 }
 
 #[test]
@@ -369,8 +381,14 @@ fn worth_capturing_needs_a_pinned_wal_with_a_frame_unless_the_main_file_was_repl
         Some(PinnedWal::open(&path).expect("pin"))
     };
     let inner = |wal, reason| Inner {
-        wal,
-        reason: Some(reason),
+        pins: pins::Pins {
+            wal,
+            ..pins::Pins::default()
+        },
+        loss: loss::Loss {
+            reason: Some(reason),
+            ..loss::Loss::default()
+        },
         ..Inner::default()
     };
     let framed = one_frame_wal();
@@ -389,7 +407,7 @@ fn worth_capturing_needs_a_pinned_wal_with_a_frame_unless_the_main_file_was_repl
         "a replaced main file's image is the retired data"
     );
     let mut let_go = inner(pinned("framed2", &framed), RetireReason::WalLost);
-    let_go.let_go = Some(dir.path().to_path_buf());
+    let_go.loss.let_go = Some(dir.path().to_path_buf());
     assert!(
         !let_go.worth_capturing(),
         "its directory was deleted on purpose"

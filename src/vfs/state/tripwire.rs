@@ -32,7 +32,7 @@ impl DbState {
              holds {} (first read: {} of {}): SQLite's WAL-reset race (fixed in 3.51.3) or \
              another process's damage; committed transactions may be invisible or lost — run \
              PRAGMA integrity_check and see docs/architecture.md (\"The WAL-reset race\")",
-            self.db_path.display(),
+            self.paths.db.display(),
             again.backfilled,
             again.frames,
             first.backfilled,
