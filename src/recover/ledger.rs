@@ -22,7 +22,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::report::MergeReport;
-use super::schema::quote;
+use super::sql::quote;
 
 /// The table's name (lower case; never merged, never created from a capture).
 pub(crate) const LEDGER_TABLE: &str = "hermes_guard_merges";

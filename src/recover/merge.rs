@@ -10,7 +10,8 @@ use super::changes::Loaded;
 use super::ledger::{self, Generation};
 use super::objects;
 use super::report::{MergeOptions, MergeReport, MergeRule, NotMerged, Progress};
-use super::schema::{quote, Schema, Table};
+use super::schema::{Schema, Table};
+use super::sql::quote;
 use super::table::{ChangeContext, Remaps, TableMerge};
 use super::RecoverError;
 

@@ -36,6 +36,7 @@ mod report;
 mod rows;
 mod schema;
 mod siblings;
+mod sql;
 mod table;
 mod value;
 mod verify;

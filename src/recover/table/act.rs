@@ -7,7 +7,7 @@ use super::{Remaps, TableMerge};
 use crate::recover::merge::Merge;
 use crate::recover::report::RowIdentity;
 use crate::recover::rows::SourceRow;
-use crate::recover::schema::quote;
+use crate::recover::sql::quote;
 use crate::recover::value::{same_row, same_value, Val};
 use crate::recover::RecoverError;
 

@@ -9,7 +9,7 @@ use super::{image_from, Remaps, TableMerge};
 use crate::recover::merge::{Merge, BULK_CAPTURE, BULK_IMAGE};
 use crate::recover::report::{RowIdentity, Unreadable};
 use crate::recover::rows::Scan;
-use crate::recover::schema::quote;
+use crate::recover::sql::quote;
 use crate::recover::RecoverError;
 
 /// The captured rowids a table of the live database already used, while its rows go in.

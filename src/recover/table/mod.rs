@@ -13,7 +13,8 @@ pub(crate) use remaps::Remaps;
 use super::merge::Merge;
 use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport};
 use super::rows::Scan;
-use super::schema::{quote, Schema, Table};
+use super::schema::{Schema, Table};
+use super::sql::quote;
 use super::value::Val;
 use super::RecoverError;
 
