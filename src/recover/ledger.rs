@@ -231,7 +231,7 @@ pub(crate) fn record(
     generation: &Generation,
     report: &MergeReport,
 ) -> rusqlite::Result<()> {
-    let whole = i64::from(report.rule == super::report::MergeRule::Whole);
+    let whole = i64::from(report.rule.policy().rows == super::policy::RowSource::Whole);
     let table = quote(LEDGER_TABLE);
     conn.execute_batch(&format!(
         "CREATE TABLE IF NOT EXISTS main.{table} (

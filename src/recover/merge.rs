@@ -1,75 +1,22 @@
 //! The merge: which tables, in which order, and what is created first. The rules are in
-//! docs/merge-rules.md; one table's rows are merged by [`super::table`].
+//! docs/merge-rules.md; what a merge works with is [`Merge`] (`context.rs`); one table's rows
+//! are merged by [`super::table`].
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::changes::Loaded;
-use super::ledger::{self, Generation};
+pub(crate) use super::context::Merge;
+use super::ledger;
 use super::objects;
-use super::report::{MergeOptions, MergeReport, MergeRule, NotMerged, Progress};
+use super::policy::RowSource;
+use super::report::{MergeReport, NotMerged, Progress};
 use super::schema::{Schema, Table};
 use super::sql::quote;
-use super::table::{ChangeContext, Remaps, TableMerge};
+use super::table::{Remaps, TableMerge};
 use super::RecoverError;
 
-/// The schema names of the capture and its image attached to the live connection for the
-/// bulk path (see `table::bulk`).
-pub(crate) const BULK_CAPTURE: &str = "hermes_guard_capture";
-pub(crate) const BULK_IMAGE: &str = "hermes_guard_image";
-
-pub(crate) struct Merge<'a> {
-    /// The capture's generation as `main` (and, for a delta rule, its main image as `pre`).
-    pub source: &'a Connection,
-    pub source_path: &'a Path,
-    pub target: &'a Connection,
-    pub target_path: &'a Path,
-    pub options: &'a MergeOptions,
-    pub apply: bool,
-    pub rule: MergeRule,
-    pub rule_reason: String,
-    /// The captured generation, recorded in the live database once its rows are in; `None`:
-    /// nothing is recorded (a rebuild's new file).
-    pub ledger: Option<Generation>,
-    /// When, and from which capture, the ledger says this generation's added rows went in
-    /// before (filled by the caller from [`ledger::Start`]).
-    pub merged_before: Option<(String, String)>,
-    /// WAL frames of the generation an earlier merge took, included in `pre` (0: the bare
-    /// image; see [`ledger::Start`]).
-    pub base_frames: u64,
-    /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
-    /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
-    pub bulk: bool,
-    /// A `whole` merge after delta merges only of this generation: recorded even when it
-    /// inserts nothing (see [`ledger::Start::widens_to_whole`]).
-    pub widens_to_whole: bool,
-    /// [`MergeRule::Changes`]: the generation's computed changes, and how to judge them.
-    pub changes: Option<(&'a Loaded, ChangeContext)>,
-}
-
 impl Merge<'_> {
-    pub(crate) fn sq(
-        &self,
-        what: impl Into<String>,
-    ) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
-        let what = what.into();
-        move |e| RecoverError::sqlite(self.target_path, what, e)
-    }
-
-    fn source_sq(&self, what: &'static str) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
-        move |e| RecoverError::sqlite(self.source_path, what, e)
-    }
-
-    fn different(&self, why: String) -> RecoverError {
-        RecoverError::DifferentDatabase {
-            database: self.target_path.to_path_buf(),
-            capture: self.source_path.to_path_buf(),
-            why,
-        }
-    }
-
     /// Plans, and when `apply`, writes. The caller holds the transactions (`BEGIN IMMEDIATE` on
     /// the target to apply) and commits.
     pub fn run(self, progress: &mut dyn FnMut(&Progress<'_>)) -> Result<MergeReport, RecoverError> {
@@ -79,10 +26,10 @@ impl Merge<'_> {
             Schema::read_in(self.source, "pre")
                 .map_err(self.source_sq("read the captured image's schema"))
         };
-        let (image, whole_base) = match self.rule {
-            MergeRule::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
-            MergeRule::Whole => (None, None),
-            _ => (Some(read_pre()?), None),
+        let (image, whole_base) = match self.policy().rows {
+            RowSource::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
+            RowSource::Whole => (None, None),
+            RowSource::Delta | RowSource::Changes => (Some(read_pre()?), None),
         };
         let mut target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         self.check_application_id()?;
@@ -159,8 +106,8 @@ impl Merge<'_> {
                 });
                 continue;
             }
-            // The changes rule reads no row through the image.
-            let in_image = in_image.filter(|_| self.changes.is_none());
+            // Only a delta reads rows through the image.
+            let in_image = in_image.filter(|_| self.policy().rows == RowSource::Delta);
             let mut t = TableMerge::new(live, captured, in_image, &target, self.rule, absent);
             t.set_whole_base(whole_base.as_ref().and_then(|b| b.tables.get(key)));
             tables.push(t);
@@ -322,22 +269,6 @@ impl Merge<'_> {
             }
         }
         Ok(())
-    }
-
-    pub(crate) fn write_error(&self, e: rusqlite::Error, table: &str) -> RecoverError {
-        if e.sqlite_error()
-            .is_some_and(|s| s.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED)
-        {
-            let why = crate::GuardExt::guard_status(self.target)
-                .ok()
-                .and_then(|s| s.reason)
-                .map_or("its files changed under the connection", |r| r.describe());
-            return RecoverError::Retired {
-                database: self.target_path.to_path_buf(),
-                why: why.to_owned(),
-            };
-        }
-        RecoverError::sqlite(self.target_path, format!("write into {table}"), e)
     }
 }
 

@@ -7,10 +7,10 @@ mod bulk;
 mod changes;
 mod remaps;
 
-pub(crate) use changes::ChangeContext;
 pub(crate) use remaps::Remaps;
 
-use super::merge::Merge;
+use super::context::Merge;
+use super::policy::RowPolicy;
 use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport};
 use super::rows::Scan;
 use super::schema::{Schema, Table};
@@ -53,10 +53,8 @@ pub(crate) struct TableMerge<'t> {
     /// Other tables follow this one's rowids: moved rows are recorded.
     referenced: bool,
     referrers: Vec<Referrer>,
-    /// An added row under its own rowid with the same content is taken as already live.
-    compare_added: bool,
-    /// [`MergeRule::AddOnly`]: changes and deletions are never applied (`add_only.rs`).
-    add_only: bool,
+    /// What the merge's rule does with the rows.
+    policy: RowPolicy,
     /// `INSERT` of the merged columns (and the rowid, for a rowid table whose rowid is not a
     /// column).
     insert_sql: String,
@@ -145,8 +143,7 @@ impl<'t> TableMerge<'t> {
             live_sql,
             live,
             captured,
-            compare_added: rule != MergeRule::Delta,
-            add_only: rule == MergeRule::AddOnly,
+            policy: rule.policy(),
             image,
             whole_base: None,
             live_absent,
@@ -415,7 +412,7 @@ impl<'t> TableMerge<'t> {
 
     fn take_capture(&self, m: &Merge<'_>) -> bool {
         // Under the add-only rule nothing live is overwritten, whatever was asked.
-        !self.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
+        !self.policy.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
     }
 
     /// Follows the parents' moved rows; `true` when a parent row was refused.
