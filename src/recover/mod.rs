@@ -207,7 +207,7 @@ fn apply_inner(
         );
         RecoverError::sqlite(database, operation, e)
     })?;
-    let result = (|| {
+    let result: Result<MergeReport, RecoverError> = (|| {
         let report = merge_checked(capture, conn, database, options, bulk, progress)?;
         conn.execute_batch("COMMIT")
             .map_err(|e| RecoverError::sqlite(database, "commit the merge", e))?;

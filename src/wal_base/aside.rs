@@ -9,6 +9,7 @@ use std::time::SystemTime;
 
 use rustix::fs::{AtFlags, RenameFlags};
 
+use super::error::MainCheckError;
 use super::{fragment_len, hex16, judge_pages, look_at_wal, page_hash, At, Mismatch, Verdict};
 use crate::capture::{
     self, CaptureError, ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
@@ -343,13 +344,12 @@ pub(crate) fn check_main_for_capture(
     manifest: &Manifest,
     main: &Path,
     copy: &Path,
-) -> Result<(), crate::recover::RecoverError> {
-    use crate::recover::RecoverError;
-    let wrong = |why: String| RecoverError::NotACapture {
+) -> Result<(), MainCheckError> {
+    let wrong = |why: String| MainCheckError::Refused {
         path: main.to_path_buf(),
         why,
     };
-    std::fs::copy(main, copy).map_err(|e| RecoverError::io(main, "copy the --main file", e))?;
+    std::fs::copy(main, copy).map_err(|e| MainCheckError::io(main, "copy the --main file", e))?;
     let Some(m) = &manifest.stale_wal else {
         return Err(wrong(
             "the capture's manifest has no stale_wal record".into(),
@@ -357,14 +357,14 @@ pub(crate) fn check_main_for_capture(
     };
     let record = &m.recorded;
     let wal_path = dir.join(&manifest.wal.file);
-    let wal = File::open(&wal_path).map_err(|e| RecoverError::io(&wal_path, "open", e))?;
+    let wal = File::open(&wal_path).map_err(|e| MainCheckError::io(&wal_path, "open", e))?;
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     let full =
-        look_at_wal(&wal, Some(&pages)).map_err(|e| RecoverError::io(&wal_path, "read", e))?;
-    let image = File::open(copy).map_err(|e| RecoverError::io(copy, "open", e))?;
+        look_at_wal(&wal, Some(&pages)).map_err(|e| MainCheckError::io(&wal_path, "read", e))?;
+    let image = File::open(copy).map_err(|e| MainCheckError::io(copy, "open", e))?;
     let size = image
         .metadata()
-        .map_err(|e| RecoverError::io(copy, "stat", e))?
+        .map_err(|e| MainCheckError::io(copy, "stat", e))?
         .len();
     let read = |p: u32| {
         let offset = u64::from(p - 1) * u64::from(record.page_size);

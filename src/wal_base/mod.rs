@@ -498,6 +498,8 @@ pub fn stale_wal_policy() -> StaleWalPolicy {
 
 mod aside;
 pub(crate) use aside::{check_main_for_capture, set_aside};
+mod error;
+pub(crate) use error::MainCheckError;
 
 #[cfg(test)]
 mod tests;
