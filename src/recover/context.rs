@@ -61,7 +61,10 @@ impl Merge<'_> {
         self.rule.policy()
     }
 
-    pub(super) fn source_sq(&self, what: &'static str) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
+    pub(super) fn source_sq(
+        &self,
+        what: &'static str,
+    ) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
         move |e| RecoverError::sqlite(self.source_path, what, e)
     }
 

@@ -66,8 +66,8 @@ pub use verify::{
 pub use walcheck::{PrefixEnd, WalCheck};
 
 pub(crate) use context::Merge;
-pub(crate) use merge::foreign_key_violations;
 use context::{ChangeContext, BULK_CAPTURE, BULK_IMAGE};
+pub(crate) use merge::foreign_key_violations;
 use policy::RowSource;
 
 /// What the captured generation committed that the live database `database` lacks, per table.
