@@ -105,6 +105,7 @@ mod status;
 #[cfg(not(target_os = "linux"))]
 mod unsupported;
 mod wal_base;
+mod wal_base_record;
 mod wal_reset;
 #[cfg(not(target_os = "linux"))]
 use unsupported as vfs;

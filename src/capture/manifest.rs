@@ -62,7 +62,7 @@ pub struct Manifest {
     /// Reason `stale-wal` only: what the WAL's record said and what the main file at the path
     /// was instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stale_wal: Option<crate::wal_base::Mismatch>,
+    pub stale_wal: Option<crate::wal_base_record::Mismatch>,
     /// Whether the main image is the one the WAL generation was written on, and what shows it.
     /// Absent in captures written before it was recorded (read as unknown).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -239,3 +239,22 @@ impl RecoverError {
         }
     }
 }
+
+impl From<crate::wal_base::MainCheckError> for RecoverError {
+    /// A `--main` file refused is a capture that cannot be used as given.
+    fn from(e: crate::wal_base::MainCheckError) -> Self {
+        use crate::wal_base::MainCheckError;
+        match e {
+            MainCheckError::Refused { path, why } => RecoverError::NotACapture { path, why },
+            MainCheckError::Io {
+                path,
+                operation,
+                source,
+            } => RecoverError::Io {
+                path,
+                operation,
+                source,
+            },
+        }
+    }
+}

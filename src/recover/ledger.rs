@@ -22,7 +22,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::report::MergeReport;
-use super::schema::quote;
+use super::sql::quote;
 
 /// The table's name (lower case; never merged, never created from a capture).
 pub(crate) const LEDGER_TABLE: &str = "hermes_guard_merges";
@@ -231,7 +231,7 @@ pub(crate) fn record(
     generation: &Generation,
     report: &MergeReport,
 ) -> rusqlite::Result<()> {
-    let whole = i64::from(report.rule == super::report::MergeRule::Whole);
+    let whole = i64::from(report.rule.policy().rows == super::policy::RowSource::Whole);
     let table = quote(LEDGER_TABLE);
     conn.execute_batch(&format!(
         "CREATE TABLE IF NOT EXISTS main.{table} (

@@ -1,104 +1,85 @@
 //! The merge: which tables, in which order, and what is created first. The rules are in
-//! docs/merge-rules.md; one table's rows are merged by [`super::table`].
+//! docs/merge-rules.md; what a merge works with is [`Merge`] (`context.rs`); one table's rows
+//! are merged by [`super::table`].
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use rusqlite::Connection;
 
-use super::changes::Loaded;
-use super::ledger::{self, Generation};
+pub(crate) use super::context::Merge;
+use super::ledger;
 use super::objects;
-use super::report::{MergeOptions, MergeReport, MergeRule, NotMerged, Progress};
-use super::schema::{quote, Schema, Table};
-use super::table::{ChangeContext, Remaps, TableMerge};
+use super::policy::RowSource;
+use super::report::{MergeReport, NotMerged, Progress};
+use super::schema::{Schema, Table};
+use super::sql::quote;
+use super::table::{Remaps, TableMerge};
 use super::RecoverError;
 
-/// The schema names of the capture and its image attached to the live connection for the
-/// bulk path (see `table::bulk`).
-pub(crate) const BULK_CAPTURE: &str = "hermes_guard_capture";
-pub(crate) const BULK_IMAGE: &str = "hermes_guard_image";
-
-pub(crate) struct Merge<'a> {
-    /// The capture's generation as `main` (and, for a delta rule, its main image as `pre`).
-    pub source: &'a Connection,
-    pub source_path: &'a Path,
-    pub target: &'a Connection,
-    pub target_path: &'a Path,
-    pub options: &'a MergeOptions,
-    pub apply: bool,
-    pub rule: MergeRule,
-    pub rule_reason: String,
-    /// The captured generation, recorded in the live database once its rows are in; `None`:
-    /// nothing is recorded (a rebuild's new file).
-    pub ledger: Option<Generation>,
-    /// When, and from which capture, the ledger says this generation's added rows went in
-    /// before (filled by the caller from [`ledger::Start`]).
-    pub merged_before: Option<(String, String)>,
-    /// WAL frames of the generation an earlier merge took, included in `pre` (0: the bare
-    /// image; see [`ledger::Start`]).
-    pub base_frames: u64,
-    /// The capture and its image are attached to `target` as [`BULK_CAPTURE`] and
-    /// [`BULK_IMAGE`]: added rows may go in with one `INSERT … SELECT` per table.
-    pub bulk: bool,
-    /// A `whole` merge after delta merges only of this generation: recorded even when it
-    /// inserts nothing (see [`ledger::Start::widens_to_whole`]).
-    pub widens_to_whole: bool,
-    /// [`MergeRule::Changes`]: the generation's computed changes, and how to judge them.
-    pub changes: Option<(&'a Loaded, ChangeContext)>,
-}
-
 impl Merge<'_> {
-    pub(crate) fn sq(
-        &self,
-        what: impl Into<String>,
-    ) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
-        let what = what.into();
-        move |e| RecoverError::sqlite(self.target_path, what, e)
-    }
-
-    fn source_sq(&self, what: &'static str) -> impl FnOnce(rusqlite::Error) -> RecoverError + '_ {
-        move |e| RecoverError::sqlite(self.source_path, what, e)
-    }
-
-    fn different(&self, why: String) -> RecoverError {
-        RecoverError::DifferentDatabase {
-            database: self.target_path.to_path_buf(),
-            capture: self.source_path.to_path_buf(),
-            why,
-        }
-    }
-
     /// Plans, and when `apply`, writes. The caller holds the transactions (`BEGIN IMMEDIATE` on
     /// the target to apply) and commits.
     pub fn run(self, progress: &mut dyn FnMut(&Progress<'_>)) -> Result<MergeReport, RecoverError> {
+        let mut schemas = self.read_schemas()?;
+        self.check_application_id()?;
+        let live_empty = schemas.target.is_empty();
+        let create = objects::to_create(
+            self.source,
+            self.target,
+            live_empty,
+            schemas.image.is_some(),
+        )
+        .map_err(self.sq("compare the schemas"))?;
+        let mut report = self.start(&mut schemas, &create, live_empty)?;
+        let tables = self.plan_tables(&schemas, &create, live_empty, &mut report)?;
+        let mut tables = in_merge_order(tables);
+        self.merge_tables(&mut tables, &mut report, progress)?;
+        report.tables = tables.into_iter().map(|t| t.report).collect();
+        if self.apply {
+            self.finish(&schemas.target, &create, &mut report)?;
+        }
+        report.applied = self.apply;
+        Ok(report)
+    }
+
+    /// The captured schema, the image's as the rule needs it, and the live one.
+    fn read_schemas(&self) -> Result<Schemas, RecoverError> {
         let source =
             Schema::read(self.source).map_err(self.source_sq("read the captured schema"))?;
         let read_pre = || {
             Schema::read_in(self.source, "pre")
                 .map_err(self.source_sq("read the captured image's schema"))
         };
-        let (image, whole_base) = match self.rule {
-            MergeRule::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
-            MergeRule::Whole => (None, None),
-            _ => (Some(read_pre()?), None),
+        let (image, whole_base) = match self.policy().rows {
+            RowSource::Whole if self.base_frames > 0 => (None, Some(read_pre()?)),
+            RowSource::Whole => (None, None),
+            RowSource::Delta | RowSource::Changes => (Some(read_pre()?), None),
         };
-        let mut target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
-        self.check_application_id()?;
-        let live_empty = target.is_empty();
-        let create = objects::to_create(self.source, self.target, live_empty, image.is_some())
-            .map_err(self.sq("compare the schemas"))?;
-        let creates_table = |key: &str| {
-            create
-                .iter()
-                .any(|o| o.kind == "table" && o.name.to_lowercase() == key)
-        };
+        let target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
+        Ok(Schemas {
+            source,
+            image,
+            whole_base,
+            target,
+        })
+    }
+
+    /// Refuses a live database that has none of the captured tables; creates the objects that
+    /// exist only in the capture (when applying, then reads the live schema again); the report
+    /// as far as that.
+    fn start(
+        &self,
+        schemas: &mut Schemas,
+        create: &[objects::Object],
+        live_empty: bool,
+    ) -> Result<MergeReport, RecoverError> {
+        let (source, target) = (&schemas.source, &schemas.target);
         if !live_empty
             && !source.tables.is_empty()
             && !source
                 .tables
                 .keys()
-                .any(|k| target.tables.contains_key(k) || creates_table(k))
+                .any(|k| target.tables.contains_key(k) || creates_table(create, k))
         {
             return Err(self.different("it has none of the captured tables".into()));
         }
@@ -117,27 +98,39 @@ impl Merge<'_> {
                 self.source,
                 self.target,
                 self.target_path,
-                &create,
+                create,
                 live_empty,
             )?;
-            target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
+            schemas.target = Schema::read(self.target).map_err(self.sq("read the live schema"))?;
         }
         if let Some((at, from)) = &self.merged_before {
             report.merged_before = Some(at.clone());
             report.merged_from = Some(from.clone());
         }
         report.delta_from_frame = self.base_frames;
+        Ok(report)
+    }
 
+    /// The merge of each captured table the live schema can take; the others, the tables the
+    /// generation dropped and the virtual tables are reported as not merged.
+    fn plan_tables<'s>(
+        &self,
+        schemas: &'s Schemas,
+        create: &[objects::Object],
+        live_empty: bool,
+        report: &mut MergeReport,
+    ) -> Result<Vec<TableMerge<'s>>, RecoverError> {
+        let (source, target) = (&schemas.source, &schemas.target);
         let mut tables: Vec<TableMerge<'_>> = Vec::new();
         let mut conflicting: Vec<String> = Vec::new();
         let mut names: Vec<&String> = source.tables.keys().collect();
         names.sort();
         for key in names {
             let captured = &source.tables[key];
-            let in_image = image.as_ref().and_then(|i| i.tables.get(key));
+            let in_image = schemas.image.as_ref().and_then(|i| i.tables.get(key));
             let (live, absent) = match target.tables.get(key) {
                 Some(live) => (live, false),
-                None if !self.apply && creates_table(key) => (captured, true),
+                None if !self.apply && creates_table(create, key) => (captured, true),
                 None => {
                     report.not_merged.push(NotMerged {
                         table: captured.name.clone(),
@@ -158,44 +151,30 @@ impl Merge<'_> {
                 });
                 continue;
             }
-            // The changes rule reads no row through the image.
-            let in_image = in_image.filter(|_| self.changes.is_none());
-            let mut t = TableMerge::new(live, captured, in_image, &target, self.rule, absent);
-            t.set_whole_base(whole_base.as_ref().and_then(|b| b.tables.get(key)));
+            // Only a delta reads rows through the image.
+            let in_image = in_image.filter(|_| self.policy().rows == RowSource::Delta);
+            let mut t = TableMerge::new(live, captured, in_image, target, self.rule, absent);
+            t.set_whole_base(schemas.whole_base.as_ref().and_then(|b| b.tables.get(key)));
             tables.push(t);
         }
         if tables.is_empty() && !conflicting.is_empty() && !live_empty {
             return Err(self.different(format!("conflicting schemas: {}", conflicting.join("; "))));
         }
-        if let Some(image) = &image {
-            let mut dropped: Vec<&Table> = image
-                .tables
-                .iter()
-                .filter(|(k, _)| !source.tables.contains_key(*k))
-                .map(|(_, t)| t)
-                .collect();
-            dropped.sort_by(|a, b| a.name.cmp(&b.name));
-            for t in dropped {
-                report.not_merged.push(NotMerged {
-                    table: t.name.clone(),
-                    reason: "dropped by the captured generation: a merge never drops a live table"
-                        .into(),
-                    leaves_rows: false,
-                });
-            }
+        if let Some(image) = &schemas.image {
+            not_merged_dropped(source, image, report);
         }
-        self.not_merged_virtuals(&source, &mut report);
+        self.not_merged_virtuals(source, report);
+        Ok(tables)
+    }
 
-        let mut tables = parents_first(tables);
-        let followed: HashSet<String> = tables
-            .iter()
-            .flat_map(|t| t.parents().map(str::to_owned))
-            .collect();
-        for t in &mut tables {
-            if followed.contains(&t.report.table.to_lowercase()) {
-                t.set_referenced();
-            }
-        }
+    /// Each table's added and changed rows (parents first), then its deleted rows (children
+    /// first), following and recording the rows that moved to another rowid.
+    fn merge_tables(
+        &self,
+        tables: &mut [TableMerge<'_>],
+        report: &mut MergeReport,
+        progress: &mut dyn FnMut(&Progress<'_>),
+    ) -> Result<(), RecoverError> {
         // Moves are recorded for a later merge of this generation that reaches further, and
         // those of earlier merges are followed.
         let generation_id = self.ledger.as_ref().map(|g| g.id.clone());
@@ -215,18 +194,18 @@ impl Merge<'_> {
                 (table, context)
             })
         };
-        for t in &mut tables {
+        for t in tables.iter_mut() {
             match changed(t) {
-                Some((Some(c), context)) => t.merge_changed_rows(&self, &mut remaps, c, context)?,
+                Some((Some(c), context)) => t.merge_changed_rows(self, &mut remaps, c, context)?,
                 Some((None, _)) => {}
-                None => t.merge_rows(&self, &mut remaps, progress)?,
+                None => t.merge_rows(self, &mut remaps, progress)?,
             }
         }
         for t in tables.iter_mut().rev() {
             match changed(t) {
-                Some((Some(c), _)) => t.merge_changed_deletions(&self, &remaps, c)?,
+                Some((Some(c), _)) => t.merge_changed_deletions(self, &remaps, c)?,
                 Some((None, _)) => {}
-                None => t.merge_deletions(&self, &remaps)?,
+                None => t.merge_deletions(self, &remaps)?,
             }
         }
         if let Some((loaded, _)) = self.changes {
@@ -234,22 +213,27 @@ impl Merge<'_> {
             report.change_notes = loaded.changes.notes.clone();
         }
         remaps.finish(self.target);
-        report.tables = tables.into_iter().map(|t| t.report).collect();
+        Ok(())
+    }
 
-        if self.apply {
-            self.rebuild_fts(&target, &create, &mut report)?;
-            // A first merge that inserted rows, or one that took this generation further.
-            if let (Some(generation), None, true) = (
-                &self.ledger,
-                &self.merged_before,
-                report.inserted() > 0 || self.base_frames > 0 || self.widens_to_whole,
-            ) {
-                ledger::record(self.target, generation, &report)
-                    .map_err(self.sq("record the merge in hermes_guard_merges"))?;
-            }
+    /// After the rows are written: the full-text indexes to rebuild, and the ledger's record.
+    fn finish(
+        &self,
+        target: &Schema,
+        create: &[objects::Object],
+        report: &mut MergeReport,
+    ) -> Result<(), RecoverError> {
+        self.rebuild_fts(target, create, report)?;
+        // A first merge that inserted rows, or one that took this generation further.
+        if let (Some(generation), None, true) = (
+            &self.ledger,
+            &self.merged_before,
+            report.inserted() > 0 || self.base_frames > 0 || self.widens_to_whole,
+        ) {
+            ledger::record(self.target, generation, report)
+                .map_err(self.sq("record the merge in hermes_guard_merges"))?;
         }
-        report.applied = self.apply;
-        Ok(report)
+        Ok(())
     }
 
     fn check_application_id(&self) -> Result<(), RecoverError> {
@@ -322,22 +306,59 @@ impl Merge<'_> {
         }
         Ok(())
     }
+}
 
-    pub(crate) fn write_error(&self, e: rusqlite::Error, table: &str) -> RecoverError {
-        if e.sqlite_error()
-            .is_some_and(|s| s.extended_code == rusqlite::ffi::SQLITE_READONLY_DBMOVED)
-        {
-            let why = crate::GuardExt::guard_status(self.target)
-                .ok()
-                .and_then(|s| s.reason)
-                .map_or("its files changed under the connection", |r| r.describe());
-            return RecoverError::Retired {
-                database: self.target_path.to_path_buf(),
-                why: why.to_owned(),
-            };
-        }
-        RecoverError::sqlite(self.target_path, format!("write into {table}"), e)
+/// The schemas a merge plans from.
+struct Schemas {
+    /// The captured generation's (`main` of the source).
+    source: Schema,
+    /// The captured image's (`pre`), under a rule that reads it.
+    image: Option<Schema>,
+    /// Under the `whole` rule after an earlier merge of a WAL prefix: `pre`, the image plus
+    /// that prefix.
+    whole_base: Option<Schema>,
+    /// The live database's (read again once objects are created).
+    target: Schema,
+}
+
+/// Whether the table of lower-case name `key` is among the objects to create.
+fn creates_table(create: &[objects::Object], key: &str) -> bool {
+    create
+        .iter()
+        .any(|o| o.kind == "table" && o.name.to_lowercase() == key)
+}
+
+/// The tables of the image the captured generation dropped, reported as not merged.
+fn not_merged_dropped(source: &Schema, image: &Schema, report: &mut MergeReport) {
+    let mut dropped: Vec<&Table> = image
+        .tables
+        .iter()
+        .filter(|(k, _)| !source.tables.contains_key(*k))
+        .map(|(_, t)| t)
+        .collect();
+    dropped.sort_by(|a, b| a.name.cmp(&b.name));
+    for t in dropped {
+        report.not_merged.push(NotMerged {
+            table: t.name.clone(),
+            reason: "dropped by the captured generation: a merge never drops a live table".into(),
+            leaves_rows: false,
+        });
     }
+}
+
+/// The tables parents first, each marked when another table follows its rowids.
+fn in_merge_order(tables: Vec<TableMerge<'_>>) -> Vec<TableMerge<'_>> {
+    let mut tables = parents_first(tables);
+    let followed: HashSet<String> = tables
+        .iter()
+        .flat_map(|t| t.parents().map(str::to_owned))
+        .collect();
+    for t in &mut tables {
+        if followed.contains(&t.report.table.to_lowercase()) {
+            t.set_referenced();
+        }
+    }
+    tables
 }
 
 /// Why the captured table cannot be merged into the live one, if it cannot.

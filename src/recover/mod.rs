@@ -26,16 +26,19 @@
 
 mod btree;
 mod changes;
+mod context;
 mod error;
 mod ledger;
 mod merge;
 mod objects;
 mod open;
+mod policy;
 mod rebuild;
 mod report;
 mod rows;
 mod schema;
 mod siblings;
+mod sql;
 mod table;
 mod value;
 mod verify;
@@ -62,8 +65,10 @@ pub use verify::{
 };
 pub use walcheck::{PrefixEnd, WalCheck};
 
-pub(crate) use merge::{foreign_key_violations, Merge};
-use merge::{BULK_CAPTURE, BULK_IMAGE};
+pub(crate) use context::Merge;
+use context::{ChangeContext, BULK_CAPTURE, BULK_IMAGE};
+pub(crate) use merge::foreign_key_violations;
+use policy::RowSource;
 
 /// What the captured generation committed that the live database `database` lacks, per table.
 /// Reads only (in one read transaction through the guard); writes nothing.
@@ -202,7 +207,7 @@ fn apply_inner(
         );
         RecoverError::sqlite(database, operation, e)
     })?;
-    let result = (|| {
+    let result: Result<MergeReport, RecoverError> = (|| {
         let report = merge_checked(capture, conn, database, options, bulk, progress)?;
         conn.execute_batch("COMMIT")
             .map_err(|e| RecoverError::sqlite(database, "commit the merge", e))?;
@@ -259,11 +264,11 @@ fn run_merge(
         report.capture_integrity = capture.integrity().to_vec();
         return Ok(report);
     }
-    let loaded = match rule {
-        MergeRule::Changes => Some(changes::load(capture.dir(), start.base_frames)?),
-        _ => None,
+    let loaded = match rule.policy().rows {
+        RowSource::Changes => Some(changes::load(capture.dir(), start.base_frames)?),
+        RowSource::Delta | RowSource::Whole => None,
     };
-    let context = loaded.as_ref().map(|l| table::ChangeContext {
+    let context = loaded.as_ref().map(|l| ChangeContext {
         shared_wal: wal_read_by_newer(capture.manifest()),
         backfill_known: l.backfill_known,
     });
@@ -282,7 +287,7 @@ fn run_merge(
         merged_before: start.merged_before,
         base_frames: start.base_frames,
         // The attached image is the bare one: a delta from a merged prefix goes row by row.
-        bulk: bulk && start.base_frames == 0 && rule != MergeRule::Changes,
+        bulk: bulk && start.base_frames == 0 && rule.policy().bulk_insert,
         widens_to_whole: start.widens_to_whole,
         changes: loaded.as_ref().zip(context),
     };
@@ -330,7 +335,7 @@ pub(crate) fn ledger_start(
             whole: false,
         });
     }
-    let start = ledger::Start::from(&generation, merged, rule == MergeRule::Whole);
+    let start = ledger::Start::from(&generation, merged, rule.policy().rows == RowSource::Whole);
     capture.set_base(start.base_frames)?;
     Ok((generation, start, healed))
 }

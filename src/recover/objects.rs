@@ -22,7 +22,7 @@ pub(crate) struct Object {
 /// Every object of the database `db` of `conn` recovery may create, in creation order: no
 /// SQLite-internal object, no automatic index, no shadow table of a virtual table.
 pub(crate) fn objects(conn: &Connection, db: &str) -> rusqlite::Result<Vec<Object>> {
-    let db = super::schema::quote(db);
+    let db = super::sql::quote(db);
     let shadows: HashSet<String> = {
         let mut stmt = conn.prepare(&format!(
             "SELECT lower(name) FROM pragma_table_list WHERE schema = {db} AND type = 'shadow'"

@@ -5,10 +5,8 @@ use std::collections::HashMap;
 
 use rusqlite::{Connection, OptionalExtension};
 
-/// `"name"`, with inner quotes doubled: an SQL identifier, whatever its characters.
-pub(crate) fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
+// The identifier quoting lives in `sql.rs`; `changes/` reaches it through this path.
+pub(crate) use super::sql::quote;
 
 /// One column of a table.
 #[derive(Debug, Clone)]

@@ -3,12 +3,13 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use rustix::fs::{AtFlags, RenameFlags};
 
+use super::error::MainCheckError;
 use super::{fragment_len, hex16, judge_pages, look_at_wal, page_hash, At, Mismatch, Verdict};
 use crate::capture::{
     self, CaptureError, ImageMode, MainEntry, Manifest, PathGeneration, ShmEntry, Trigger, WalEntry,
@@ -114,136 +115,240 @@ pub(crate) fn set_aside(
     main_header: &[u8],
     mismatch: &Mismatch,
 ) -> Result<SetAside, CaptureError> {
-    let io_err = |artifact: &Path, source: io::Error| CaptureError::Io {
+    let place = Place::reserve(database)?;
+    let wal_id = identity_of_fd(wal).map_err(|e| io_error(database, &place.wal_src, e))?;
+    let stale = StaleWal {
+        file: wal,
+        id: wal_id,
+        main_now,
+        main_header,
+        mismatch,
+    };
+    let mut moves = Moves::default();
+    match place.fill(database, &stale, &mut moves) {
+        Ok(()) => {
+            let final_path = place.parent.join(&place.final_name);
+            crate::sqlite_log::captured(database, &final_path);
+            Ok(SetAside {
+                dir: final_path,
+                also_in: moves.also_in.map(|n| place.parent.join(n)),
+            })
+        }
+        Err(e) => Err(place.put_back(database, &moves, e)),
+    }
+}
+
+/// The set-aside's failure on `artifact`.
+fn io_error(database: &Path, artifact: &Path, source: io::Error) -> CaptureError {
+    CaptureError::Io {
         database: database.to_path_buf(),
         artifact: artifact.to_path_buf(),
         source,
-    };
-    let (parent, name) = capture::split_database(database)?;
-    // `O_PATH` when this process may write in the directory but not list it.
-    let dir = open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
-    let (wal_src, shm_src) = (
-        crate::paths::sidecar(Path::new(name), "-wal"),
-        crate::paths::sidecar(Path::new(name), "-shm"),
-    );
-    let stem = capture::capture_dir_stem(name);
-    let file_name = capture::capture_file_name(name);
-    let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));
-    // The database's permissions, for the capture's directory and manifest (the WAL and -shm
-    // moved in keep SQLite's, which are the database's).
-    let permissions = Permissions::of_database_in(dir.as_fd(), database);
-    let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem, &permissions)
-        .map_err(|(staging, e)| io_err(&parent.join(staging), e))?;
-    let staging_path = parent.join(&staging_name);
-    let final_path = parent.join(&final_name);
+    }
+}
 
-    let wal_id = identity_of_fd(wal).map_err(|e| io_err(&wal_src, e))?;
-    let mut moved: Vec<(&Path, &str)> = Vec::new();
-    let mut linked = false;
-    let mut also_in = None;
-    let result = (|| -> io::Result<()> {
-        let staging = open_dir(dir.as_fd(), Path::new(&staging_name))?;
+/// The stale WAL being set aside, and what the open found about it.
+struct StaleWal<'a> {
+    file: &'a File,
+    id: FileId,
+    main_now: Option<FileId>,
+    main_header: &'a [u8],
+    mismatch: &'a Mismatch,
+}
+
+/// Where a set-aside happens: the database's directory, the names there and in the capture.
+struct Place<'a> {
+    parent: &'a Path,
+    dir: OwnedFd,
+    /// The WAL and the `-shm` at the path, relative to `dir`.
+    wal_src: PathBuf,
+    shm_src: PathBuf,
+    stem: String,
+    /// Their names in the capture.
+    wal_name: String,
+    shm_name: String,
+    /// The database's, for the capture's directory and manifest (the WAL and -shm moved in
+    /// keep SQLite's, which are the database's).
+    permissions: Permissions,
+    final_name: String,
+    staging_name: String,
+}
+
+/// What a set-aside has done so far: undone on failure.
+#[derive(Default)]
+struct Moves<'p> {
+    /// Renamed into the staging directory: (name at the path, name inside).
+    moved: Vec<(&'p Path, &'p str)>,
+    /// The WAL is hard-linked into the staging directory.
+    linked: bool,
+    /// Another capture of the same generation with its main image, by name.
+    also_in: Option<String>,
+}
+
+impl<'a> Place<'a> {
+    /// Opens the database's directory and reserves the capture's staging directory in it.
+    fn reserve(database: &'a Path) -> Result<Place<'a>, CaptureError> {
+        let io_err = |artifact: &Path, source: io::Error| io_error(database, artifact, source);
+        let (parent, name) = capture::split_database(database)?;
+        // `O_PATH` when this process may write in the directory but not list it.
+        let dir = open_dir_to_write_in(rustix::fs::CWD, parent).map_err(|e| io_err(parent, e))?;
+        let (wal_src, shm_src) = (
+            crate::paths::sidecar(Path::new(name), "-wal"),
+            crate::paths::sidecar(Path::new(name), "-shm"),
+        );
+        let stem = capture::capture_dir_stem(name);
+        let file_name = capture::capture_file_name(name);
+        let (wal_name, shm_name) = (format!("{file_name}-wal"), format!("{file_name}-shm"));
+        let permissions = Permissions::of_database_in(dir.as_fd(), database);
+        let (final_name, staging_name) = capture::reserve_staging(dir.as_fd(), &stem, &permissions)
+            .map_err(|(staging, e)| io_err(&parent.join(staging), e))?;
+        Ok(Place {
+            parent,
+            dir,
+            wal_src,
+            shm_src,
+            stem,
+            wal_name,
+            shm_name,
+            permissions,
+            final_name,
+            staging_name,
+        })
+    }
+
+    /// Moves the WAL and the `-shm` in, writes the manifest, renames the capture into place
+    /// and, once that is durable, takes the linked WAL off the path.
+    fn fill<'p>(
+        &'p self,
+        database: &Path,
+        wal: &StaleWal<'_>,
+        moves: &mut Moves<'p>,
+    ) -> io::Result<()> {
+        let staging = open_dir(self.dir.as_fd(), Path::new(&self.staging_name))?;
+        let shm_id = self.move_in(&staging, wal.id, moves)?;
+        let manifest = manifest(
+            database,
+            wal.file,
+            wal.id,
+            &self.wal_name,
+            shm_id,
+            wal.main_now,
+            wal.main_header,
+            wal.mismatch,
+        )?;
+        moves.also_in =
+            same_generation_with_image(&self.dir, &self.stem, &self.final_name, &manifest.wal);
+        let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
+        capture::write_synced(
+            staging.as_fd(),
+            capture::MANIFEST_NAME,
+            &self.permissions,
+            |f| io::Write::write_all(f, &json),
+        )?;
+        rustix::fs::fsync(&staging)?;
+        rustix::fs::renameat_with(
+            &self.dir,
+            self.staging_name.as_str(),
+            &self.dir,
+            self.final_name.as_str(),
+            NOREPLACE,
+        )?;
+        // The directory's fsync, or its filesystem's through the capture (`paths::sync_dir`).
+        sync_dir(self.dir.as_fd(), staging.as_fd())?;
+        // Complete and durable: the linked WAL leaves the path now, durably. Failing here fails
+        // the set-aside (the open is refused, never replayed); the capture stays.
+        if moves.linked {
+            unlink_captured(&self.dir, &self.wal_src, wal.id, staging.as_fd())?;
+        }
+        Ok(())
+    }
+
+    /// Links (or renames) the WAL `wal_id` into `staging` and renames the `-shm` there, if one
+    /// is at the path: its identity.
+    fn move_in<'p>(
+        &'p self,
+        staging: &OwnedFd,
+        wal_id: FileId,
+        moves: &mut Moves<'p>,
+    ) -> io::Result<Option<FileId>> {
+        let dir = &self.dir;
         // Linked in, not renamed: the WAL stays at the path until the capture is complete and
         // durable, so a crash (a kill, a power cut) before that never leaves it in the `.partial`
         // directory alone. A filesystem without hard links renames.
         match rustix::fs::linkat(
-            &dir,
-            &wal_src,
-            &staging,
-            wal_name.as_str(),
+            dir,
+            &self.wal_src,
+            staging,
+            self.wal_name.as_str(),
             AtFlags::empty(),
         ) {
-            Ok(()) => linked = true,
+            Ok(()) => moves.linked = true,
             Err(_) => {
-                rustix::fs::renameat_with(&dir, &wal_src, &staging, wal_name.as_str(), NOREPLACE)?;
-                moved.push((&wal_src, &wal_name));
+                rustix::fs::renameat_with(
+                    dir,
+                    &self.wal_src,
+                    staging,
+                    self.wal_name.as_str(),
+                    NOREPLACE,
+                )?;
+                moves.moved.push((&self.wal_src, &self.wal_name));
             }
         }
-        let st = rustix::fs::statat(&staging, wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
+        let st = rustix::fs::statat(staging, self.wal_name.as_str(), AtFlags::SYMLINK_NOFOLLOW)?;
         if st.st_ino as u64 != wal_id.ino {
             return Err(io::Error::other(
                 "the WAL at the path changed while it was being set aside",
             ));
         }
-        let shm_id = identity_of_path(&parent.join(&shm_src)).ok().flatten();
+        let shm_id = identity_of_path(&self.parent.join(&self.shm_src))
+            .ok()
+            .flatten();
         if shm_id.is_some() {
-            match rustix::fs::renameat_with(&dir, &shm_src, &staging, shm_name.as_str(), NOREPLACE)
-            {
-                Ok(()) => moved.push((&shm_src, &shm_name)),
+            match rustix::fs::renameat_with(
+                dir,
+                &self.shm_src,
+                staging,
+                self.shm_name.as_str(),
+                NOREPLACE,
+            ) {
+                Ok(()) => moves.moved.push((&self.shm_src, &self.shm_name)),
                 Err(rustix::io::Errno::NOENT) => {}
                 Err(e) => return Err(e.into()),
             }
         }
-        let manifest = manifest(
+        Ok(shm_id)
+    }
+
+    /// After failure `e`: puts back what was moved, never over anything that appeared at the
+    /// path since; whatever cannot go back stays in the staging directory, and the error says so.
+    fn put_back(&self, database: &Path, moves: &Moves<'_>, e: io::Error) -> CaptureError {
+        let dir = &self.dir;
+        let staging_path = self.parent.join(&self.staging_name);
+        let mut kept = Vec::new();
+        if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&self.staging_name)) {
+            if moves.linked {
+                let _ = rustix::fs::unlinkat(&staging, self.wal_name.as_str(), AtFlags::empty());
+            }
+            for (src, inside) in moves.moved.iter().rev() {
+                if rustix::fs::renameat_with(&staging, *inside, dir, *src, NOREPLACE).is_err() {
+                    kept.push(*inside);
+                }
+            }
+            let _ = rustix::fs::unlinkat(&staging, capture::MANIFEST_NAME, AtFlags::empty());
+        }
+        if kept.is_empty() {
+            let _ = rustix::fs::unlinkat(dir, self.staging_name.as_str(), AtFlags::REMOVEDIR);
+            return io_error(database, &staging_path, e);
+        }
+        io_error(
             database,
-            wal,
-            wal_id,
-            &wal_name,
-            shm_id,
-            main_now,
-            main_header,
-            mismatch,
-        )?;
-        also_in = same_generation_with_image(&dir, &stem, &final_name, &manifest.wal);
-        let json = serde_json::to_vec_pretty(&manifest).map_err(io::Error::other)?;
-        capture::write_synced(staging.as_fd(), capture::MANIFEST_NAME, &permissions, |f| {
-            io::Write::write_all(f, &json)
-        })?;
-        rustix::fs::fsync(&staging)?;
-        rustix::fs::renameat_with(
-            &dir,
-            staging_name.as_str(),
-            &dir,
-            final_name.as_str(),
-            NOREPLACE,
-        )?;
-        // The directory's fsync, or its filesystem's through the capture (`paths::sync_dir`).
-        sync_dir(dir.as_fd(), staging.as_fd())?;
-        // Complete and durable: the linked WAL leaves the path now, durably. Failing here fails
-        // the set-aside (the open is refused, never replayed); the capture stays.
-        if linked {
-            unlink_captured(&dir, &wal_src, wal_id, staging.as_fd())?;
-        }
-        Ok(())
-    })();
-    match result {
-        Ok(()) => {
-            crate::sqlite_log::captured(database, &final_path);
-            Ok(SetAside {
-                dir: final_path,
-                also_in: also_in.map(|n| parent.join(n)),
-            })
-        }
-        Err(e) => {
-            // Put back what was moved, never over anything that appeared at the path since:
-            // whatever cannot go back stays in the staging directory, and the error says so.
-            let mut kept = Vec::new();
-            if let Ok(staging) = open_dir(dir.as_fd(), Path::new(&staging_name)) {
-                if linked {
-                    let _ = rustix::fs::unlinkat(&staging, wal_name.as_str(), AtFlags::empty());
-                }
-                for (src, inside) in moved.iter().rev() {
-                    if rustix::fs::renameat_with(&staging, *inside, &dir, *src, NOREPLACE).is_err()
-                    {
-                        kept.push(*inside);
-                    }
-                }
-                let _ = rustix::fs::unlinkat(&staging, capture::MANIFEST_NAME, AtFlags::empty());
-            }
-            if kept.is_empty() {
-                let _ = rustix::fs::unlinkat(&dir, staging_name.as_str(), AtFlags::REMOVEDIR);
-                return Err(io_err(&staging_path, e));
-            }
-            Err(io_err(
-                &staging_path,
-                io::Error::other(format!(
-                    "{e}; {} could not be put back (something now has its name) and stay(s) in \
-                     {}",
-                    kept.join(", "),
-                    staging_path.display()
-                )),
-            ))
-        }
+            &staging_path,
+            io::Error::other(format!(
+                "{e}; {} could not be put back (something now has its name) and stay(s) in {}",
+                kept.join(", "),
+                staging_path.display()
+            )),
+        )
     }
 }
 
@@ -343,13 +448,12 @@ pub(crate) fn check_main_for_capture(
     manifest: &Manifest,
     main: &Path,
     copy: &Path,
-) -> Result<(), crate::recover::RecoverError> {
-    use crate::recover::RecoverError;
-    let wrong = |why: String| RecoverError::NotACapture {
+) -> Result<(), MainCheckError> {
+    let wrong = |why: String| MainCheckError::Refused {
         path: main.to_path_buf(),
         why,
     };
-    std::fs::copy(main, copy).map_err(|e| RecoverError::io(main, "copy the --main file", e))?;
+    std::fs::copy(main, copy).map_err(|e| MainCheckError::io(main, "copy the --main file", e))?;
     let Some(m) = &manifest.stale_wal else {
         return Err(wrong(
             "the capture's manifest has no stale_wal record".into(),
@@ -357,14 +461,14 @@ pub(crate) fn check_main_for_capture(
     };
     let record = &m.recorded;
     let wal_path = dir.join(&manifest.wal.file);
-    let wal = File::open(&wal_path).map_err(|e| RecoverError::io(&wal_path, "open", e))?;
+    let wal = File::open(&wal_path).map_err(|e| MainCheckError::io(&wal_path, "open", e))?;
     let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
     let full =
-        look_at_wal(&wal, Some(&pages)).map_err(|e| RecoverError::io(&wal_path, "read", e))?;
-    let image = File::open(copy).map_err(|e| RecoverError::io(copy, "open", e))?;
+        look_at_wal(&wal, Some(&pages)).map_err(|e| MainCheckError::io(&wal_path, "read", e))?;
+    let image = File::open(copy).map_err(|e| MainCheckError::io(copy, "open", e))?;
     let size = image
         .metadata()
-        .map_err(|e| RecoverError::io(copy, "stat", e))?
+        .map_err(|e| MainCheckError::io(copy, "stat", e))?
         .len();
     let read = |p: u32| {
         let offset = u64::from(p - 1) * u64::from(record.page_size);

@@ -30,9 +30,8 @@ use std::io::{self, BufReader, Read};
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 use crate::identity::FileId;
+pub use crate::wal_base_record::{Mismatch, PageHash, WalBaseRecord};
 use crate::walfile::{
     parse_wal_header, wal_checksum, WalHeader, WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE,
 };
@@ -105,32 +104,6 @@ fn hash_bytes(bytes: &[u8]) -> u64 {
         h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
     }
     mix(h)
-}
-
-/// One recorded page of the main file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct PageHash {
-    /// 1-based page number.
-    pub page: u32,
-    /// [`page_hash`] of its first [`fragment_len`] bytes, hex.
-    pub hash: String,
-}
-
-/// What a guarded writer records on its WAL when a generation starts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct WalBaseRecord {
-    /// Format version: 1.
-    pub v: u32,
-    /// The generation's salts (`salt-1`, `salt-2` as the WAL header stores them, big-endian).
-    pub salts: [u32; 2],
-    /// The page size.
-    pub page_size: u32,
-    /// The main file the writer had open.
-    pub main: Option<FileId>,
-    /// Its first pages (fewer when the file is shorter).
-    pub pages: Vec<PageHash>,
 }
 
 impl WalBaseRecord {
@@ -370,26 +343,6 @@ pub(crate) enum Verdict {
     Stale(Box<Mismatch>),
 }
 
-/// What did not match (`stale_wal` in the manifest).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct Mismatch {
-    /// The record the WAL carries.
-    pub recorded: WalBaseRecord,
-    /// The salts of the WAL found at the path.
-    pub wal_salts: [u32; 2],
-    /// The main file now at the path.
-    pub main_now: Option<FileId>,
-    /// The first recorded page that is neither the recorded content nor one of the WAL's frames.
-    pub page: u32,
-    /// Its hash now (`None`: beyond the end of the file).
-    pub page_hash_now: Option<String>,
-    /// Frames of that page in the WAL it was compared with.
-    pub page_frames_in_wal: usize,
-    /// For a person.
-    pub detail: String,
-}
-
 /// The first decision, from the header, the first frame and the record: `Err(verdict)` when
 /// that already decides (no main file read needed).
 pub(crate) fn judge_generation(
@@ -498,6 +451,8 @@ pub fn stale_wal_policy() -> StaleWalPolicy {
 
 mod aside;
 pub(crate) use aside::{check_main_for_capture, set_aside};
+mod error;
+pub(crate) use error::MainCheckError;
 
 #[cfg(test)]
 mod tests;

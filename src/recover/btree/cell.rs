@@ -15,7 +15,8 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 
-use super::page::{be_u32, PageKind};
+use super::bigendian::be_u32;
+use super::kind::PageKind;
 use super::varint::read_varint;
 use super::{BtreeError, DbGeometry};
 

@@ -2,7 +2,7 @@
 //! page, or offset in the record), because the pages come from files that may be damaged or
 //! belong to another database: a malformed field is an answer, not a panic.
 
-use super::page::PageKind;
+use super::kind::PageKind;
 
 /// Why page 1's header, a page, a cell, an overflow chain or a tree could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -23,8 +23,10 @@
 // the overflow assembler, the text encoding, `local_size` — only its tests use so far.
 #![cfg_attr(not(test), allow(dead_code, unused_imports))]
 
+mod bigendian;
 mod cell;
 mod error;
+mod kind;
 mod page;
 mod record;
 mod tree;
@@ -39,7 +41,8 @@ mod tests;
 
 pub(crate) use cell::{local_size, Cell};
 pub(crate) use error::{BtreeError, RecordError};
-pub(crate) use page::{decode_page, Page, PageKind};
+pub(crate) use kind::PageKind;
+pub(crate) use page::{decode_page, Page};
 pub(crate) use record::{body_len, decode_record};
 pub(crate) use tree::{index_records, table_rows, TableLeafRow};
 pub(crate) use varint::{read_varint, write_varint};

@@ -4,10 +4,10 @@
 use rusqlite::{params_from_iter, OptionalExtension};
 
 use super::{Remaps, TableMerge};
-use crate::recover::merge::Merge;
+use crate::recover::context::Merge;
 use crate::recover::report::RowIdentity;
 use crate::recover::rows::SourceRow;
-use crate::recover::schema::quote;
+use crate::recover::sql::quote;
 use crate::recover::value::{same_row, same_value, Val};
 use crate::recover::RecoverError;
 
@@ -42,12 +42,12 @@ impl TableMerge<'_> {
                 self.report.already_live += 1;
                 return Ok(());
             }
-            if self.compare_added && self.moved_here_before(m, remaps, &values, rowid)? {
+            if self.policy.compare_added && self.moved_here_before(m, remaps, &values, rowid)? {
                 self.report.already_live += 1;
                 return Ok(());
             }
             let mut taken = false;
-            if self.compare_added {
+            if self.policy.compare_added {
                 match self.live_row(m, &values, rowid)? {
                     Some(live) if same_row(&live, &values) => {
                         self.report.already_live += 1;
@@ -92,7 +92,7 @@ impl TableMerge<'_> {
             return Ok(());
         }
         let orphan = self.translate(m, remaps, &mut values)?;
-        if self.add_only {
+        if self.policy.add_only {
             let moved = rowid != captured_rowid;
             return self.changed_add_only(m, remaps, values, before, rowid, orphan, moved);
         }
@@ -141,7 +141,7 @@ impl TableMerge<'_> {
         let Some(live) = self.live_row(m, &row.values, rowid)? else {
             return Ok(()); // gone from the live database too
         };
-        if self.add_only {
+        if self.policy.add_only {
             self.undecided(m, &row.values, None, Some(&live), rowid, None);
             return Ok(());
         }

@@ -5,7 +5,7 @@
 //! row its delta calls deleted stays. Both are reported as undecided, side by side on request.
 
 use super::{Remaps, TableMerge};
-use crate::recover::merge::Merge;
+use crate::recover::context::Merge;
 use crate::recover::report::{RowIdentity, UndecidedRow};
 use crate::recover::value::{same_row, Val};
 use crate::recover::RecoverError;

@@ -6,10 +6,10 @@
 use rusqlite::OptionalExtension;
 
 use super::{image_from, Remaps, TableMerge};
-use crate::recover::merge::{Merge, BULK_CAPTURE, BULK_IMAGE};
+use crate::recover::context::{Merge, BULK_CAPTURE, BULK_IMAGE};
 use crate::recover::report::{RowIdentity, Unreadable};
 use crate::recover::rows::Scan;
-use crate::recover::schema::quote;
+use crate::recover::sql::quote;
 use crate::recover::RecoverError;
 
 /// The captured rowids a table of the live database already used, while its rows go in.
@@ -20,7 +20,7 @@ impl TableMerge<'_> {
     /// identified by rowid, no other table following them, and no parent row moved.
     pub(super) fn bulk_ready(&self, m: &Merge<'_>, remaps: &Remaps) -> bool {
         m.apply
-            && !self.compare_added
+            && self.policy.bulk_insert
             && m.merged_before.is_none()
             && !self.live_absent
             && self.identity == RowIdentity::Rowid

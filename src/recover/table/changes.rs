@@ -8,24 +8,11 @@
 
 use super::{Remaps, TableMerge};
 use crate::recover::changes::{RowChange, TableChanges};
-use crate::recover::merge::Merge;
+use crate::recover::context::{ChangeContext, Merge};
 use crate::recover::report::RowIdentity;
 use crate::recover::schema::Column;
 use crate::recover::value::{same_row, Val};
 use crate::recover::RecoverError;
-
-/// What the whole capture says about how its rows are read and judged.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ChangeContext {
-    /// The captured WAL was still at the database's path when the capture was taken (its
-    /// `-shm` was lost): the newer generation read the captured commits, so an insert found
-    /// live under its rowid with the same content is taken as already there.
-    pub shared_wal: bool,
-    /// `backfill_at_loss` is recorded. Without it, frames a checkpoint had copied before the
-    /// loss read as the generation's changes, so an insert found live under its rowid with
-    /// the same content may be the newer generation's copy of it: undecided.
-    pub backfill_known: bool,
-}
 
 /// Why a computed row could not be mapped onto the table's columns.
 const UNREADABLE: &str = "its record could not be read from the captured pages";

@@ -7,13 +7,14 @@ mod bulk;
 mod changes;
 mod remaps;
 
-pub(crate) use changes::ChangeContext;
 pub(crate) use remaps::Remaps;
 
-use super::merge::Merge;
-use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport};
+use super::context::Merge;
+use super::policy::RowPolicy;
+use super::report::{ConflictPolicy, MergeRule, Progress, RowIdentity, TableReport, Unreadable};
 use super::rows::Scan;
-use super::schema::{quote, Schema, Table};
+use super::schema::{Schema, Table};
+use super::sql::quote;
 use super::value::Val;
 use super::RecoverError;
 
@@ -52,10 +53,8 @@ pub(crate) struct TableMerge<'t> {
     /// Other tables follow this one's rowids: moved rows are recorded.
     referenced: bool,
     referrers: Vec<Referrer>,
-    /// An added row under its own rowid with the same content is taken as already live.
-    compare_added: bool,
-    /// [`MergeRule::AddOnly`]: changes and deletions are never applied (`add_only.rs`).
-    add_only: bool,
+    /// What the merge's rule does with the rows.
+    policy: RowPolicy,
     /// `INSERT` of the merged columns (and the rowid, for a rowid table whose rowid is not a
     /// column).
     insert_sql: String,
@@ -144,8 +143,7 @@ impl<'t> TableMerge<'t> {
             live_sql,
             live,
             captured,
-            compare_added: rule != MergeRule::Delta,
-            add_only: rule == MergeRule::AddOnly,
+            policy: rule.policy(),
             image,
             whole_base: None,
             live_absent,
@@ -198,16 +196,7 @@ impl<'t> TableMerge<'t> {
         progress: &mut dyn FnMut(&Progress<'_>),
     ) -> Result<(), RecoverError> {
         let from = format!("main.{}", quote(&self.captured.name));
-        if let Some(image) = self.image {
-            self.image_rows = m
-                .source
-                .query_row(
-                    &format!("SELECT COUNT(*) FROM pre.{}", quote(&image.name)),
-                    [],
-                    |r| r.get::<_, i64>(0),
-                )
-                .map_or(0, |n| n.max(0) as u64);
-        }
+        self.count_image_rows(m);
         let total = self.image_rows;
         let rowid = self.captured.rowid_name().map(|r| format!("a.{r}"));
         let a_cols = self.select_cols("a", None);
@@ -223,28 +212,7 @@ impl<'t> TableMerge<'t> {
                 });
             }
         };
-        let (added_filter, image_from) = match self.image {
-            Some(image) => (
-                format!(
-                    "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
-                    image_from("pre", image),
-                    self.matches(image)
-                ),
-                Some(image_from("pre", image)),
-            ),
-            None => match self.whole_base {
-                Some(base) => (
-                    format!(
-                        "NOT EXISTS (SELECT 1 FROM {} WHERE {} AND NOT {})",
-                        image_from("pre", base),
-                        self.matches(base),
-                        self.differs(base)
-                    ),
-                    None,
-                ),
-                None => ("1".to_owned(), None),
-            },
-        };
+        let (added_filter, image_from) = self.added_filter();
         let bulk = if m.bulk && self.bulk_ready(m, remaps) {
             self.bulk_added(m, remaps)?
         } else {
@@ -284,6 +252,60 @@ impl<'t> TableMerge<'t> {
         }
         // With an image, completed by the deletions below.
         self.report.in_capture = self.report.added;
+        self.unreadable(m, unreadable);
+        let n = self.image_rows + self.report.added;
+        progress(&Progress {
+            table: &self.live.name,
+            done: n,
+            total: n,
+        });
+        Ok(())
+    }
+
+    /// The rows of the table in the capture's image, when the delta is taken against it.
+    fn count_image_rows(&mut self, m: &Merge<'_>) {
+        if let Some(image) = self.image {
+            self.image_rows = m
+                .source
+                .query_row(
+                    &format!("SELECT COUNT(*) FROM pre.{}", quote(&image.name)),
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_or(0, |n| n.max(0) as u64);
+        }
+    }
+
+    /// Which captured rows (`a`) are added: those the image lacks (or, after an earlier merge
+    /// of a WAL prefix under the `whole` rule, those not as that prefix left them); with the
+    /// image's `FROM` when the changed rows are read against it.
+    fn added_filter(&self) -> (String, Option<String>) {
+        match self.image {
+            Some(image) => (
+                format!(
+                    "NOT EXISTS (SELECT 1 FROM {} WHERE {})",
+                    image_from("pre", image),
+                    self.matches(image)
+                ),
+                Some(image_from("pre", image)),
+            ),
+            None => match self.whole_base {
+                Some(base) => (
+                    format!(
+                        "NOT EXISTS (SELECT 1 FROM {} WHERE {} AND NOT {})",
+                        image_from("pre", base),
+                        self.matches(base),
+                        self.differs(base)
+                    ),
+                    None,
+                ),
+                None => ("1".to_owned(), None),
+            },
+        }
+    }
+
+    /// Logs and reports the captured rows that could not be read.
+    fn unreadable(&mut self, m: &Merge<'_>, unreadable: Vec<Unreadable>) {
         for u in &unreadable {
             log::warn!(
                 "hermes-guard: {}: table {}: rows after rowid {:?} and before {:?} could not be \
@@ -296,13 +318,6 @@ impl<'t> TableMerge<'t> {
             );
         }
         self.report.unreadable.extend(unreadable);
-        let n = self.image_rows + self.report.added;
-        progress(&Progress {
-            table: &self.live.name,
-            done: n,
-            total: n,
-        });
-        Ok(())
     }
 
     /// Deleted rows (children first).
@@ -414,7 +429,7 @@ impl<'t> TableMerge<'t> {
 
     fn take_capture(&self, m: &Merge<'_>) -> bool {
         // Under the add-only rule nothing live is overwritten, whatever was asked.
-        !self.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
+        !self.policy.add_only && m.apply && m.options.conflicts == ConflictPolicy::TakeCapture
     }
 
     /// Follows the parents' moved rows; `true` when a parent row was refused.

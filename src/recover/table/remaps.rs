@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::recover::ledger::MOVED_TABLE;
-use crate::recover::schema::quote;
+use crate::recover::sql::quote;
 
 /// The moves of one merge, kept in a temporary table of the live connection, so memory does
 /// not grow with the number of rows moved.

@@ -5,7 +5,7 @@ use std::path::Path;
 use rusqlite::Connection;
 
 use super::*;
-use crate::recover::merge::{BULK_CAPTURE, BULK_IMAGE};
+use crate::recover::context::{BULK_CAPTURE, BULK_IMAGE};
 use crate::recover::report::MergeOptions;
 
 const T: &str = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);";
