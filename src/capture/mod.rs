@@ -31,7 +31,7 @@ mod staging;
 mod tests;
 mod unacknowledged;
 
-pub use base_file::{BasePages, BasePagesEntry};
+pub use base_file::{BaseFileError, BasePages, BasePagesEntry};
 pub use error::CaptureError;
 pub(crate) use error::{hand_over, take_handed_over};
 use existing::find_identical_capture;

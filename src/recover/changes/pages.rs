@@ -307,10 +307,10 @@ impl GenerationPages {
         let base = match &manifest.base_pages {
             Some(entry) => {
                 let bytes = read(&entry.file)?;
-                Some(crate::capture::base_file::read(&bytes).map_err(|why| {
+                Some(crate::capture::base_file::read(&bytes).map_err(|source| {
                     ChangesError::BaseFile {
                         path: dir.join(&entry.file),
-                        why,
+                        source,
                     }
                 })?)
             }
