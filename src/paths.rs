@@ -47,13 +47,29 @@ pub(crate) fn path_hex(path: &Path) -> Option<String> {
         .then(|| hex(path.as_os_str().as_bytes()))
 }
 
+/// A path's exact bytes in hex that are not hex (an odd length, or a digit that is not one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed hex path bytes for {display:?}")]
+pub(crate) struct MalformedPathHex {
+    /// The path's display string.
+    pub(crate) display: String,
+    /// The hex as given.
+    pub(crate) hex: String,
+}
+
 /// The path from its display string and, when present, its exact bytes in hex.
-pub(crate) fn path_from_parts(display: String, hex: Option<&str>) -> Result<PathBuf, String> {
+pub(crate) fn path_from_parts(
+    display: String,
+    hex: Option<&str>,
+) -> Result<PathBuf, MalformedPathHex> {
     match hex {
         None => Ok(PathBuf::from(display)),
         Some(h) => unhex(h)
             .map(|bytes| PathBuf::from(OsString::from_vec(bytes)))
-            .ok_or_else(|| format!("malformed hex path bytes for {display:?}")),
+            .ok_or_else(|| MalformedPathHex {
+                display,
+                hex: h.to_owned(),
+            }),
     }
 }
 
@@ -249,7 +265,9 @@ mod tests {
     #[test]
     fn malformed_hex_is_an_error() {
         assert!(path_from_parts("x".into(), Some("abc")).is_err());
-        assert!(path_from_parts("x".into(), Some("zz")).is_err());
+        let e = path_from_parts("x".into(), Some("zz")).unwrap_err();
+        assert_eq!(e.to_string(), r#"malformed hex path bytes for "x""#);
+        assert_eq!(e.hex, "zz");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::identity::FileId;
-use crate::paths::{path_display, path_from_parts, path_hex};
+use crate::paths::{path_display, path_from_parts, path_hex, MalformedPathHex};
 
 /// Why a generation was retired (`reason` in the status and the manifest: `wal-lost`,
 /// `shm-lost`, `main-replaced`).
@@ -302,9 +302,9 @@ impl From<GuardStatus> for StatusJson {
 }
 
 impl TryFrom<StatusJson> for GuardStatus {
-    type Error = String;
+    type Error = MalformedPathHex;
 
-    fn try_from(j: StatusJson) -> Result<GuardStatus, String> {
+    fn try_from(j: StatusJson) -> Result<GuardStatus, MalformedPathHex> {
         Ok(GuardStatus {
             database: path_from_parts(j.database, j.database_hex.as_deref())?,
             retired: j.retired,

@@ -93,29 +93,80 @@ pub(crate) fn write(out: &mut impl Write, pages: &BasePages) -> io::Result<()> {
     Ok(())
 }
 
+/// Why bytes are not a base file: what is wrong and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BaseFileError {
+    /// The file does not start with the magic and format version.
+    #[error("not a hermes-guard base file (its magic is not hgbp, version 1)")]
+    Magic,
+    /// The file ends inside its header.
+    #[error("the header is cut short at {len} bytes")]
+    HeaderCut {
+        /// The file's length.
+        len: usize,
+    },
+    /// The header's page size is not a power of two from 512 to 65536.
+    #[error("page size {page_size} is not one SQLite uses")]
+    PageSize {
+        /// The header's page size.
+        page_size: u32,
+    },
+    /// The bytes after the header are not the header's count of pages.
+    #[error(
+        "{count} pages of {page_size} bytes need {need} bytes after the header; the file has {has}"
+    )]
+    Length {
+        /// The header's count of pages.
+        count: u32,
+        /// The header's page size.
+        page_size: u32,
+        /// The bytes those pages need.
+        need: usize,
+        /// The bytes there are.
+        has: usize,
+    },
+    /// A page's number is not above the one before it.
+    #[error("page {pgno} is out of order (after page {last})")]
+    OutOfOrder {
+        /// The page.
+        pgno: u32,
+        /// The page before it.
+        last: u32,
+    },
+    /// A page's flags are neither 0 nor 1.
+    #[error("page {pgno} has unknown flags {flags}")]
+    Flags {
+        /// The page.
+        pgno: u32,
+        /// Its flags.
+        flags: u8,
+    },
+}
+
 /// Reads a base file's bytes; the error says what is wrong and where.
-pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
+pub fn read(bytes: &[u8]) -> Result<BasePages, BaseFileError> {
     let Some(rest) = bytes.strip_prefix(MAGIC.as_slice()) else {
-        return Err("not a hermes-guard base file (its magic is not hgbp, version 1)".into());
+        return Err(BaseFileError::Magic);
     };
-    let word = |i: usize| -> Result<u32, String> {
+    let word = |i: usize| -> Result<u32, BaseFileError> {
         rest.get(i * 4..i * 4 + 4)
             .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
-            .ok_or_else(|| format!("the header is cut short at {} bytes", bytes.len()))
+            .ok_or(BaseFileError::HeaderCut { len: bytes.len() })
     };
     let (page_size, salts, pages_at_start, count) =
         (word(0)?, [word(1)?, word(2)?], word(3)?, word(4)?);
     if !(512..=65_536).contains(&page_size) || !page_size.is_power_of_two() {
-        return Err(format!("page size {page_size} is not one SQLite uses"));
+        return Err(BaseFileError::PageSize { page_size });
     }
     let record = 5 + page_size as usize;
     let body = &bytes[HEADER..];
     if body.len() != record * count as usize {
-        return Err(format!(
-            "{count} pages of {page_size} bytes need {} bytes after the header; the file has {}",
-            record * count as usize,
-            body.len()
-        ));
+        return Err(BaseFileError::Length {
+            count,
+            page_size,
+            need: record * count as usize,
+            has: body.len(),
+        });
     }
     let mut pages = BTreeMap::new();
     let mut freed = BTreeSet::new();
@@ -123,7 +174,7 @@ pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
     for r in body.chunks_exact(record) {
         let pgno = u32::from_le_bytes([r[0], r[1], r[2], r[3]]);
         if pgno <= last {
-            return Err(format!("page {pgno} is out of order (after page {last})"));
+            return Err(BaseFileError::OutOfOrder { pgno, last });
         }
         last = pgno;
         match r[4] {
@@ -131,7 +182,7 @@ pub fn read(bytes: &[u8]) -> Result<BasePages, String> {
             1 => {
                 freed.insert(pgno);
             }
-            flags => return Err(format!("page {pgno} has unknown flags {flags}")),
+            flags => return Err(BaseFileError::Flags { pgno, flags }),
         }
         pages.insert(pgno, r[5..].to_vec().into_boxed_slice());
     }
@@ -175,11 +226,15 @@ mod tests {
     fn a_cut_or_foreign_file_is_refused_with_a_reason() {
         let mut bytes = Vec::new();
         write(&mut bytes, &sample()).unwrap();
-        assert!(read(&bytes[..bytes.len() - 1])
-            .unwrap_err()
-            .contains("need"));
-        assert!(read(b"SQLite format 3\0").unwrap_err().contains("magic"));
-        assert!(read(&bytes[..10]).unwrap_err().contains("cut short"));
+        let cut = read(&bytes[..bytes.len() - 1]).unwrap_err();
+        assert!(matches!(cut, BaseFileError::Length { count: 2, .. }));
+        assert!(cut.to_string().contains("need"));
+        let foreign = read(b"SQLite format 3\0").unwrap_err();
+        assert_eq!(foreign, BaseFileError::Magic);
+        assert!(foreign.to_string().contains("magic"));
+        let short = read(&bytes[..10]).unwrap_err();
+        assert_eq!(short, BaseFileError::HeaderCut { len: 10 });
+        assert!(short.to_string().contains("cut short"));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 use super::names::NAME_MAX;
 use super::*;
 use crate::status::{Backfill, RetireReason};
-use crate::walfile::{encode_test_wal, summarize_wal};
+use crate::walfile::{encode_test_wal, parse_main_header, summarize_wal};
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {

@@ -2,6 +2,9 @@
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
+use std::time::SystemTime;
+
+use rustix::fs::{Mode, OFlags};
 
 use super::names::{utc_stamp, NAME_MAX};
 use super::*;

@@ -59,10 +59,51 @@ pub fn rebuild_torn(
     options: &MergeOptions,
 ) -> Result<RebuildReport, RecoverError> {
     check_target(capture.dir(), database)?;
+    let holder = lock_live(database)?;
+    let live_integrity = integrity_check(&holder)
+        .unwrap_or_else(|e| vec![format!("the live database cannot be checked: {e}")]);
+    refuse_unless_torn(capture, database, &live_integrity)?;
+
+    let parent = database
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = database.file_name().unwrap_or(OsStr::new("database"));
+    let pid = std::process::id();
+    let new = parent.join(format!(
+        ".{}.rebuild-{pid}",
+        fitted_name(name, DIR_STEM_MAX)
+    ));
+    let (permissions, from_live) = build_beside(capture, &holder, database, &new, options)?;
+
+    // Keep the torn generation, then swap.
+    let kept = keep_torn(database, parent, name, pid, &permissions)?;
+    std::fs::rename(&new, database)
+        .map_err(|e| RecoverError::io(new.clone(), "swap in the rebuilt file", e))?;
+    sync_dir(parent)?;
+    drop(holder);
+    log::warn!(
+        "hermes-guard: rebuilt {} from the capture {} plus {} row(s) of the live generation; the \
+         torn file is kept in {}",
+        database.display(),
+        capture.dir().display(),
+        from_live.inserted(),
+        kept.display()
+    );
+    Ok(RebuildReport {
+        database: database.to_path_buf(),
+        kept,
+        live_integrity,
+        from_live,
+    })
+}
+
+/// A stock connection to `database` holding its lock exclusively: [`RecoverError::InUse`] when
+/// any other connection holds it. The guard would see its own file replaced by the swap and
+/// capture the torn generation at close; the unix VFS, seeing the file moved
+/// (SQLITE_FCNTL_HAS_MOVED), neither checkpoints nor deletes anything at its close.
+fn lock_live(database: &Path) -> Result<Connection, RecoverError> {
     let sq = |what: &'static str| move |e| RecoverError::sqlite(database, what, e);
-    // A stock connection holds the lock: the guard would see its own file replaced by the swap
-    // and capture the torn generation at close. The unix VFS, seeing the file moved
-    // (SQLITE_FCNTL_HAS_MOVED), neither checkpoints nor deletes anything at its close.
     let holder = Connection::open_with_flags_and_vfs(
         database,
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -85,41 +126,49 @@ pub fn rebuild_torn(
         }
         return Err(RecoverError::sqlite(database, "BEGIN EXCLUSIVE", e));
     }
-    let live_integrity = integrity_check(&holder)
-        .unwrap_or_else(|e| vec![format!("the live database cannot be checked: {e}")]);
-    refuse_unless_torn(capture, database, &live_integrity)?;
+    Ok(holder)
+}
 
-    let parent = database
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = database.file_name().unwrap_or(OsStr::new("database"));
-    let pid = std::process::id();
-    let new = parent.join(format!(
-        ".{}.rebuild-{pid}",
-        fitted_name(name, DIR_STEM_MAX)
-    ));
+/// Builds the rebuilt file at `new` (any leftover of an earlier attempt removed first, and the
+/// file with its sidecars again when the build fails); the database's permissions it was made
+/// with, and the rows merged from the live generation.
+fn build_beside(
+    capture: &Capture,
+    holder: &Connection,
+    database: &Path,
+    new: &Path,
+    options: &MergeOptions,
+) -> Result<(Permissions, MergeReport), RecoverError> {
     for suffix in ["", "-wal", "-shm", "-journal"] {
-        let _ = std::fs::remove_file(crate::capture::sidecar(&new, suffix));
+        let _ = std::fs::remove_file(crate::capture::sidecar(new, suffix));
     }
     // The new file becomes the database: made empty with the database's permissions (bits, and
     // owner for a root process) before SQLite fills it, so it is never more open than the file
     // it replaces (SQLite gives its own -wal and -journal of it the same).
     let permissions = Permissions::of_database(database);
-    create_file_at_path(&permissions, &new)
-        .map_err(|e| RecoverError::io(&new, "create", std::io::Error::from(e)))?;
-    let built = build(capture, &holder, database, &new, options);
-    let from_live = match built {
-        Ok(report) => report,
+    create_file_at_path(&permissions, new)
+        .map_err(|e| RecoverError::io(new, "create", std::io::Error::from(e)))?;
+    match build(capture, holder, database, new, options) {
+        Ok(report) => Ok((permissions, report)),
         Err(e) => {
             for suffix in ["", "-wal", "-shm", "-journal"] {
-                let _ = std::fs::remove_file(crate::capture::sidecar(&new, suffix));
+                let _ = std::fs::remove_file(crate::capture::sidecar(new, suffix));
             }
-            return Err(e);
+            Err(e)
         }
-    };
+    }
+}
 
-    // Keep the torn generation, then swap.
+/// Keeps the torn generation in `<name>.torn-<UTC>-<pid>/` in `parent`: the file hard-linked,
+/// its `-wal` and `-shm` moved in; that directory and `parent` fsynced, so the torn generation
+/// is durable where it is kept before the swap can be. Returns the directory.
+fn keep_torn(
+    database: &Path,
+    parent: &Path,
+    name: &OsStr,
+    pid: u32,
+    permissions: &Permissions,
+) -> Result<PathBuf, RecoverError> {
     let stamp = humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         .to_string()
         .chars()
@@ -135,7 +184,7 @@ pub fn rebuild_torn(
         let p = p.to_path_buf();
         move |e| RecoverError::io(p, what, e)
     };
-    create_dir_at_path(&permissions, &kept)
+    create_dir_at_path(permissions, &kept)
         .map_err(std::io::Error::from)
         .map_err(io(&kept, "create"))?;
     let file = fitted_name(name, FILE_STEM_MAX);
@@ -147,27 +196,10 @@ pub fn rebuild_torn(
                 .map_err(io(&side, "move aside"))?;
         }
     }
-    // The torn generation durable where it is kept (its entries, then the directory's own
-    // entry and the sidecars' departure) before the swap can be; then the swap itself.
+    // Its entries, then the directory's own entry and the sidecars' departure.
     sync_dir(&kept)?;
     sync_dir(parent)?;
-    std::fs::rename(&new, database).map_err(io(&new, "swap in the rebuilt file"))?;
-    sync_dir(parent)?;
-    drop(holder);
-    log::warn!(
-        "hermes-guard: rebuilt {} from the capture {} plus {} row(s) of the live generation; the \
-         torn file is kept in {}",
-        database.display(),
-        capture.dir().display(),
-        from_live.inserted(),
-        kept.display()
-    );
-    Ok(RebuildReport {
-        database: database.to_path_buf(),
-        kept,
-        live_integrity,
-        from_live,
-    })
+    Ok(kept)
 }
 
 /// Whether `database` is torn as far as can be told without locking it: the capture's manifest

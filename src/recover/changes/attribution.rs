@@ -60,147 +60,109 @@ pub(crate) fn attribute(
     let mut out = Attribution::default();
     let final_free = freelist_of(pages, Version::Final, image, notes);
     let base_free = freelist_of(pages, Version::Base, image, notes);
-    // Pages the generation put on the freelist without writing them and whose base is not
-    // given: the rows SQLite moved out of them (a leaf merged into a sibling) would look like
-    // inserts.
-    let unseen: BTreeSet<u32> = match (&final_free, &base_free) {
-        (Some(f), Some(b)) => f
-            .difference(b)
-            .filter(|p| !pages.final_pages.contains_key(p) && !pages.freed.contains_key(p))
-            .copied()
-            .collect(),
-        _ => BTreeSet::new(),
-    };
+    let unseen = freed_unseen(pages, final_free.as_ref(), base_free.as_ref());
     for version in [Version::Final, Version::Base] {
-        let own = |pgno: u32| version_of(pages, version, pgno);
-        let mut reached: BTreeMap<u32, BTreeSet<usize>> = BTreeMap::new();
-        for (index, tree) in trees.iter().enumerate() {
-            let mut walk = Walk {
-                pages,
-                version,
-                tree,
-                image,
-                seen: BTreeSet::new(),
-                reached: Vec::new(),
-                unseen: &unseen,
-                notes: Vec::new(),
-            };
-            walk.descend(tree.root, 0);
-            let met = if version == Version::Base {
-                &walk.seen
-            } else {
-                &BTreeSet::new()
-            };
-            for pgno in met.intersection(&unseen) {
-                out.freed_without_base.insert(*pgno, index);
-            }
-            for pgno in walk.reached {
-                reached.entry(pgno).or_default().insert(index);
-            }
-            notes.extend(walk.notes);
-        }
-        let free = match version {
-            Version::Final => final_free.clone(),
-            Version::Base => base_free.clone(),
+        let reached = walk_trees(
+            pages,
+            version,
+            trees,
+            image,
+            &unseen,
+            &mut out.freed_without_base,
+            notes,
+        );
+        let attributing = Attributing {
+            pages,
+            trees,
+            image,
+            version,
+            free: match version {
+                Version::Final => final_free.as_ref(),
+                Version::Base => base_free.as_ref(),
+            },
+            reached: &reached,
         };
         let owners = match version {
             Version::Final => &mut out.final_owner,
             Version::Base => &mut out.base_owner,
         };
         for pgno in pages.pages() {
-            let Some(bytes) = own(pgno) else { continue };
-            let Ok(page) = decode_page(bytes, pgno, &pages.geometry) else {
-                if reached.contains_key(&pgno) {
-                    notes.push(format!(
-                        "page {pgno} ({} version) is in a tree but does not decode",
-                        name(version)
-                    ));
-                    out.unattributed.insert(pgno);
-                }
-                continue;
-            };
-            let holds_rows = page.cells.iter().any(|c| c.payload().is_some());
-            match reached
-                .get(&pgno)
-                .map(|s| s.iter().copied().collect::<Vec<_>>())
-            {
-                Some(by) if by.len() == 1 => {
-                    if free.as_ref().is_some_and(|f| f.contains(&pgno)) {
-                        notes.push(format!(
-                            "page {pgno} ({} version) is both on the freelist and in the tree of \
-                             {}: not attributed",
-                            name(version),
-                            trees[by[0]].name
-                        ));
-                        out.unattributed.insert(pgno);
-                    } else {
-                        owners.insert(pgno, by[0]);
-                    }
-                }
-                Some(by) => {
-                    let names: Vec<&str> = by.iter().map(|i| trees[*i].name.as_str()).collect();
-                    notes.push(format!(
-                        "page {pgno} ({} version) is reached from the trees of {names:?}: not \
-                         attributed",
-                        name(version)
-                    ));
-                    if holds_rows {
-                        out.unattributed.insert(pgno);
-                    }
-                }
-                None if !holds_rows => {}
-                None => match &free {
-                    Some(free) if free.contains(&pgno) => {}
-                    None => {
-                        notes.push(format!(
-                            "page {pgno} ({} version) is in no tree found, and the {0} freelist \
-                             is not known, so its cells may be stale: not attributed",
-                            name(version)
-                        ));
-                        out.unattributed.insert(pgno);
-                    }
-                    Some(_) => {
-                        let fit: Vec<usize> = (0..trees.len())
-                            .filter(|i| fits(&page, &trees[*i], true))
-                            .collect();
-                        let anchored = match fit.len() {
-                            0 | 1 => None,
-                            _ => anchored_in(&page, &fit, trees, image, pages),
-                        };
-                        if let [only] = fit.as_slice() {
-                            owners.insert(pgno, *only);
-                        } else if let Some((tree, anchors)) = anchored {
-                            notes.push(format!(
-                                "page {pgno} ({} version) is in no tree found and its cells fit \
-                                 {} trees; {anchors} of its rows are in the newer generation's \
-                                 file under {} alone, byte for byte: taken for that table's",
-                                name(version),
-                                fit.len(),
-                                trees[tree].name
-                            ));
-                            owners.insert(pgno, tree);
-                        } else if fit.len() > 1 && fit.iter().all(|i| !trees[*i].is_table()) {
-                            // Only indexes fit: whichever it is, it holds no table's rows.
-                        } else {
-                            let names: Vec<&str> =
-                                fit.iter().map(|i| trees[*i].name.as_str()).collect();
-                            notes.push(format!(
-                                "page {pgno} ({} version) is in no tree found, and its cells \
-                                 fit {} trees {names:?}: not attributed",
-                                name(version),
-                                fit.len()
-                            ));
-                            out.unattributed.insert(pgno);
-                        }
-                    }
-                },
-            }
+            attributing.page(pgno, owners, &mut out.unattributed, notes);
         }
     }
     out.final_free = final_free.unwrap_or_default();
+    note_overflow(&unseen, &out.freed_without_base, notes);
+    out
+}
+
+/// Pages the generation put on the freelist without writing them and whose base is not given:
+/// the rows SQLite moved out of them (a leaf merged into a sibling) would look like inserts.
+/// Empty when either freelist is not known.
+fn freed_unseen(
+    pages: &GenerationPages,
+    final_free: Option<&BTreeSet<u32>>,
+    base_free: Option<&BTreeSet<u32>>,
+) -> BTreeSet<u32> {
+    match (final_free, base_free) {
+        (Some(f), Some(b)) => f
+            .difference(b)
+            .filter(|p| !pages.final_pages.contains_key(p) && !pages.freed.contains_key(p))
+            .copied()
+            .collect(),
+        _ => BTreeSet::new(),
+    }
+}
+
+/// Walks every tree in `version`: the trees (indexes into `trees`) that reach each of the
+/// generation's pages. A base walk that meets a page of `unseen` records it in
+/// `freed_without_base`; the walks' notes go to `notes`, tree by tree.
+fn walk_trees(
+    pages: &GenerationPages,
+    version: Version,
+    trees: &[Tree],
+    image: &dyn Fn(u32) -> Option<Vec<u8>>,
+    unseen: &BTreeSet<u32>,
+    freed_without_base: &mut BTreeMap<u32, usize>,
+    notes: &mut Vec<String>,
+) -> BTreeMap<u32, BTreeSet<usize>> {
+    let mut reached: BTreeMap<u32, BTreeSet<usize>> = BTreeMap::new();
+    for (index, tree) in trees.iter().enumerate() {
+        let mut walk = Walk {
+            pages,
+            version,
+            tree,
+            image,
+            seen: BTreeSet::new(),
+            reached: Vec::new(),
+            unseen,
+            notes: Vec::new(),
+        };
+        walk.descend(tree.root, 0);
+        let met = if version == Version::Base {
+            &walk.seen
+        } else {
+            &BTreeSet::new()
+        };
+        for pgno in met.intersection(unseen) {
+            freed_without_base.insert(*pgno, index);
+        }
+        for pgno in walk.reached {
+            reached.entry(pgno).or_default().insert(index);
+        }
+        notes.extend(walk.notes);
+    }
+    reached
+}
+
+/// The note on the pages of `unseen` no base walk reached (none: no note).
+fn note_overflow(
+    unseen: &BTreeSet<u32>,
+    freed_without_base: &BTreeMap<u32, usize>,
+    notes: &mut Vec<String>,
+) {
     let overflow: Vec<u32> = unseen
         .iter()
-        .filter(|p| !out.freed_without_base.contains_key(p))
+        .filter(|p| !freed_without_base.contains_key(p))
         .copied()
         .collect();
     if !overflow.is_empty() {
@@ -212,7 +174,132 @@ pub(crate) fn attribute(
             "pages {overflow:?} were freed without their base and are in no tree's base: taken              for overflow pages"
         ));
     }
-    out
+}
+
+/// Attributing the pages of one version, once every tree was walked in it.
+struct Attributing<'a> {
+    pages: &'a GenerationPages,
+    trees: &'a [Tree],
+    image: &'a dyn Fn(u32) -> Option<Vec<u8>>,
+    version: Version,
+    /// The version's freelist, `None` when it is not known.
+    free: Option<&'a BTreeSet<u32>>,
+    /// The trees that reach each page in the version.
+    reached: &'a BTreeMap<u32, BTreeSet<usize>>,
+}
+
+impl Attributing<'_> {
+    /// Attributes `pgno`'s version: by structure when one tree reached it, else by content.
+    fn page(
+        &self,
+        pgno: u32,
+        owners: &mut BTreeMap<u32, usize>,
+        unattributed: &mut BTreeSet<u32>,
+        notes: &mut Vec<String>,
+    ) {
+        let (version, trees) = (self.version, self.trees);
+        let Some(bytes) = version_of(self.pages, version, pgno) else {
+            return;
+        };
+        let Ok(page) = decode_page(bytes, pgno, &self.pages.geometry) else {
+            if self.reached.contains_key(&pgno) {
+                notes.push(format!(
+                    "page {pgno} ({} version) is in a tree but does not decode",
+                    name(version)
+                ));
+                unattributed.insert(pgno);
+            }
+            return;
+        };
+        let holds_rows = page.cells.iter().any(|c| c.payload().is_some());
+        match self
+            .reached
+            .get(&pgno)
+            .map(|s| s.iter().copied().collect::<Vec<_>>())
+        {
+            Some(by) if by.len() == 1 => {
+                if self.free.is_some_and(|f| f.contains(&pgno)) {
+                    notes.push(format!(
+                        "page {pgno} ({} version) is both on the freelist and in the tree of {}: \
+                         not attributed",
+                        name(version),
+                        trees[by[0]].name
+                    ));
+                    unattributed.insert(pgno);
+                } else {
+                    owners.insert(pgno, by[0]);
+                }
+            }
+            Some(by) => {
+                let names: Vec<&str> = by.iter().map(|i| trees[*i].name.as_str()).collect();
+                notes.push(format!(
+                    "page {pgno} ({} version) is reached from the trees of {names:?}: not \
+                     attributed",
+                    name(version)
+                ));
+                if holds_rows {
+                    unattributed.insert(pgno);
+                }
+            }
+            None if !holds_rows => {}
+            None => match self.free {
+                Some(free) if free.contains(&pgno) => {}
+                None => {
+                    notes.push(format!(
+                        "page {pgno} ({} version) is in no tree found, and the {0} freelist is \
+                         not known, so its cells may be stale: not attributed",
+                        name(version)
+                    ));
+                    unattributed.insert(pgno);
+                }
+                Some(_) => self.by_content(pgno, &page, owners, unattributed, notes),
+            },
+        }
+    }
+
+    /// Attributes `pgno`'s version, reached by no tree and on no freelist, by the trees its
+    /// cells fit (or, when several rowid tables fit, by the one the image anchors its rows in).
+    fn by_content(
+        &self,
+        pgno: u32,
+        page: &Page<'_>,
+        owners: &mut BTreeMap<u32, usize>,
+        unattributed: &mut BTreeSet<u32>,
+        notes: &mut Vec<String>,
+    ) {
+        let (version, trees) = (self.version, self.trees);
+        let fit: Vec<usize> = (0..trees.len())
+            .filter(|i| fits(page, &trees[*i], true))
+            .collect();
+        let anchored = match fit.len() {
+            0 | 1 => None,
+            _ => anchored_in(page, &fit, trees, self.image, self.pages),
+        };
+        if let [only] = fit.as_slice() {
+            owners.insert(pgno, *only);
+        } else if let Some((tree, anchors)) = anchored {
+            notes.push(format!(
+                "page {pgno} ({} version) is in no tree found and its cells fit {} trees; \
+                 {anchors} of its rows are in the newer generation's file under {} alone, byte \
+                 for byte: taken for that table's",
+                name(version),
+                fit.len(),
+                trees[tree].name
+            ));
+            owners.insert(pgno, tree);
+        } else if fit.len() > 1 && fit.iter().all(|i| !trees[*i].is_table()) {
+            // Only indexes fit: whichever it is, it holds no table's rows.
+        } else {
+            let names: Vec<&str> = fit.iter().map(|i| trees[*i].name.as_str()).collect();
+            notes.push(format!(
+                "page {pgno} ({} version) is in no tree found, and its cells fit {} trees \
+                 {names:?}: not attributed",
+                name(version),
+                fit.len()
+            ));
+            unattributed.insert(pgno);
+        }
+    }
 }
 
 /// "final" or "base".

@@ -21,7 +21,7 @@ use super::schema::{read_schema, Tree, TreeKind};
 use super::{GenerationChanges, RowChange, TableChanges};
 use crate::recover::btree::{
     body_len, decode_page, decode_record, read_varint, table_rows, write_varint, BtreeError, Cell,
-    DbGeometry,
+    DbGeometry, RecordError,
 };
 use crate::recover::value::{same_row, Val};
 
@@ -140,7 +140,7 @@ struct Entry<'a> {
     local: &'a [u8],
     first_overflow: Option<u32>,
     /// The record's values, or why they cannot be read.
-    values: Result<Vec<Val>, String>,
+    values: Result<Vec<Val>, Unreadable>,
     /// The overflow pages read for it (as far as they could be read).
     chain: Vec<u32>,
     /// An index-format row's key values (the first `key_values`, or all), from the record or,
@@ -157,7 +157,7 @@ impl Entry<'_> {
 
     /// The row as a change: the values when readable (the rowid alias filled in), else none.
     fn row(&self, ipk: Option<usize>) -> RowChange {
-        let mut values = self.values.clone().unwrap_or_default();
+        let mut values = self.values.as_ref().map_or_else(|_| Vec::new(), Vec::clone);
         if let (Some(i), Some(rowid)) = (ipk, self.rowid) {
             if let Some(v @ Val::Null) = values.get_mut(i) {
                 *v = Val::Int(rowid);
@@ -174,14 +174,44 @@ impl Entry<'_> {
 /// compare equal exactly when the values are the same (type and bytes; reals bit for bit).
 type Key = Vec<u8>;
 
-fn key_of(entry: &Entry<'_>) -> Result<Key, String> {
+/// Why a row's record cannot be read.
+#[derive(Debug, Clone, thiserror::Error)]
+enum Unreadable {
+    /// Its payload cannot be put together (an overflow page missing or malformed).
+    #[error(transparent)]
+    Payload(BtreeError),
+    /// The whole payload is not a record.
+    #[error("page {pgno}: the record of the cell at byte {offset}: {source}")]
+    Record {
+        /// The page.
+        pgno: u32,
+        /// The cell's offset in the page.
+        offset: usize,
+        /// What is wrong with the record.
+        #[source]
+        source: RecordError,
+    },
+}
+
+/// Why a row has no [`Key`].
+#[derive(Debug, thiserror::Error)]
+enum NoKey {
+    /// Its record cannot be read, nor its key values from the cell's local bytes.
+    #[error(transparent)]
+    Unreadable(Unreadable),
+    /// No key values were taken from its record.
+    #[error("the record has no key")]
+    Empty,
+}
+
+fn key_of(entry: &Entry<'_>) -> Result<Key, NoKey> {
     if let Some(rowid) = entry.rowid {
         return Ok(rowid.to_be_bytes().to_vec());
     }
     let values = match (&entry.key, &entry.values) {
         (Some(key), _) => key,
-        (None, Err(why)) => return Err(why.clone()),
-        (None, Ok(_)) => return Err("the record has no key".into()),
+        (None, Err(why)) => return Err(NoKey::Unreadable(why.clone())),
+        (None, Ok(_)) => return Err(NoKey::Empty),
     };
     let mut key = Vec::new();
     for v in values {
@@ -221,13 +251,12 @@ fn entries<'a>(
         let mut chain = Vec::new();
         let values = payload
             .assemble_noting(geometry, overflow, &mut chain)
-            .map_err(|e| e.to_string())
+            .map_err(Unreadable::Payload)
             .and_then(|record| {
-                decode_record(&record).map_err(|e| {
-                    format!(
-                        "page {pgno}: the record of the cell at byte {}: {e}",
-                        payload.cell_offset
-                    )
+                decode_record(&record).map_err(|source| Unreadable::Record {
+                    pgno,
+                    offset: payload.cell_offset,
+                    source,
                 })
             });
         let key = match (rowid, &values) {

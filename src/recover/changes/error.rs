@@ -84,11 +84,12 @@ pub(crate) enum ChangesError {
     Manifest(#[from] crate::recover::RecoverError),
 
     /// A capture's `<file>-base` is not a base file.
-    #[error("{path} is not a readable base file: {why}")]
+    #[error("{path} is not a readable base file: {source}")]
     BaseFile {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
-        why: String,
+        #[source]
+        source: crate::capture::BaseFileError,
     },
 }

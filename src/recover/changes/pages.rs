@@ -105,6 +105,140 @@ fn valid_frames(wal: &[u8]) -> Result<(u32, [u32; 2], Vec<Frame>), ChangesError>
 const PAGE1_ASSUMED: &str =
     "page 1 is neither carried nor kept: no reserved bytes and UTF-8 text assumed";
 
+/// Checks the kept base pages (`None`: no base file) against the WAL's page size and salts, and
+/// notes what they lack.
+fn check_kept(
+    base: Option<&BasePages>,
+    page_size: u32,
+    salts: [u32; 2],
+    notes: &mut Vec<String>,
+) -> Result<(), ChangesError> {
+    let Some(kept) = base else {
+        notes.push(
+            "no base pages were kept: only pages a checkpoint had copied have a known base"
+                .to_owned(),
+        );
+        return Ok(());
+    };
+    if kept.page_size != page_size {
+        return Err(ChangesError::PageSize {
+            wal: page_size,
+            base: kept.page_size,
+        });
+    }
+    if kept.salts != salts {
+        return Err(ChangesError::Salts {
+            wal: salts,
+            base: kept.salts,
+        });
+    }
+    if let Some((pgno, page)) = kept
+        .pages
+        .iter()
+        .find(|(_, p)| p.len() != page_size as usize)
+    {
+        return Err(ChangesError::BasePageLength {
+            pgno: *pgno,
+            len: page.len(),
+            page_size,
+        });
+    }
+    if kept.over_cap > 0 {
+        notes.push(format!(
+            "{} pages the generation wrote first in the capturing process have no kept base (the \
+             cap)",
+            kept.over_cap
+        ));
+    }
+    Ok(())
+}
+
+/// The final version and the base of each page the `committed` frames carry up to `db_size`
+/// (the pages beyond it noted and left out), by the rules in this module's comment.
+fn versions(
+    wal_bytes: &[u8],
+    committed: &[Frame],
+    db_size: u32,
+    base: Option<&BasePages>,
+    backfilled: Option<u64>,
+    notes: &mut Vec<String>,
+) -> (BTreeMap<u32, Vec<u8>>, BTreeMap<u32, Base>) {
+    // Frames 1..=B (1-based) had reached the main file the newer generation started from.
+    let mark = backfilled.unwrap_or(0).min(committed.len() as u64) as usize;
+    let mut final_at: BTreeMap<u32, usize> = BTreeMap::new();
+    let mut backfilled_at: BTreeMap<u32, usize> = BTreeMap::new();
+    for (i, frame) in committed.iter().enumerate() {
+        final_at.insert(frame.pgno, i);
+        if i < mark {
+            backfilled_at.insert(frame.pgno, i);
+        }
+    }
+    let beyond: Vec<u32> = final_at.range(db_size + 1..).map(|(p, _)| *p).collect();
+    if !beyond.is_empty() {
+        notes.push(format!(
+            "pages {beyond:?} have frames but lie beyond the last commit's database size \
+             ({db_size} pages): left out"
+        ));
+    }
+    let page_of = |i: usize| wal_bytes[committed[i].page.clone()].to_vec();
+    let mut final_pages = BTreeMap::new();
+    let mut bases = BTreeMap::new();
+    for (&pgno, &i) in final_at.range(..=db_size) {
+        final_pages.insert(pgno, page_of(i));
+        let copied_before = backfilled_at.contains_key(&pgno);
+        let b = if i < mark {
+            // Every frame of it at or below the mark: copied at its last one.
+            Base::Page(page_of(i))
+        } else if let Some(kept) = base.and_then(|b| b.pages.get(&pgno)) {
+            Base::Page(kept.to_vec())
+        } else if base.is_some_and(|b| {
+            // New in the generation: a checkpoint of the capturing process that copied it
+            // would have had its next frame keep that copy; one past the cap may not have.
+            pgno > b.pages_at_start && !(copied_before && b.over_cap > 0)
+        }) {
+            Base::Absent
+        } else {
+            Base::Unknown
+        };
+        bases.insert(pgno, b);
+    }
+    (final_pages, bases)
+}
+
+/// The database's geometry from page 1 (its final version, else its base), which must agree with
+/// the WAL's `page_size`; without page 1, `page_size` with no reserved bytes, noted.
+fn geometry_of(
+    final_pages: &BTreeMap<u32, Vec<u8>>,
+    bases: &BTreeMap<u32, Base>,
+    page_size: u32,
+    notes: &mut Vec<String>,
+) -> Result<DbGeometry, ChangesError> {
+    let page1 = final_pages
+        .get(&1)
+        .map(Vec::as_slice)
+        .or(match bases.get(&1) {
+            Some(Base::Page(p)) => Some(p.as_slice()),
+            _ => None,
+        });
+    match page1 {
+        Some(page1) => {
+            let g = DbGeometry::from_header(page1)
+                .map_err(|source| ChangesError::Geometry { source })?;
+            if g.page_size() != page_size {
+                return Err(ChangesError::GeometryPageSize {
+                    page1: g.page_size(),
+                    wal: page_size,
+                });
+            }
+            Ok(g)
+        }
+        None => {
+            notes.push(PAGE1_ASSUMED.to_owned());
+            DbGeometry::new(page_size, 0).map_err(|source| ChangesError::Geometry { source })
+        }
+    }
+}
+
 impl GenerationPages {
     /// The pages of the generation whose WAL is `wal_bytes`, with the base pages its capturing
     /// process kept (`None`: no base file, so only backfilled frames give a base) and the
@@ -116,43 +250,7 @@ impl GenerationPages {
     ) -> Result<GenerationPages, ChangesError> {
         let (page_size, salts, frames) = valid_frames(wal_bytes)?;
         let mut notes = Vec::new();
-        if let Some(kept) = base {
-            if kept.page_size != page_size {
-                return Err(ChangesError::PageSize {
-                    wal: page_size,
-                    base: kept.page_size,
-                });
-            }
-            if kept.salts != salts {
-                return Err(ChangesError::Salts {
-                    wal: salts,
-                    base: kept.salts,
-                });
-            }
-            if let Some((pgno, page)) = kept
-                .pages
-                .iter()
-                .find(|(_, p)| p.len() != page_size as usize)
-            {
-                return Err(ChangesError::BasePageLength {
-                    pgno: *pgno,
-                    len: page.len(),
-                    page_size,
-                });
-            }
-            if kept.over_cap > 0 {
-                notes.push(format!(
-                    "{} pages the generation wrote first in the capturing process have no kept \
-                     base (the cap)",
-                    kept.over_cap
-                ));
-            }
-        } else {
-            notes.push(
-                "no base pages were kept: only pages a checkpoint had copied have a known base"
-                    .to_owned(),
-            );
-        }
+        check_kept(base, page_size, salts, &mut notes)?;
         let last_commit =
             frames
                 .iter()
@@ -169,69 +267,9 @@ impl GenerationPages {
                     .to_owned(),
             );
         }
-        // Frames 1..=B (1-based) had reached the main file the newer generation started from.
-        let mark = backfilled.unwrap_or(0).min(committed.len() as u64) as usize;
-        let mut final_at: BTreeMap<u32, usize> = BTreeMap::new();
-        let mut backfilled_at: BTreeMap<u32, usize> = BTreeMap::new();
-        for (i, frame) in committed.iter().enumerate() {
-            final_at.insert(frame.pgno, i);
-            if i < mark {
-                backfilled_at.insert(frame.pgno, i);
-            }
-        }
-        let beyond: Vec<u32> = final_at.range(db_size + 1..).map(|(p, _)| *p).collect();
-        if !beyond.is_empty() {
-            notes.push(format!(
-                "pages {beyond:?} have frames but lie beyond the last commit's database size \
-                 ({db_size} pages): left out"
-            ));
-        }
-        let page_of = |i: usize| wal_bytes[committed[i].page.clone()].to_vec();
-        let mut final_pages = BTreeMap::new();
-        let mut bases = BTreeMap::new();
-        for (&pgno, &i) in final_at.range(..=db_size) {
-            final_pages.insert(pgno, page_of(i));
-            let copied_before = backfilled_at.contains_key(&pgno);
-            let b = if i < mark {
-                // Every frame of it at or below the mark: copied at its last one.
-                Base::Page(page_of(i))
-            } else if let Some(kept) = base.and_then(|b| b.pages.get(&pgno)) {
-                Base::Page(kept.to_vec())
-            } else if base.is_some_and(|b| {
-                // New in the generation: a checkpoint of the capturing process that copied it
-                // would have had its next frame keep that copy; one past the cap may not have.
-                pgno > b.pages_at_start && !(copied_before && b.over_cap > 0)
-            }) {
-                Base::Absent
-            } else {
-                Base::Unknown
-            };
-            bases.insert(pgno, b);
-        }
-        let page1 = final_pages
-            .get(&1)
-            .map(Vec::as_slice)
-            .or(match bases.get(&1) {
-                Some(Base::Page(p)) => Some(p.as_slice()),
-                _ => None,
-            });
-        let geometry = match page1 {
-            Some(page1) => {
-                let g = DbGeometry::from_header(page1)
-                    .map_err(|source| ChangesError::Geometry { source })?;
-                if g.page_size() != page_size {
-                    return Err(ChangesError::GeometryPageSize {
-                        page1: g.page_size(),
-                        wal: page_size,
-                    });
-                }
-                g
-            }
-            None => {
-                notes.push(PAGE1_ASSUMED.to_owned());
-                DbGeometry::new(page_size, 0).map_err(|source| ChangesError::Geometry { source })?
-            }
-        };
+        let (final_pages, bases) =
+            versions(wal_bytes, committed, db_size, base, backfilled, &mut notes);
+        let geometry = geometry_of(&final_pages, &bases, page_size, &mut notes)?;
         // The kept pages the generation freed without writing them (flag 1 in `<file>-base`);
         // one it wrote later (reused) is carried, and its kept page is its base above.
         let freed = base
@@ -269,10 +307,10 @@ impl GenerationPages {
         let base = match &manifest.base_pages {
             Some(entry) => {
                 let bytes = read(&entry.file)?;
-                Some(crate::capture::base_file::read(&bytes).map_err(|why| {
+                Some(crate::capture::base_file::read(&bytes).map_err(|source| {
                     ChangesError::BaseFile {
                         path: dir.join(&entry.file),
-                        why,
+                        source,
                     }
                 })?)
             }
