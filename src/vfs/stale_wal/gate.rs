@@ -70,7 +70,7 @@ pub(crate) fn before_wal_open(
     // frames no checkpoint copied, while this open held SHARED and had no WAL yet), settled first
     // (`state/left.rs`).
     if let Some(main_id) = state.main_id() {
-        crate::vfs::file::settle_for_opener(main_id);
+        crate::vfs::held::settle_for_opener(main_id);
     }
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes
