@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,7 +41,6 @@ mod page;
 
 pub(crate) use self::names::Creations;
 
-pub(super) use self::page::wipe_in_child;
 use self::{epoll_wait::*, page::*};
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
@@ -55,10 +54,10 @@ pub(crate) struct DirWatch {
     /// That watcher's epoll set, for the lock-free fast path ([`FastWatch::current_fast`]). The
     /// descriptor stays open for the life of the process that made it: a `Watcher` is never
     /// dropped (`STATE` leaves `Ready` only through `forget_inherited`, which leaks it).
-    epoll: BorrowedFd<'static>,
-    /// That watcher's wipe-on-fork page (never unmapped, for the same reason).
-    shared: *const Shared,
-    /// The kernel was seen to honour the page's wipe ([`ForkMarker::honoured`]): only then may
+    epoll: RawFd,
+    /// That watcher's wipe-on-fork page (never unmapped).
+    shared: &'static Shared,
+    /// The kernel was seen to honour the page's wipe ([`Watcher::wipe_honoured`]): only then may
     /// the lock-free fast path, which relies on it alone, vouch.
     wipe_honoured: bool,
     /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
@@ -92,8 +91,12 @@ struct Watcher {
     epoch: u64,
     /// The process that made it (see `fork.rs`).
     origin: Origin,
-    /// Tells a forked child that this watcher is its parent's.
-    fork_marker: ForkMarker,
+    /// The wipe-on-fork page (`page.rs`, never unmapped): tells a forked child that this
+    /// watcher is its parent's, and holds the drain lock and the change count.
+    shared: &'static Shared,
+    /// The kernel was seen to apply `madvise` advice, so the page is wiped in a child made by a
+    /// raw `clone` too.
+    wipe_honoured: bool,
     inotify: OwnedFd,
     /// Holds `inotify` (readable) and `mountinfo` (`EPOLLPRI` after a mount-table change).
     epoll: OwnedFd,
@@ -128,7 +131,7 @@ fn forget_inherited(state: &mut State) {
     if let State::Ready(watcher) = state {
         // The page first (one load; wiped by the kernel or by the atfork handler), then the
         // fork epoch and the pid (a raw `clone` child whose kernel did not wipe the page).
-        if !watcher.fork_marker.same_process() || !watcher.origin.current() {
+        if !watcher.shared.same_process() || !watcher.origin.current() {
             log::debug!("hermes-guard: forked child; the parent's directory watches are not used");
             if let State::Ready(inherited) = std::mem::replace(state, State::Uninit) {
                 std::mem::forget(inherited);
@@ -189,11 +192,9 @@ impl DirWatch {
         }
         Some(DirWatch {
             epoch: watcher.epoch,
-            // SAFETY: the watcher's descriptor is open for the rest of this process's life (see
-            // the field); only used while the page says this is that process.
-            epoll: unsafe { BorrowedFd::borrow_raw(watcher.epoll.as_raw_fd()) },
-            shared: watcher.fork_marker.page,
-            wipe_honoured: watcher.fork_marker.honoured,
+            epoll: watcher.epoll.as_raw_fd(),
+            shared: watcher.shared,
+            wipe_honoured: watcher.wipe_honoured,
             entries,
         })
     }
@@ -202,9 +203,7 @@ impl DirWatch {
     /// (see [`FastWatch::current_fast`]).
     #[inline]
     pub(crate) fn changes(&self) -> u64 {
-        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`).
-        let shared = unsafe { &*self.shared };
-        shared.changes.load(Ordering::Acquire)
+        self.shared.changes.load(Ordering::Acquire)
     }
 
     /// The lock-free half of this watch, for the transaction start's fast path; none (never
@@ -214,13 +213,9 @@ impl DirWatch {
         if !self.wipe_honoured {
             return FastWatch::NONE;
         }
-        // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
-        match unsafe { self.shared.as_ref() } {
-            Some(shared) => FastWatch {
-                shared,
-                epoll: self.epoll.as_raw_fd(),
-            },
-            None => FastWatch::NONE,
+        FastWatch {
+            shared: self.shared,
+            epoll: self.epoll,
         }
     }
 
@@ -311,23 +306,22 @@ impl FastWatch {
         // One compare-exchange stands for four tests: there is a watch (NONE's gate word is 0),
         // this is the process that made the page (the gate word of a forked child reads 0),
         // nobody is draining, nothing is pending.
-        if !shared.try_lock_fast() {
+        let Some(held) = shared.try_lock_fast() else {
             return false;
-        }
+        };
         // A page whose drain lock was taken is a live watcher's (NONE's never is): `epoll` is its
         // epoll descriptor, open for the rest of this process (see `DirWatch::epoll`).
-        // SAFETY: the drain lock is held (just taken): the slot is this thread's until it goes.
-        let ready = epoll_first_ready(epoll, unsafe { &mut *shared.slot.get() });
+        let ready = epoll_first_ready(epoll, &held);
         if ready == 0 {
             // Loaded after the syscall rather than before: nothing needs to be kept across it.
             let vouched =
-                shared.changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
-            shared.unlock_drain(0);
+                held.page().changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
+            held.unlock(0);
             vouched
         } else {
             // Taken from the set (mountinfo's readiness resets when reported): left pending in
             // the gate word for the next drain, before anybody's check can vouch again.
-            shared.unlock_drain(ready);
+            held.unlock(ready);
             false
         }
     }
@@ -338,20 +332,14 @@ impl FastWatch {
     #[inline]
     pub(crate) fn current_as_of_last_drain(&self, verified: &AtomicU64) -> bool {
         let FastWatch { shared, .. } = *self;
-        if !shared.try_lock_fast() {
+        let Some(held) = shared.try_lock_fast() else {
             return false;
-        }
+        };
         let vouched = shared.changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
-        shared.unlock_drain(0);
+        held.unlock(0);
         vouched
     }
 }
-
-// SAFETY: the raw descriptor and page pointer are only used from the process that made them
-// (checked through the page itself), and everything they reach is the kernel's or atomics.
-unsafe impl Send for DirWatch {}
-// SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
-unsafe impl Sync for DirWatch {}
 
 impl Drop for DirWatch {
     fn drop(&mut self) {
@@ -390,7 +378,7 @@ fn out_of_watches(dir: &Path, held_here: usize) {
 
 impl Watcher {
     fn new() -> Option<Watcher> {
-        let fork_marker = ForkMarker::new()?;
+        let page = new_page()?;
         let unavailable = |what: &str, e: rustix::io::Errno| {
             log::debug!("hermes-guard: {what} unavailable ({e}); full checks everywhere");
         };
@@ -427,14 +415,17 @@ impl Watcher {
         .ok()?;
         // The watcher is complete (its page is never unmapped from here on): the atfork
         // handler wipes this page in a child.
-        CURRENT_PAGE.store(fork_marker.page, Ordering::Release);
+        let wipe_honoured = page.honoured();
+        let shared = page.leak();
+        make_current(shared);
         Some(Watcher {
             epoch: EPOCH.fetch_add(1, Ordering::Relaxed) + 1,
             origin: Origin::here(),
             inotify,
             epoll,
             mountinfo,
-            fork_marker,
+            shared,
+            wipe_honoured,
             by_dir: HashMap::new(),
             by_wd: HashMap::new(),
             buf: vec![MaybeUninit::uninit(); 4096],
@@ -539,10 +530,8 @@ impl Watcher {
     /// throughout, so no fast path vouches between an event leaving the set and its generation
     /// moving.
     fn drain(&mut self) {
-        // SAFETY: our own page, mapped while the watcher lives.
-        let shared = unsafe { &*self.fork_marker.page };
-        let held = shared.lock_drain();
-        let ready = held.pending | epoll_ready(self.epoll.as_raw_fd());
+        let held = self.shared.lock_drain();
+        let ready = held.pending | epoll_ready(self.epoll.as_fd());
         if ready & MOUNTS_CHANGED != 0 {
             self.mounts_changed();
         }
@@ -644,10 +633,7 @@ fn move_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
 impl Watcher {
     /// Something some watch vouches for moved: every fast path asks the full way next time.
     fn changed(&self) {
-        // SAFETY: our own page, mapped while the watcher lives.
-        unsafe { &*self.fork_marker.page }
-            .changes
-            .fetch_add(1, Ordering::AcqRel);
+        self.shared.changes.fetch_add(1, Ordering::AcqRel);
     }
 }
 
