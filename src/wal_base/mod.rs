@@ -498,6 +498,8 @@ pub fn stale_wal_policy() -> StaleWalPolicy {
 
 mod aside;
 pub(crate) use aside::{check_main_for_capture, set_aside};
+mod judge;
+pub(crate) use judge::{judge_wal, quick_look, recorded_page_hash, MainNow};
 
 #[cfg(test)]
 mod tests;
