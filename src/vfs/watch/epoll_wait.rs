@@ -6,7 +6,8 @@ use std::os::fd::{BorrowedFd, RawFd};
 use rustix::event::epoll;
 use rustix::event::Timespec;
 
-use super::*;
+use super::page::FastHeld;
+use super::{INOTIFY_READY, MOUNTS_CHANGED};
 
 /// The fast path's question to the epoll set, without waiting: the readiness of the first ready
 /// source (`INOTIFY_READY` or `MOUNTS_CHANGED`), 0 when none is, both when the call fails. One
