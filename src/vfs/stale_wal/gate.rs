@@ -108,8 +108,20 @@ pub(crate) fn before_wal_open(
         ffi::SQLITE_BUSY => {}
         rc => return no_exclusive(db, wal_path, rc),
     }
-    // Somebody holds the file at the path: the quick look (the header, the record, the first
-    // pages) outside any lock settles the common case.
+    held_by_somebody(state, main, locks, wal_path)
+}
+
+/// EXCLUSIVE refused at once: somebody holds the file at the path. The quick look (the header,
+/// the record, the first pages) outside any lock settles the common case; a WAL still in doubt
+/// is its holder's when its `-shm` is in use, else an opener is on its way (waited for), or it
+/// is judged in full under EXCLUSIVE.
+fn held_by_somebody(
+    state: &impl Holder,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+) -> c_int {
+    let db = state.db_path();
     let Some(wal) = open_wal(db, wal_path) else {
         return ffi::SQLITE_OK;
     };
