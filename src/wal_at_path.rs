@@ -1,20 +1,16 @@
 //! The stale-WAL judgement of what is at a database's path, read-only, for a person asking from
-//! outside (`hermes-guard status <db>`): the same judgement a guarded open makes (`stale_wal/`),
-//! from the WAL's record and the main file's pages now, without opening SQLite, without a lock,
-//! writing nothing. A writer may be at work meanwhile: the answer is of the moment it was read.
+//! outside (`hermes-guard status <db>`): the judgement a guarded open makes (one sequence,
+//! `wal_base/judge.rs`), from the WAL's record and the main file's pages now, without opening
+//! SQLite, without a lock, writing nothing. A writer may be at work meanwhile: the answer is of the moment it was read.
 
 use std::fs::File;
 use std::io;
-use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use crate::identity::identity_of_path;
+use crate::identity::{identity_of_path, FileId};
 use crate::paths::sidecar;
-use crate::wal_base::{
-    fragment_len, hex16, judge_generation, judge_pages, look_at_wal, page_hash, read_record,
-    Mismatch, Verdict,
-};
+use crate::wal_base::{judge_wal, recorded_page_hash, MainNow, Mismatch, Verdict};
 
 /// What is at a database's path, as the guard's open would judge its WAL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,25 +67,37 @@ pub fn judge_wal_at_path(db: &Path) -> io::Result<WalAtPath> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(WalAtPath::NoWal),
         Err(e) => return Err(e),
     };
-    let first = look_at_wal(&wal, None)?;
-    let record = match judge_generation(&first, read_record(wal.as_fd())) {
-        Ok(record) => record,
-        Err(verdict) => return Ok(from_verdict(verdict)),
+    let mut now = MainAt {
+        db,
+        main: &main,
+        size: 0,
     };
-    let size = main.metadata()?.len();
-    let now = |page: u32| {
-        let offset = u64::from(page - 1) * u64::from(record.page_size);
-        if offset + u64::from(record.page_size) > size {
-            return None;
-        }
-        let mut buf = vec![0u8; fragment_len(page, record.page_size)];
-        main.read_exact_at(&mut buf, offset).ok()?;
-        Some(hex16(page_hash(&buf)))
-    };
-    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
-    let full = look_at_wal(&wal, Some(&pages))?;
-    let main_now = identity_of_path(db)?;
-    Ok(from_verdict(judge_pages(&record, main_now, now, &full)))
+    Ok(from_verdict(judge_wal(&wal, &mut now)?))
+}
+
+/// The main file at `db`, read through a descriptor of its own.
+struct MainAt<'a> {
+    db: &'a Path,
+    main: &'a File,
+    /// Its size, taken once before its pages are read.
+    size: u64,
+}
+
+impl MainNow for MainAt<'_> {
+    fn before_pages(&mut self) -> io::Result<()> {
+        self.size = self.main.metadata()?.len();
+        Ok(())
+    }
+
+    fn page_hash(&self, page: u32, page_size: u32) -> Option<String> {
+        recorded_page_hash(page, page_size, self.size, |buf, offset| {
+            self.main.read_exact_at(buf, offset)
+        })
+    }
+
+    fn identity(&self) -> io::Result<Option<FileId>> {
+        identity_of_path(self.db)
+    }
 }
 
 fn from_verdict(verdict: Verdict) -> WalAtPath {

@@ -24,9 +24,15 @@
 //! Not seen: a copy that differs from the old file only beyond the recorded fragments, pages
 //! read through memory-mapped I/O (`mmap_size` > 0 reads without `xRead`), and a stock
 //! connection's cache.
+//!
+//! This file is also the one place a connection's mapped wal-index header is read
+//! ([`Region0`], [`MappedHeader`]): the settled header here, the salts, `mxFrame`, `iChange` and
+//! the page size for the WAL-base record (`stale_wal/`).
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
@@ -55,24 +61,96 @@ struct Kept {
     changed: Option<(u32, u64, u64)>,
 }
 
-impl MainReads {
-    /// The header of the wal-index mapped at `p` (region 0) when it is settled and consistent
-    /// (its two copies equal, initialised, every frame it counts checkpointed), else `None`.
-    ///
-    /// # Safety
-    /// `p` is region 0 of a live wal-index mapping.
-    pub(crate) unsafe fn settled_header(p: *const u8) -> Option<Header> {
+/// Region 0 of one connection's wal-index mapping while it is mapped, else NULL: set by the
+/// connection's `xShmMap` with the address SQLite's wrapped VFS mapped, and cleared before its
+/// `xShmUnmap`, which SQLite never runs concurrently with this connection's other calls. The
+/// header is read only through it ([`Region0::header`]), so region 0 stays mapped while read.
+#[derive(Default)]
+pub(crate) struct Region0(AtomicPtr<u8>);
+
+impl Region0 {
+    /// Region 0 was just mapped at `addr` (4-byte aligned, the start of a page).
+    pub(crate) fn mapped(&self, addr: *const u8) {
+        self.0.store(addr as *mut u8, Ordering::Release);
+    }
+
+    /// Region 0 is about to be unmapped.
+    pub(crate) fn unmapping(&self) {
+        self.0.store(std::ptr::null_mut(), Ordering::Release);
+    }
+
+    pub(crate) fn is_mapped(&self) -> bool {
+        !self.0.load(Ordering::Acquire).is_null()
+    }
+
+    /// The mapped header, `None` while nothing is mapped. Valid while the borrow lasts: the
+    /// connection's call that reads it (an `xRead`, an `xShmLock`, an `xWrite`) runs before its
+    /// `xShmUnmap` can.
+    #[inline]
+    pub(crate) fn header(&self) -> Option<MappedHeader<'_>> {
+        let p = NonNull::new(self.0.load(Ordering::Acquire))?;
+        Some(MappedHeader {
+            p,
+            _region: PhantomData,
+        })
+    }
+}
+
+/// The wal-index header in region 0 of a live mapping (from [`Region0::header`]): its words read
+/// atomically (other processes write them concurrently).
+#[derive(Clone, Copy)]
+pub(crate) struct MappedHeader<'a> {
+    p: NonNull<u8>,
+    _region: PhantomData<&'a Region0>,
+}
+
+impl MappedHeader<'_> {
+    /// The word at `offset` (a multiple of 4 below 136, inside the first page).
+    #[inline]
+    fn load_u32(self, offset: usize) -> u32 {
+        // SAFETY: `p` is region 0 of a live mapping (see `Region0`: mapped while the borrow this
+        // header came from lasts), page-aligned; `offset` is a multiple of 4 inside the header.
+        unsafe { (*(self.p.as_ptr().add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
+    }
+
+    /// `aSalt` of the first header copy (offsets 32 and 36), both words.
+    pub(crate) fn salts_word(self) -> u64 {
+        let (a, b) = (self.load_u32(32), self.load_u32(36));
+        u64::from(a) | (u64::from(b) << 32)
+    }
+
+    /// `mxFrame` (offset 16).
+    pub(crate) fn max_frame(self) -> u32 {
+        self.load_u32(16)
+    }
+
+    /// `iChange` (offset 8).
+    pub(crate) fn change(self) -> u32 {
+        self.load_u32(8)
+    }
+
+    /// The page size, `None` while the header is not initialised.
+    pub(crate) fn page_size(self) -> Option<u32> {
+        let w3 = self.load_u32(12).to_ne_bytes();
+        let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
+        (is_init != 0).then_some(crate::walfile::page_size_field(sz))
+    }
+
+    /// The header when it is settled and consistent (its two copies equal, initialised, every
+    /// frame it counts checkpointed), else `None`.
+    pub(crate) fn settled(self) -> Option<Header> {
         let mut h = [0u32; 24];
         for (i, w) in h.iter_mut().enumerate() {
-            // SAFETY: as the caller promises: offsets 0..96 of the mapped header, aligned.
-            *w = unsafe { load_u32(p, 4 * i) };
+            *w = self.load_u32(4 * i);
         }
-        // SAFETY: as above: `nBackfill`, offset 96.
-        let backfilled = unsafe { load_u32(p, 96) };
+        // `nBackfill`, offset 96.
+        let backfilled = self.load_u32(96);
         let is_init = h[3].to_ne_bytes()[0] != 0;
         (h[..12] == h[12..] && is_init && h[4] == backfilled).then_some(h)
     }
+}
 
+impl MainReads {
     /// A read of `buf` (`amt` bytes at `ofst`) from the main file succeeded, under `header`
     /// both before and after it: kept when it is one whole page among the first 16 (whether it
     /// was).
@@ -183,12 +261,4 @@ fn page_size(header: &Header) -> u32 {
 /// The page size the database header at the start of `page1` gives, 0 when it is not one.
 fn main_header_page_size(page1: &[u8]) -> u32 {
     crate::walfile::main_header_page_size(page1).unwrap_or(0)
-}
-
-/// # Safety
-/// `p` is region 0 of a live wal-index mapping.
-unsafe fn load_u32(p: *const u8, offset: usize) -> u32 {
-    // SAFETY: as the caller promises; `offset` is a multiple of 4 inside the first page, which
-    // other processes write concurrently (hence the atomic load).
-    unsafe { (*(p.add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
 }

@@ -7,6 +7,7 @@
 mod boundary;
 mod file;
 mod fork;
+mod held;
 mod in_use;
 mod locked_fds;
 mod main_reads;
@@ -60,7 +61,7 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
         sql_functions::install_for_every_connection();
         // A last capture attempt for what is still held when the process exits normally.
         // SAFETY: `at_exit` is a plain `extern "C" fn()` that never unwinds (it catches panics).
-        unsafe { libc::atexit(file::at_exit) };
+        unsafe { libc::atexit(held::at_exit) };
         // SAFETY: a NULL name asks for the default VFS; SQLite initialises itself if needed.
         let sub = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
         if sub.is_null() {
@@ -107,7 +108,7 @@ pub(crate) fn retired_flag(conn: &rusqlite::Connection) -> Option<bool> {
     unsafe { file::retired_flag(conn.handle()) }
 }
 
-/// Retries the pending captures from the application's thread (see `file::retry_pending_captures`).
+/// Retries the pending captures from the application's thread (see `held::retry_pending_captures`).
 pub(crate) fn retry_pending_captures() -> usize {
-    file::retry_pending_captures(file::Caller::Application)
+    held::retry_pending_captures(held::Caller::Application)
 }

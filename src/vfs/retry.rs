@@ -4,7 +4,7 @@
 //! - **Per generation, with back-off.** A failed capture (a full disk, a directory gone) is tried
 //!   again no sooner than its back-off allows: 1 s after the first failure, doubling up to
 //!   10 minutes. The opens and closes of unrelated databases, which retry the held generations
-//!   (`file::retry_pending_captures`), and every refused write of the retired connection only
+//!   (`held::retry_pending_captures`), and every refused write of the retired connection only
 //!   retry a generation whose time has come. An explicit request — `hermes_guard::close`,
 //!   `hermes_guard::retry_pending_captures()`, `PRAGMA hermes_guard_capture`, the connection's own
 //!   close — tries at once.

@@ -327,7 +327,7 @@ impl DbState {
         let (shield_active, shield_off_reason) = self.shield.status();
         let shield_shm_active = self.wal_index.dead_man_switch_held();
         // Before this state's lock: the held list locks the held states.
-        let (held_generations, held_descriptors) = super::file::held();
+        let (held_generations, held_descriptors) = super::held::counts();
         // Before this state's lock too: it reads this state's main identity.
         let retired_connections_here = self.retired_open_here();
         let inner = self.inner.lock();

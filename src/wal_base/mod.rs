@@ -453,6 +453,8 @@ mod aside;
 pub(crate) use aside::{check_main_for_capture, set_aside};
 mod error;
 pub(crate) use error::MainCheckError;
+mod judge;
+pub(crate) use judge::{judge_wal, quick_look, recorded_page_hash, MainNow};
 
 #[cfg(test)]
 mod tests;

@@ -1,13 +1,12 @@
 //! `xClose`: the checks and captures a close owes, the held main file, the heal.
 
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::Ordering;
 
 use rusqlite::ffi;
 
 use super::*;
 use crate::vfs::boundary::ffi_guard;
-use crate::vfs::fork::Origin;
+use crate::vfs::held::{self, retry_pending_captures, Caller};
 use crate::vfs::state::MainFile;
 
 pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
@@ -46,13 +45,7 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                             state.db_path().display(),
                             crate::host::retry_hint()
                         );
-                        let mut pending = PENDING.lock();
-                        pending.push(Held {
-                            state: state.clone(),
-                            file: held,
-                            owner: Origin::here(),
-                        });
-                        PENDING_COUNT.store(pending.len(), Ordering::Release);
+                        held::hold(state.clone(), Box::new(held));
                         ffi::SQLITE_OK
                     }
                     Err(why) => {
@@ -73,7 +66,7 @@ pub(super) unsafe extern "C" fn x_close(f: *mut ffi::sqlite3_file) -> c_int {
                 // SAFETY: `f` is the open file SQLite is closing, this table's.
                 match unsafe { keep_main(&t, f, sub, heap, state) } {
                     Ok(held) => {
-                        held_for_opener::leave(state.clone(), held);
+                        held::leave(state.clone(), Box::new(held));
                         ffi::SQLITE_OK
                     }
                     Err(why) => {

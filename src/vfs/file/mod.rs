@@ -30,7 +30,8 @@
 //! - `sqlite_private.rs`: every read of a SQLite-private structure (`unixFile`, `unixShm`,
 //!   `unixShmNode`, the wal-index header), checked at run time and keyed to the SQLite versions
 //!   it was verified against;
-//! - `pending.rs`: the process-wide list of held retired main files and their retries;
+//! - `held.rs`: the connection's state and a held main file as entries of the process-wide
+//!   held lists (`vfs/held/`);
 //! - `open.rs` and `close.rs`: `xOpen` and `xClose`;
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
@@ -108,22 +109,17 @@ macro_rules! io_pass_through {
 mod close;
 mod controls;
 mod frame_write;
-mod held_for_opener;
+mod held;
 mod hot;
 mod layout;
 mod open;
-mod pending;
 mod reset_lock;
 mod shm;
 mod sqlite_private;
 
-pub(crate) use self::held_for_opener::settle_for_opener;
 pub(super) use self::layout::os_file_size;
 pub(super) use self::open::{open, retired_flag};
-pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
-use self::{
-    close::*, controls::*, hot::*, layout::*, open::*, pending::*, shm::*, sqlite_private::*,
-};
+use self::{close::*, controls::*, hot::*, layout::*, open::*, shm::*, sqlite_private::*};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {

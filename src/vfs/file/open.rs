@@ -15,6 +15,7 @@ use rusqlite::ffi;
 use super::*;
 use crate::capture::ImageSource;
 use crate::vfs::boundary::cstr_path;
+use crate::vfs::held::{retry_pending_captures, Caller};
 use crate::vfs::state::DbState;
 
 /// Reads the main image through the wrapped file object, never through a descriptor of our own.

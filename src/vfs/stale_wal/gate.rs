@@ -28,8 +28,8 @@ use crate::identity::{identity_of_fd, identity_of_path, FileId};
 use crate::status::StaleWalAction;
 use crate::vfs::in_use::{self, ShmUse};
 use crate::wal_base::{
-    fragment_len, hex16, judge_generation, judge_pages, look_at_wal, page_hash, read_record,
-    set_aside, stale_wal_policy, Mismatch, StaleWalPolicy, Verdict,
+    judge_wal, page_hash, quick_look, read_record, recorded_page_hash, set_aside, stale_wal_policy,
+    MainNow, Mismatch, StaleWalPolicy, Verdict,
 };
 use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
@@ -70,7 +70,7 @@ pub(crate) fn before_wal_open(
     // frames no checkpoint copied, while this open held SHARED and had no WAL yet), settled first
     // (`state/left.rs`).
     if let Some(main_id) = state.main_id() {
-        crate::vfs::file::settle_for_opener(main_id);
+        crate::vfs::held::settle_for_opener(main_id);
     }
     // A connection of this process has this very WAL open for this very file: judged at its
     // open, and used since (one `stat`, the common case of a process that opens and closes
@@ -108,8 +108,20 @@ pub(crate) fn before_wal_open(
         ffi::SQLITE_BUSY => {}
         rc => return no_exclusive(db, wal_path, rc),
     }
-    // Somebody holds the file at the path: the quick look (the header, the record, the first
-    // pages) outside any lock settles the common case.
+    held_by_somebody(state, main, locks, wal_path)
+}
+
+/// EXCLUSIVE refused at once: somebody holds the file at the path. The quick look (the header,
+/// the record, the first pages) outside any lock settles the common case; a WAL still in doubt
+/// is its holder's when its `-shm` is in use, else an opener is on its way (waited for), or it
+/// is judged in full under EXCLUSIVE.
+fn held_by_somebody(
+    state: &impl Holder,
+    main: &dyn ImageSource,
+    locks: &dyn MainLocks,
+    wal_path: &Path,
+) -> c_int {
+    let db = state.db_path();
     let Some(wal) = open_wal(db, wal_path) else {
         return ffi::SQLITE_OK;
     };
@@ -479,73 +491,51 @@ impl Drop for Turn {
     }
 }
 
-/// The judgement of the WAL `wal` against the main file `main` now.
+/// The judgement of the WAL `wal` against the main file `main` now (`crate::wal_base`'s
+/// sequence, read through the wrapped main file).
 ///
 /// `quick`: stop before the full read of the WAL, answering `None` when every other test left
 /// the WAL in doubt (the full look is then made under the lock).
 fn judge(db: &Path, main: &dyn ImageSource, wal: &File, quick: bool) -> Option<Verdict> {
-    let first = match look_at_wal(wal, None) {
-        Ok(look) => look,
-        Err(e) => {
-            log::info!(
-                "hermes-guard: cannot read the WAL of {} ({e})",
-                db.display()
-            );
-            return Some(Verdict::NothingToReplay);
-        }
+    let mut now = MainAt { db, main };
+    let judged = if quick {
+        quick_look(wal, &mut now)
+    } else {
+        judge_wal(wal, &mut now).map(Some)
     };
-    let record = match judge_generation(&first, read_record(wal.as_fd())) {
-        Ok(record) => record,
-        Err(v) => return Some(v),
-    };
-    // The main file's pages, read once and before the WAL's frames: a page a checkpoint of the
-    // WAL's holder wrote before this read came from a frame written before it, which the look below
-    // finds; read after the look, it could come from a frame committed and copied since.
-    let read: Vec<(u32, Option<String>)> = record
-        .pages
-        .iter()
-        .map(|r| (r.page, read_page(main, r.page, record.page_size)))
-        .collect();
-    if record
-        .pages
-        .iter()
-        .zip(&read)
-        .all(|(r, (_, now))| now.as_ref() == Some(&r.hash))
-    {
-        return Some(Verdict::Continues { by_pages: false });
+    judged.unwrap_or_else(|e| {
+        log::info!(
+            "hermes-guard: cannot read the WAL of {} ({e})",
+            db.display()
+        );
+        Some(Verdict::NothingToReplay)
+    })
+}
+
+/// The main file at `db`, read through the wrapped file object.
+struct MainAt<'a> {
+    db: &'a Path,
+    main: &'a dyn ImageSource,
+}
+
+impl MainNow for MainAt<'_> {
+    fn page_hash(&self, page: u32, page_size: u32) -> Option<String> {
+        read_page(self.main, page, page_size)
     }
-    if quick {
-        return None;
-    }
-    let now = |p: u32| {
-        read.iter()
-            .find(|(page, _)| *page == p)
-            .and_then(|(_, h)| h.clone())
-    };
-    let main_now = identity_of_path(db).ok().flatten();
-    let pages: Vec<u32> = record.pages.iter().map(|p| p.page).collect();
-    match look_at_wal(wal, Some(&pages)) {
-        Ok(full) => Some(judge_pages(&record, main_now, now, &full)),
-        Err(e) => {
-            log::info!(
-                "hermes-guard: cannot read the WAL of {} ({e})",
-                db.display()
-            );
-            Some(Verdict::NothingToReplay)
-        }
+
+    /// Unknown when it cannot be read (the judgement goes on without it).
+    fn identity(&self) -> io::Result<Option<FileId>> {
+        Ok(identity_of_path(self.db).ok().flatten())
     }
 }
 
 /// The recorded hash of page `page` (1-based) of the main file, `None` beyond its end or
 /// unreadable.
 fn read_page(main: &dyn ImageSource, page: u32, page_size: u32) -> Option<String> {
-    let offset = u64::from(page - 1) * u64::from(page_size);
-    if offset + u64::from(page_size) > main.size().ok()? {
-        return None;
-    }
-    let mut buf = vec![0u8; fragment_len(page, page_size)];
-    main.read_at(&mut buf, offset).ok()?;
-    Some(hex16(page_hash(&buf)))
+    let size = main.size().ok()?;
+    recorded_page_hash(page, page_size, size, |buf, offset| {
+        main.read_at(buf, offset)
+    })
 }
 
 /// The verdicts that let SQLite go on, said at the level they deserve.

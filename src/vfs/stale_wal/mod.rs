@@ -17,7 +17,7 @@ use std::ffi::c_int;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use parking_lot::Mutex;
 use rusqlite::ffi;
@@ -27,7 +27,7 @@ mod gate;
 pub(crate) use gate::{before_wal_open, MainLocks};
 
 use super::boundary::ffi_guard;
-use super::main_reads::{Header, MainReads};
+use super::main_reads::{Header, MainReads, MappedHeader, Region0};
 use crate::capture::ImageSource;
 use crate::identity::{identity_of_fd, FileId, PinnedWal};
 use crate::paths::path_display;
@@ -71,8 +71,8 @@ const DUE_TRIES: u8 = 4;
 /// its `DbState`).
 #[derive(Default)]
 pub(crate) struct StaleWalSlot {
-    /// Region 0 of the connection's wal-index mapping while it is mapped, else NULL.
-    region0: AtomicPtr<u8>,
+    /// Region 0 of the connection's wal-index mapping while it is mapped (its header's reads).
+    region0: Region0,
     /// The salts (as the wal-index stores them, both words) of the generation this connection
     /// last recorded (or found unrecordable); 0: none yet.
     recorded: AtomicU64,
@@ -113,17 +113,17 @@ const ENCODED_SALTS: std::ops::Range<usize> = 5..13;
 impl StaleWalSlot {
     /// Region 0 was just mapped at `addr`.
     pub(crate) fn mapped(&self, addr: *const u8) {
-        self.region0.store(addr as *mut u8, Ordering::Release);
+        self.region0.mapped(addr);
     }
 
     /// Whether region 0 is mapped (the wal-index is in shared memory, not SQLite's heap).
     pub(crate) fn is_mapped(&self) -> bool {
-        !self.region0.load(Ordering::Acquire).is_null()
+        self.region0.is_mapped()
     }
 
     /// Region 0 is about to be unmapped.
     pub(crate) fn unmapping(&self) {
-        self.region0.store(std::ptr::null_mut(), Ordering::Release);
+        self.region0.unmapping();
         self.main_reads.clear();
     }
 
@@ -131,14 +131,7 @@ impl StaleWalSlot {
     /// is mapped.
     #[inline]
     pub(crate) fn settled_header(&self) -> Option<Header> {
-        let p = self.region0.load(Ordering::Acquire);
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before the
-        // connection's xShmUnmap, which SQLite never runs concurrently with this connection's
-        // other calls (this one an `xRead` or an `xShmLock`).
-        unsafe { MainReads::settled_header(p) }
+        self.region0.header()?.settled()
     }
 
     /// The main file's `amt` bytes at `ofst` were read into `buf` under the settled header
@@ -217,17 +210,12 @@ impl StaleWalSlot {
 
     /// [`Self::at_write_lock`]'s record.
     fn at_write_lock_record(&self, state: &impl Holder, main: &dyn ImageSource) {
-        let p = self.region0.load(Ordering::Acquire);
-        if p.is_null() {
+        let Some(p) = self.region0.header() else {
             return;
-        }
-        // SAFETY: region 0 stays mapped while `region0` is not NULL: it is cleared before
-        // the connection's xShmUnmap, which SQLite never runs concurrently with this
-        // connection's xShmLock; the header is 4-byte aligned at the start of a page.
-        let word = unsafe { salts_word(p) };
-        // SAFETY: as above: `mxFrame`, offset 16 of the mapped header, aligned.
-        if unsafe { load_u32(p, 16) } == 0 {
-            if page_size_of(p).is_none() {
+        };
+        let word = p.salts_word();
+        if p.max_frame() == 0 {
+            if p.page_size().is_none() {
                 // Recovery's write lock, before the wal-index is built: still due.
                 return;
             }
@@ -268,18 +256,16 @@ impl StaleWalSlot {
     #[inline(never)]
     #[cold]
     pub(crate) fn at_wal_reset(&self, state: &impl Holder, main: &dyn ImageSource) {
-        let p = self.region0.load(Ordering::Acquire);
-        if p.is_null() {
+        let Some(p) = self.region0.header() else {
             return;
-        }
+        };
         // Pages kept under the header this reset replaced: the file may have been copied over
         // since this transaction's write lock judged them.
         let replaced = self.reset_from.lock().take();
         if replaced.is_some() && self.judge_main_reads(state, replaced.as_ref(), main) {
             return;
         }
-        // SAFETY: as in `at_write_lock`: region 0 is mapped while `region0` is not NULL.
-        let word = unsafe { salts_word(p) };
+        let word = p.salts_word();
         if word != self.recorded.load(Ordering::Relaxed) {
             self.not_due.store(true, Ordering::Relaxed);
             self.tries.store(0, Ordering::Relaxed);
@@ -298,12 +284,13 @@ impl StaleWalSlot {
     /// The record of the generation about to start on an empty WAL, salts to come: kept, and
     /// the WAL's write gate closed until its header is written ([`Self::at_wal_header`]).
     #[cold]
-    fn prepare_for_header(&self, state: &impl Holder, p: *const u8, main: &dyn ImageSource) {
+    fn prepare_for_header(&self, state: &impl Holder, p: MappedHeader<'_>, main: &dyn ImageSource) {
         if state.is_retired() {
             return;
         }
         // A wal-index built from an empty WAL has no page size yet: the main file's header has.
-        let Some(page_size) = page_size_of(p)
+        let Some(page_size) = p
+            .page_size()
             .filter(|&n| n > 0)
             .or_else(|| main_page_size(main))
         else {
@@ -313,11 +300,8 @@ impl StaleWalSlot {
             *self.pending.lock() = Some(Pending {
                 encoded,
                 len,
-                // SAFETY: as in `at_write_lock`: the salts and `iChange` (offset 8) of the
-                // mapped header, aligned.
-                word: unsafe { salts_word(p) },
-                // SAFETY: as above.
-                change: unsafe { load_u32(p, 8) },
+                word: p.salts_word(),
+                change: p.change(),
             });
             state.hold_wal_gate_for_header(true);
         }
@@ -347,9 +331,8 @@ impl StaleWalSlot {
             return;
         };
         state.hold_wal_gate_for_header(false);
-        let p = self.region0.load(Ordering::Acquire);
-        // SAFETY: as in `at_write_lock`: region 0 is mapped while `region0` is not NULL.
-        if p.is_null() || unsafe { (salts_word(p), load_u32(p, 8)) } != (made_at, change) {
+        let p = self.region0.header();
+        if p.map(|p| (p.salts_word(), p.change())) != Some((made_at, change)) {
             return; // made in another state of the WAL: a reset's own record stands
         }
         let h = crate::walfile::parse_wal_header(header);
@@ -379,7 +362,7 @@ impl StaleWalSlot {
     fn record(
         &self,
         state: &impl Holder,
-        p: *const u8,
+        p: MappedHeader<'_>,
         word: u64,
         main: &dyn ImageSource,
         joined: bool,
@@ -388,7 +371,7 @@ impl StaleWalSlot {
         if state.is_retired() {
             return;
         }
-        let Some(page_size) = page_size_of(p) else {
+        let Some(page_size) = p.page_size() else {
             return;
         };
         let salts = [
@@ -478,38 +461,10 @@ impl StaleWalSlot {
     }
 }
 
-/// The page size in the mapped wal-index header at `p` (region 0 of a live mapping, as
-/// `region0` holds it), `None` while it is not initialised.
-fn page_size_of(p: *const u8) -> Option<u32> {
-    // SAFETY: `p` is region 0 of a live mapping (every caller loaded it from `region0`, which is
-    // cleared before the unmap); offset 12 of the header, aligned.
-    let w3 = unsafe { load_u32(p, 12) }.to_ne_bytes();
-    let (is_init, sz) = (w3[0], u16::from_ne_bytes([w3[2], w3[3]]));
-    (is_init != 0).then_some(crate::walfile::page_size_field(sz))
-}
-
 /// The page size the main file's header gives (offset 16, big-endian; 1 means 65536), when it
 /// is a power of two from 512 to 65536.
 fn main_page_size(main: &dyn ImageSource) -> Option<u32> {
     let mut b = [0u8; 18];
     main.read_at(&mut b[16..], 16).ok()?;
     crate::walfile::main_header_page_size(&b)
-}
-
-/// # Safety
-/// `p` is region 0 of a live wal-index mapping.
-unsafe fn load_u32(p: *const u8, offset: usize) -> u32 {
-    // SAFETY: as the caller promises; `offset` is a multiple of 4 inside the first page, which
-    // other processes write concurrently (hence the atomic load).
-    unsafe { (*(p.add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
-}
-
-/// `aSalt` of the first wal-index header copy (offsets 32 and 36), both words.
-///
-/// # Safety
-/// As [`load_u32`].
-unsafe fn salts_word(p: *const u8) -> u64 {
-    // SAFETY: as the caller promises.
-    let (a, b) = unsafe { (load_u32(p, 32), load_u32(p, 36)) };
-    u64::from(a) | (u64::from(b) << 32)
 }

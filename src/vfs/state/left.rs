@@ -7,7 +7,7 @@
 //! opens the WAL, no connection holds it: taken away then (renamed, unlinked), its frames are in
 //! no live file, and the opener creates an empty WAL and goes on without them, silently. The
 //! closing connection is the last holder of the generation, so it leaves it, still pinned: its
-//! WAL descriptor and its main file object are kept (`vfs/file/held_for_opener.rs`), and the opener's
+//! WAL descriptor and its main file object are kept (`vfs/held/for_opener.rs`), and the opener's
 //! stale-WAL gate settles them before anything else — the WAL still at the path is the
 //! opener's to replay (the pins are let go), one taken away is captured from the kept
 //! descriptor (reason `wal-lost`). Only for an opener of this process: one in another process
@@ -23,7 +23,7 @@ use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::vfs::in_use;
 use crate::walfile::{WAL_FRAME_HEADER_SIZE, WAL_HEADER_SIZE};
 
-/// What became of a WAL a close left for an opener (`vfs/file/held_for_opener.rs` settles by it).
+/// What became of a WAL a close left for an opener (`vfs/held/for_opener.rs` settles by it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LeftWal {
     /// Still at the path: the opener replays it.

@@ -1,13 +1,13 @@
 //! The epoll set's questions: the fast path's (one `epoll_pwait`, written out on x86_64) and
 //! the drain's (rustix's call).
 
-use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, RawFd};
 
 use rustix::event::epoll;
 use rustix::event::Timespec;
 
-use super::*;
+use super::page::FastHeld;
+use super::{INOTIFY_READY, MOUNTS_CHANGED};
 
 /// The fast path's question to the epoll set, without waiting: the readiness of the first ready
 /// source (`INOTIFY_READY` or `MOUNTS_CHANGED`), 0 when none is, both when the call fails. One
@@ -20,10 +20,13 @@ use super::*;
 /// result and bounds-checking the slice, and carries a panic path the fast path does not want
 /// (see docs/decisions.md). Elsewhere, rustix's call. Panic-free either way.
 ///
-/// `epoll` is the raw descriptor of a live watcher's epoll set (its page's drain lock is held).
+/// `epoll` is the raw descriptor of the epoll set of the live watcher whose page's drain lock
+/// `held` is; the event slot is that page's.
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
 #[inline(always)]
-pub(super) fn epoll_first_ready(epoll: RawFd, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
+pub(super) fn epoll_first_ready(epoll: RawFd, held: &FastHeld<'_>) -> u64 {
+    // SAFETY: the drain lock is held (`held`): the page's slot is this thread's until it goes.
+    let slot = unsafe { &mut *held.slot() };
     let ret: isize;
     // SAFETY: epoll_pwait(epfd, events, maxevents = 1, timeout = 0, sigmask = NULL): `epoll` is
     // an open epoll descriptor, and `slot` has room for the one event the kernel may write. The
@@ -54,7 +57,9 @@ pub(super) fn epoll_first_ready(epoll: RawFd, slot: &mut [MaybeUninit<epoll::Eve
 /// See the x86_64 Linux version above.
 #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
 #[inline(always)]
-pub(super) fn epoll_first_ready(epoll: RawFd, slot: &mut [MaybeUninit<epoll::Event>; 1]) -> u64 {
+pub(super) fn epoll_first_ready(epoll: RawFd, held: &FastHeld<'_>) -> u64 {
+    // SAFETY: the drain lock is held (`held`): the page's slot is this thread's until it goes.
+    let slot = unsafe { &mut *held.slot() };
     // SAFETY: as the caller promises, an open epoll descriptor (so not -1).
     let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
     match epoll::wait(epoll, slot, Some(&ZERO_TIMEOUT)) {
@@ -87,9 +92,7 @@ pub(super) const ZERO_TIMEOUT: Timespec = Timespec {
 /// changed). Through rustix's call: the drain is off the hot path (the fast path asks with
 /// [`epoll_first_ready`]).
 #[inline]
-pub(super) fn epoll_ready(epoll: RawFd) -> u64 {
-    // SAFETY: the callers pass the open epoll descriptor of a live watcher.
-    let epoll = unsafe { BorrowedFd::borrow_raw(epoll) };
+pub(super) fn epoll_ready(epoll: BorrowedFd<'_>) -> u64 {
     let empty = || epoll::Event {
         flags: epoll::EventFlags::empty(),
         data: epoll::EventData::new_u64(0),

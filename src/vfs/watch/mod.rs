@@ -22,27 +22,25 @@
 //! watcher that made it, so one inherited from the parent never vouches in the child and its drop
 //! releases nothing.
 
-use std::collections::HashMap;
-use std::mem::MaybeUninit;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rustix::event::epoll;
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-
-use super::fork::Origin;
+use rustix::fs::inotify::WatchFlags;
 
 mod epoll_wait;
+mod fast;
 mod names;
 mod page;
+mod watcher;
 
+pub(crate) use self::fast::FastWatch;
 pub(crate) use self::names::Creations;
 
-pub(super) use self::page::wipe_in_child;
-use self::{epoll_wait::*, page::*};
+use self::page::Shared;
+use self::watcher::Watcher;
 
 /// A watched directory: the generation moves whenever anything in it is created, deleted or
 /// renamed, or the directory itself or any directory above it is moved or deleted. (A restore
@@ -55,10 +53,10 @@ pub(crate) struct DirWatch {
     /// That watcher's epoll set, for the lock-free fast path ([`FastWatch::current_fast`]). The
     /// descriptor stays open for the life of the process that made it: a `Watcher` is never
     /// dropped (`STATE` leaves `Ready` only through `forget_inherited`, which leaks it).
-    epoll: BorrowedFd<'static>,
-    /// That watcher's wipe-on-fork page (never unmapped, for the same reason).
-    shared: *const Shared,
-    /// The kernel was seen to honour the page's wipe ([`ForkMarker::honoured`]): only then may
+    epoll: RawFd,
+    /// That watcher's wipe-on-fork page (never unmapped).
+    shared: &'static Shared,
+    /// The kernel was seen to honour the page's wipe ([`Watcher::wipe_honoured`]): only then may
     /// the lock-free fast path, which relies on it alone, vouch.
     wipe_honoured: bool,
     /// The database's directory first, then each of its ancestors up to `/`. SQLite hands the
@@ -86,29 +84,6 @@ enum State {
     Unavailable,
 }
 
-struct Watcher {
-    /// Unique within a process and its descendants (a child's watchers are made after every one
-    /// it inherited, from the copied counter).
-    epoch: u64,
-    /// The process that made it (see `fork.rs`).
-    origin: Origin,
-    /// Tells a forked child that this watcher is its parent's.
-    fork_marker: ForkMarker,
-    inotify: OwnedFd,
-    /// Holds `inotify` (readable) and `mountinfo` (`EPOLLPRI` after a mount-table change).
-    epoll: OwnedFd,
-    /// `/proc/self/mountinfo`, never read: only polled through `epoll`.
-    #[allow(dead_code)] // kept open for its readiness
-    mountinfo: OwnedFd,
-    /// The watch on the directory each path names now. An entry whose directory was moved or
-    /// deleted is dropped from here (its path names something else, or nothing), so a later
-    /// open at that path watches the directory that is there then.
-    by_dir: HashMap<PathBuf, Arc<Entry>>,
-    /// Every live watch: its entry, the events asked for so far, and how many DirWatches use it.
-    by_wd: HashMap<i32, (Arc<Entry>, WatchFlags, usize)>,
-    buf: Vec<MaybeUninit<u8>>,
-}
-
 static STATE: Mutex<State> = Mutex::new(State::Uninit);
 
 /// The last epoch handed to a watcher.
@@ -128,7 +103,7 @@ fn forget_inherited(state: &mut State) {
     if let State::Ready(watcher) = state {
         // The page first (one load; wiped by the kernel or by the atfork handler), then the
         // fork epoch and the pid (a raw `clone` child whose kernel did not wipe the page).
-        if !watcher.fork_marker.same_process() || !watcher.origin.current() {
+        if !watcher.shared.same_process() || !watcher.origin.current() {
             log::debug!("hermes-guard: forked child; the parent's directory watches are not used");
             if let State::Ready(inherited) = std::mem::replace(state, State::Uninit) {
                 std::mem::forget(inherited);
@@ -189,11 +164,9 @@ impl DirWatch {
         }
         Some(DirWatch {
             epoch: watcher.epoch,
-            // SAFETY: the watcher's descriptor is open for the rest of this process's life (see
-            // the field); only used while the page says this is that process.
-            epoll: unsafe { BorrowedFd::borrow_raw(watcher.epoll.as_raw_fd()) },
-            shared: watcher.fork_marker.page,
-            wipe_honoured: watcher.fork_marker.honoured,
+            epoll: watcher.epoll.as_raw_fd(),
+            shared: watcher.shared,
+            wipe_honoured: watcher.wipe_honoured,
             entries,
         })
     }
@@ -202,9 +175,7 @@ impl DirWatch {
     /// (see [`FastWatch::current_fast`]).
     #[inline]
     pub(crate) fn changes(&self) -> u64 {
-        // SAFETY: the page outlives every DirWatch of its watcher (never unmapped, see `shared`).
-        let shared = unsafe { &*self.shared };
-        shared.changes.load(Ordering::Acquire)
+        self.shared.changes.load(Ordering::Acquire)
     }
 
     /// The lock-free half of this watch, for the transaction start's fast path; none (never
@@ -214,13 +185,9 @@ impl DirWatch {
         if !self.wipe_honoured {
             return FastWatch::NONE;
         }
-        // SAFETY: the watcher's page is never unmapped (see `shared` above): 'static.
-        match unsafe { self.shared.as_ref() } {
-            Some(shared) => FastWatch {
-                shared,
-                epoll: self.epoll.as_raw_fd(),
-            },
-            None => FastWatch::NONE,
+        FastWatch {
+            shared: self.shared,
+            epoll: self.epoll,
         }
     }
 
@@ -271,88 +238,6 @@ impl DirWatch {
     }
 }
 
-/// The lock-free half of a [`DirWatch`]: its watcher's wipe-on-fork page and epoll descriptor,
-/// copied out so that the fast path borrows nothing. Both live for the rest of the process that
-/// made them (see `DirWatch::epoll`). No watch ([`FastWatch::NONE`]) is a page whose gate word
-/// is 0, as a forked child's reads: its drain lock is never taken, so it never vouches, and the
-/// fast path needs no test of its own for it.
-#[derive(Clone, Copy)]
-pub(crate) struct FastWatch {
-    shared: &'static Shared,
-    /// The epoll descriptor; used only once `shared`'s drain lock is taken (never for NONE's).
-    epoll: RawFd,
-}
-
-impl FastWatch {
-    /// No watch: never vouches.
-    pub(crate) const NONE: FastWatch = FastWatch {
-        shared: &NO_WATCH,
-        epoll: -1,
-    };
-
-    /// The transaction start's fast path: whether nothing changed since the change count was
-    /// `verified` (a connection's, changed only by its own calls), without the watcher's mutex and without anything that can panic (it runs
-    /// outside `catch_unwind`), for the common case — this process made the watch, no other
-    /// thread is draining, and the epoll set has nothing ready. `false` means "ask
-    /// [`DirWatch::current`]": no watch, a forked child, a drain in progress, readiness this
-    /// call took from the set (left pending in the gate word for the next drain to handle), or a
-    /// change count other than `verified` (some watch moved; [`DirWatch::current`] tells whether
-    /// it is on this path).
-    ///
-    /// Sound because every readiness is handled under the drain lock, which this holds too: an
-    /// event that left the set before this `epoll_wait` has either moved `changes` already or
-    /// sits in the gate word's pending bits.
-    ///
-    /// Panic-free: atomics and one `epoll_wait` ([`epoll_first_ready`]: the raw syscall and one
-    /// test of its result on x86_64, rustix's call elsewhere).
-    #[inline(always)]
-    pub(crate) fn current_fast(&self, verified: &AtomicU64) -> bool {
-        let FastWatch { shared, epoll } = *self;
-        // One compare-exchange stands for four tests: there is a watch (NONE's gate word is 0),
-        // this is the process that made the page (the gate word of a forked child reads 0),
-        // nobody is draining, nothing is pending.
-        if !shared.try_lock_fast() {
-            return false;
-        }
-        // A page whose drain lock was taken is a live watcher's (NONE's never is): `epoll` is its
-        // epoll descriptor, open for the rest of this process (see `DirWatch::epoll`).
-        // SAFETY: the drain lock is held (just taken): the slot is this thread's until it goes.
-        let ready = epoll_first_ready(epoll, unsafe { &mut *shared.slot.get() });
-        if ready == 0 {
-            // Loaded after the syscall rather than before: nothing needs to be kept across it.
-            let vouched =
-                shared.changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
-            shared.unlock_drain(0);
-            vouched
-        } else {
-            // Taken from the set (mountinfo's readiness resets when reported): left pending in
-            // the gate word for the next drain, before anybody's check can vouch again.
-            shared.unlock_drain(ready);
-            false
-        }
-    }
-
-    /// [`FastWatch::current_fast`] as of the last drain, with no `epoll_wait`: nothing pending,
-    /// nobody draining, and no change counted since `verified`. An event the kernel queued since
-    /// the last drain is not seen here; the next `current_fast` sees it. Atomics only.
-    #[inline]
-    pub(crate) fn current_as_of_last_drain(&self, verified: &AtomicU64) -> bool {
-        let FastWatch { shared, .. } = *self;
-        if !shared.try_lock_fast() {
-            return false;
-        }
-        let vouched = shared.changes.load(Ordering::Acquire) == verified.load(Ordering::Acquire);
-        shared.unlock_drain(0);
-        vouched
-    }
-}
-
-// SAFETY: the raw descriptor and page pointer are only used from the process that made them
-// (checked through the page itself), and everything they reach is the kernel's or atomics.
-unsafe impl Send for DirWatch {}
-// SAFETY: as for Send: its `&self` methods touch only atomics, the kernel and the mutex-held watcher.
-unsafe impl Sync for DirWatch {}
-
 impl Drop for DirWatch {
     fn drop(&mut self) {
         let mut state = STATE.lock();
@@ -363,291 +248,6 @@ impl Drop for DirWatch {
             // gone: nothing of this process to release.
             _ => {}
         }
-    }
-}
-
-/// Directory watches refused for want of `max_user_watches`.
-static WATCHES_REFUSED: AtomicU64 = AtomicU64::new(0);
-
-/// A watch the kernel refused: the user's inotify watches (`fs.inotify.max_user_watches`, shared
-/// by every process of the user) are used up. Said at WARN at the 1st, 2nd, 4th, ... refusal;
-/// the databases in `dir` are checked in full at every transaction start (three `stat`s).
-fn out_of_watches(dir: &Path, held_here: usize) {
-    let n = WATCHES_REFUSED.fetch_add(1, Ordering::Relaxed) + 1;
-    if n.is_power_of_two() {
-        let limit = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
-            .map_or_else(|_| "?".into(), |s| s.trim().to_owned());
-        log::warn!(
-            "hermes-guard: no inotify watch on {}: the user's watches are used up \
-             (fs.inotify.max_user_watches = {limit}; this process holds {held_here}); databases \
-             there are checked in full at every write transaction (three stat calls) instead of \
-             by the watch. Raise the limit (sysctl fs.inotify.max_user_watches) to restore the \
-             fast path ({n} refused so far)",
-            dir.display()
-        );
-    }
-}
-
-impl Watcher {
-    fn new() -> Option<Watcher> {
-        let fork_marker = ForkMarker::new()?;
-        let unavailable = |what: &str, e: rustix::io::Errno| {
-            log::debug!("hermes-guard: {what} unavailable ({e}); full checks everywhere");
-        };
-        let inotify = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
-            .map_err(|e| unavailable("inotify", e))
-            .ok()?;
-        let epoll = epoll::create(epoll::CreateFlags::CLOEXEC)
-            .map_err(|e| unavailable("epoll", e))
-            .ok()?;
-        let mountinfo = rustix::fs::open(
-            "/proc/self/mountinfo",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-        .map_err(|e| unavailable("/proc/self/mountinfo", e))
-        .ok()?;
-        epoll::add(
-            &epoll,
-            &inotify,
-            epoll::EventData::new_u64(INOTIFY_READY),
-            epoll::EventFlags::IN,
-        )
-        .map_err(|e| unavailable("epoll of inotify", e))
-        .ok()?;
-        // mountinfo always polls readable; a mount-table change shows as EPOLLPRI (with
-        // EPOLLERR), once per change: the poll that reports it resets it.
-        epoll::add(
-            &epoll,
-            &mountinfo,
-            epoll::EventData::new_u64(MOUNTS_CHANGED),
-            epoll::EventFlags::PRI,
-        )
-        .map_err(|e| unavailable("epoll of mountinfo", e))
-        .ok()?;
-        // The watcher is complete (its page is never unmapped from here on): the atfork
-        // handler wipes this page in a child.
-        CURRENT_PAGE.store(fork_marker.page, Ordering::Release);
-        Some(Watcher {
-            epoch: EPOCH.fetch_add(1, Ordering::Relaxed) + 1,
-            origin: Origin::here(),
-            inotify,
-            epoll,
-            mountinfo,
-            fork_marker,
-            by_dir: HashMap::new(),
-            by_wd: HashMap::new(),
-            buf: vec![MaybeUninit::uninit(); 4096],
-        })
-    }
-
-    fn is_live(&self, entry: &Arc<Entry>) -> bool {
-        self.by_wd
-            .get(&entry.wd)
-            .is_some_and(|(live, _, _)| Arc::ptr_eq(live, entry))
-    }
-
-    /// One more user of the watch on the directory `dir` names now, with at least `events`.
-    fn watch(&mut self, dir: &Path, events: WatchFlags) -> Option<Arc<Entry>> {
-        let known = self.by_dir.get(dir).filter(|e| self.is_live(e)).cloned();
-        let asked = known
-            .as_ref()
-            .and_then(|e| self.by_wd.get(&e.wd))
-            .map(|(_, mask, _)| *mask);
-        if asked.is_none_or(|mask| !mask.contains(events)) {
-            // MASK_ADD: the inode may already be watched (by another path, or for other
-            // events); its watch is widened, never narrowed.
-            let wd = match inotify::add_watch(&self.inotify, dir, events | WatchFlags::MASK_ADD) {
-                Ok(wd) => wd,
-                Err(rustix::io::Errno::NOSPC) => {
-                    out_of_watches(dir, self.by_wd.len());
-                    return None;
-                }
-                Err(e) => {
-                    log::debug!(
-                        "hermes-guard: no inotify watch on {} ({e}); full checks there",
-                        dir.display()
-                    );
-                    return None;
-                }
-            };
-            let entry = match self.by_wd.get_mut(&wd) {
-                Some((entry, mask, _)) => {
-                    *mask |= events;
-                    entry.clone()
-                }
-                None => {
-                    let entry = Arc::new(Entry {
-                        dir: dir.to_path_buf(),
-                        wd,
-                        generation: AtomicU64::new(0),
-                        current: AtomicBool::new(true),
-                        names: names::Names::default(),
-                    });
-                    self.by_wd.insert(wd, (entry.clone(), events, 0));
-                    entry
-                }
-            };
-            if let Some(old) = self.by_dir.insert(dir.to_path_buf(), entry.clone()) {
-                if !Arc::ptr_eq(&old, &entry) {
-                    // The path names another directory now.
-                    old.current.store(false, Ordering::Release);
-                    self.changed();
-                }
-            }
-        }
-        let entry = self.by_dir.get(dir)?.clone();
-        if let Some((_, _, users)) = self.by_wd.get_mut(&entry.wd) {
-            *users += 1;
-        }
-        Some(entry)
-    }
-
-    /// Drops one use of each of `entries`, removing the watches nobody uses any more.
-    fn release(&mut self, entries: &[Arc<Entry>]) {
-        for entry in entries {
-            if !self.is_live(entry) {
-                continue;
-            }
-            let Some((_, _, users)) = self.by_wd.get_mut(&entry.wd) else {
-                continue;
-            };
-            *users -= 1;
-            if *users == 0 {
-                self.by_wd.remove(&entry.wd);
-                self.forget_path(entry);
-                let _ = inotify::remove_watch(&self.inotify, entry.wd);
-            }
-        }
-    }
-
-    /// `entry`'s path no longer names its directory.
-    fn forget_path(&mut self, entry: &Arc<Entry>) {
-        entry.current.store(false, Ordering::Release);
-        if self
-            .by_dir
-            .get(&entry.dir)
-            .is_some_and(|e| Arc::ptr_eq(e, entry))
-        {
-            self.by_dir.remove(&entry.dir);
-        }
-    }
-
-    /// Takes in everything that happened since the last call: one `epoll_wait` that returns at
-    /// once, normally with nothing, plus whatever a fast path took from the set and left in
-    /// the gate word; the inotify queue is read only when it holds events. Holds the drain lock
-    /// throughout, so no fast path vouches between an event leaving the set and its generation
-    /// moving.
-    fn drain(&mut self) {
-        // SAFETY: our own page, mapped while the watcher lives.
-        let shared = unsafe { &*self.fork_marker.page };
-        let held = shared.lock_drain();
-        let ready = held.pending | epoll_ready(self.epoll.as_raw_fd());
-        if ready & MOUNTS_CHANGED != 0 {
-            self.mounts_changed();
-        }
-        if ready & INOTIFY_READY != 0 {
-            self.read_events();
-        }
-        if ready != 0 {
-            // Before the drain lock is released (the guard drops after this).
-            self.changed();
-        }
-    }
-
-    /// The mount table changed: any path may now resolve through another mount, with no event
-    /// on any watched directory. Every generation moves (each connection's next check is a full
-    /// one), and a path opened from now on is watched afresh (the kernel returns the existing
-    /// watch where the path still names the same directory).
-    ///
-    /// The creation counts are not blinded: an inotify watch is on the directory's inode, and
-    /// the kernel queues a creation in it whichever mount the creating path went through. A
-    /// newer generation that writes this connection's main file creates its `-wal` or `-shm`
-    /// beside that file, in the watched directory, and is counted; one that a mount sends to
-    /// another directory writes another main file, which the capture does not read.
-    fn mounts_changed(&mut self) {
-        log::debug!("hermes-guard: the mount table changed; full checks at the next transactions");
-        move_all(&self.by_wd);
-        self.by_dir.clear();
-        crate::filesystem::forget_mounts();
-    }
-
-    fn read_events(&mut self) {
-        let mut moved = Vec::new();
-        {
-            let Watcher {
-                inotify,
-                buf,
-                by_wd,
-                ..
-            } = self;
-            let mut reader = inotify::Reader::new(&*inotify, buf);
-            loop {
-                let (wd, flags, entry) = match reader.next() {
-                    Ok(event) => {
-                        let (wd, flags) = (event.wd(), event.events());
-                        let made = flags.intersects(ReadFlags::CREATE | ReadFlags::MOVED_TO);
-                        let entry = by_wd.get(&wd).map(|(e, _, _)| e);
-                        if let (true, Some(entry), Some(name)) = (made, entry, event.file_name()) {
-                            entry.names.created(name);
-                        }
-                        (wd, flags, entry.cloned())
-                    }
-                    // EAGAIN: nothing queued (the common case).
-                    Err(rustix::io::Errno::AGAIN) => break,
-                    // Anything else: assume every directory changed, and stop reading for now.
-                    Err(_) => {
-                        bump_all(by_wd);
-                        break;
-                    }
-                };
-                if flags.contains(ReadFlags::QUEUE_OVERFLOW) || wd < 0 {
-                    bump_all(by_wd);
-                    continue;
-                }
-                let Some(entry) = entry else {
-                    continue;
-                };
-                entry.generation.fetch_add(1, Ordering::AcqRel);
-                if flags.intersects(ReadFlags::MOVE_SELF | ReadFlags::DELETE_SELF) {
-                    moved.push(entry.clone());
-                }
-                if flags.contains(ReadFlags::IGNORED) {
-                    // The kernel dropped the watch: its users can never be vouched for again.
-                    let (entry, _, _) = by_wd.remove(&wd).expect("looked up above");
-                    moved.push(entry);
-                }
-            }
-        }
-        for entry in moved {
-            self.forget_path(&entry);
-        }
-    }
-}
-
-/// The watch may have missed events: every directory's creation counts are blinded, and every
-/// generation moves.
-fn bump_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
-    for (entry, _, _) in by_wd.values() {
-        entry.names.blinded();
-    }
-    move_all(by_wd);
-}
-
-/// Every generation moves: each connection's next transaction does the full check.
-fn move_all(by_wd: &HashMap<i32, (Arc<Entry>, WatchFlags, usize)>) {
-    for (entry, _, _) in by_wd.values() {
-        entry.generation.fetch_add(1, Ordering::AcqRel);
-    }
-}
-
-impl Watcher {
-    /// Something some watch vouches for moved: every fast path asks the full way next time.
-    fn changed(&self) {
-        // SAFETY: our own page, mapped while the watcher lives.
-        unsafe { &*self.fork_marker.page }
-            .changes
-            .fetch_add(1, Ordering::AcqRel);
     }
 }
 

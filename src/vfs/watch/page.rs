@@ -3,11 +3,12 @@
 
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
 
 use rustix::event::epoll;
 
-use crate::vfs::fork;
+use crate::vfs::fork::{self, PageRef, WipeOnForkPage, ZeroedPage};
 
 /// The start of the wipe-on-fork page: what the fast path of every `DirWatch` of one watcher
 /// shares. All zero in a forked child (`MADV_WIPEONFORK`), whatever it was in the parent.
@@ -60,15 +61,16 @@ impl Shared {
     /// The fast path's lock: taken only when the lock is free and nothing is pending (and so
     /// never in a forked child, whose word reads 0).
     #[inline]
-    pub(super) fn try_lock_fast(&self) -> bool {
+    pub(super) fn try_lock_fast(&self) -> Option<FastHeld<'_>> {
         self.gate
             .compare_exchange(GATE_FREE, GATE_HELD, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+            .then_some(FastHeld(self))
     }
 
     /// Releases the drain lock, leaving `pending` readiness for the next drain.
     #[inline]
-    pub(super) fn unlock_drain(&self, pending: u64) {
+    fn unlock_drain(&self, pending: u64) {
         self.gate
             .store(GATE_FREE | pending << PENDING_SHIFT, Ordering::Release);
     }
@@ -95,6 +97,30 @@ impl Shared {
     }
 }
 
+/// The drain lock, taken by a fast path ([`Shared::try_lock_fast`]): only this thread uses the
+/// page's event slot while it exists. Released explicitly ([`FastHeld::unlock`]), with what the
+/// fast path leaves pending; nothing on the fast path unwinds.
+pub(super) struct FastHeld<'a>(&'a Shared);
+
+impl FastHeld<'_> {
+    /// The page's event slot, this thread's while the lock is held.
+    #[inline(always)]
+    pub(super) fn slot(&self) -> *mut [MaybeUninit<epoll::Event>; 1] {
+        self.0.slot.get()
+    }
+
+    #[inline(always)]
+    pub(super) fn page(&self) -> &Shared {
+        self.0
+    }
+
+    /// Releases the drain lock, leaving `pending` readiness for the next drain.
+    #[inline(always)]
+    pub(super) fn unlock(self, pending: u64) {
+        self.0.unlock_drain(pending);
+    }
+}
+
 /// The drain lock, and the readiness that was pending when it was taken (handled by the
 /// holder: the lock is released with nothing pending).
 pub(super) struct DrainGuard<'a> {
@@ -108,87 +134,44 @@ impl Drop for DrainGuard<'_> {
     }
 }
 
-/// One anonymous page marked `MADV_WIPEONFORK`: it reads as zero in a forked child (wiped by
-/// the kernel, and by the atfork handler, [`wipe_in_child`], whether or not the kernel did).
-pub(super) struct ForkMarker {
-    pub(super) page: *mut Shared,
-    /// The kernel was seen to apply `madvise` advice ([`fork::wipe_is_honoured`]), so the page
-    /// is wiped in a child made by a raw `clone` too.
-    pub(super) honoured: bool,
-}
+// SAFETY: all-zero bytes are a valid `Shared` (atomics at 0, an uninitialised slot), which is
+// `Sync` (above) and far smaller than a page, aligned to 8.
+unsafe impl ZeroedPage for Shared {}
 
 /// The page of this process's current watcher, for [`wipe_in_child`].
-pub(super) static CURRENT_PAGE: AtomicPtr<Shared> = AtomicPtr::new(std::ptr::null_mut());
+pub(super) static CURRENT_PAGE: PageRef<Shared> = PageRef::none();
 
-/// In a forked child (the atfork handler, see `fork.rs`): wipes the current watcher's page as
-/// `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or drains here.
-/// Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
-pub(crate) fn wipe_in_child() {
-    let page = CURRENT_PAGE.load(Ordering::Acquire);
-    if page.is_null() {
-        return;
-    }
-    // SAFETY: a watcher's page is never unmapped (watchers are leaked, not dropped: see
-    // `DirWatch::epoll`), and every field of `Shared` touched here is an atomic.
-    unsafe {
-        (*page).alive.store(0, Ordering::Release);
-        (*page).gate.store(0, Ordering::Release);
+/// In a forked child (the atfork handler runs it, registered by [`new_page`]): wipes the current
+/// watcher's page as `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or
+/// drains here. Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
+fn wipe_in_child() {
+    if let Some(page) = CURRENT_PAGE.get() {
+        page.alive.store(0, Ordering::Release);
+        page.gate.store(0, Ordering::Release);
     }
 }
 
-// SAFETY: the page is process-private memory accessed only through atomics.
-unsafe impl Send for ForkMarker {}
-
-impl ForkMarker {
-    const PAGE: usize = 4096;
-
-    pub(super) fn new() -> Option<ForkMarker> {
-        use rustix::mm::{madvise, mmap_anonymous, Advice, MapFlags, ProtFlags};
-        // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
-        let page = unsafe {
-            mmap_anonymous(
-                std::ptr::null_mut(),
-                Self::PAGE,
-                ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::PRIVATE,
-            )
-        }
-        .ok()?;
-        // SAFETY: `page` is the mapping just created, of PAGE bytes.
-        if unsafe { madvise(page, Self::PAGE, Advice::LinuxWipeOnFork) }.is_err() {
-            // SAFETY: unmapping the mapping created above, unused elsewhere.
-            let _ = unsafe { rustix::mm::munmap(page, Self::PAGE) };
-            return None;
-        }
-        let honoured = fork::wipe_is_honoured(page, Self::PAGE);
-        if !honoured {
-            log::warn!(
-                "hermes-guard: madvise(MADV_WIPEONFORK) is accepted here but not applied (an \
-                 emulator such as qemu-user?): the lock-free check at transaction start is off, \
-                 and each write transaction asks the directory watcher under its lock instead"
-            );
-        }
-        let page = page as *mut Shared;
-        // SAFETY: page-aligned, writable, zero-filled (a valid `Shared`: all atomics at zero)
-        // and large enough for one; a forked child's copy reads all zero again.
-        unsafe {
-            (*page).gate.store(GATE_FREE, Ordering::Release);
-            (*page).alive.store(1, Ordering::Release);
-        }
-        Some(ForkMarker { page, honoured })
+/// A watcher's wipe-on-fork page, live (the drain lock free, `alive` 1); `None` when the page
+/// cannot be had. The page is unmapped when dropped: [`WipeOnForkPage::leak`] keeps it for the
+/// watcher, which is never dropped.
+pub(super) fn new_page() -> Option<WipeOnForkPage<Shared>> {
+    let page = WipeOnForkPage::<Shared>::map()?;
+    if !page.honoured() {
+        log::warn!(
+            "hermes-guard: madvise(MADV_WIPEONFORK) is accepted here but not applied (an \
+             emulator such as qemu-user?): the lock-free check at transaction start is off, \
+             and each write transaction asks the directory watcher under its lock instead"
+        );
     }
-
-    #[inline]
-    pub(super) fn same_process(&self) -> bool {
-        // SAFETY: the mapping lives as long as the marker (never unmapped while in use).
-        unsafe { (*self.page).same_process() }
-    }
+    // A forked child's copy reads all zero again.
+    page.get().gate.store(GATE_FREE, Ordering::Release);
+    page.get().alive.store(1, Ordering::Release);
+    Some(page)
 }
 
-impl Drop for ForkMarker {
-    fn drop(&mut self) {
-        // SAFETY: unmapping our own page; no reference to it outlives the marker (a watcher,
-        // whose DirWatches point at it, is never dropped: only leaked).
-        let _ = unsafe { rustix::mm::munmap(self.page as *mut _, Self::PAGE) };
-    }
+/// The page becomes the current watcher's: the atfork handler wipes it in a child.
+pub(super) fn make_current(page: &'static Shared) {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| fork::on_child(wipe_in_child));
+    CURRENT_PAGE.set(Some(page));
 }

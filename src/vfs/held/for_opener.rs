@@ -9,18 +9,16 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::pending::{Held, PENDING, PENDING_COUNT};
-use super::HeapFile;
+use super::{pending, Held, HeldFile, HeldState};
 use crate::capture::Trigger;
 use crate::identity::FileId;
 use crate::vfs::fork::Origin;
-use crate::vfs::state::{DbState, LeftWal};
 
 static LEFT: Mutex<Vec<Held>> = Mutex::new(Vec::new());
 static LEFT_COUNT: AtomicUsize = AtomicUsize::new(0);
 
 /// The main file `file` of `state`, whose close left its WAL for an opener.
-pub(super) fn leave(state: Arc<DbState>, file: HeapFile) {
+pub(crate) fn leave(state: Arc<dyn HeldState>, file: Box<dyn HeldFile>) {
     let mut left = LEFT.lock();
     left.push(Held {
         state,
@@ -56,12 +54,12 @@ fn settle(due: impl Fn(&Held) -> bool) {
         }
         let held = left.swap_remove(i);
         let state = held.state.clone();
-        let fate = catch_unwind(AssertUnwindSafe(|| state.left_wal())).unwrap_or(LeftWal::AtPath);
-        if fate != LeftWal::TakenAway
-            || catch_unwind(AssertUnwindSafe(|| state.check_pins())).map_or(true, |r| r.is_none())
+        let taken_away =
+            catch_unwind(AssertUnwindSafe(|| state.left_wal_taken_away())).unwrap_or(false);
+        if !taken_away || !catch_unwind(AssertUnwindSafe(|| state.pins_retired())).unwrap_or(false)
         {
             state.main_released();
-            held.file.close();
+            held.file.close_held();
             continue;
         }
         // Taken away: the frames are captured from the kept descriptors, or the generation is
@@ -69,13 +67,9 @@ fn settle(due: impl Fn(&Held) -> bool) {
         match catch_unwind(AssertUnwindSafe(|| state.ensure_captured(Trigger::Close))) {
             Ok(Ok(_)) => {
                 state.main_released();
-                held.file.close();
+                held.file.close_held();
             }
-            _ => {
-                let mut pending = PENDING.lock();
-                pending.push(held);
-                PENDING_COUNT.store(pending.len(), Ordering::Release);
-            }
+            _ => pending::push(held),
         }
     }
     LEFT_COUNT.store(left.len(), Ordering::Release);
@@ -92,7 +86,7 @@ pub(super) fn at_exit() {
     };
     for held in left.iter().filter(|h| h.owner.current()) {
         let _ = catch_unwind(AssertUnwindSafe(|| {
-            if held.state.left_wal() == LeftWal::TakenAway && held.state.check_pins().is_some() {
+            if held.state.left_wal_taken_away() && held.state.pins_retired() {
                 if let Err(e) = held.state.ensure_captured(Trigger::Close) {
                     log::error!(
                         "hermes-guard: this process is exiting, and the WAL {} left with \
