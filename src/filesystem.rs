@@ -144,7 +144,7 @@ pub(crate) fn of_dir_on(dir: &Path, dev: u64) -> Option<Filesystem> {
     }
     let st = rustix::fs::statfs(dir).ok()?;
     #[allow(clippy::unnecessary_cast)] // f_type's width differs between platforms
-    let magic = test_magic().unwrap_or(st.f_type as i64);
+    let magic = crate::testing::seam::filesystem_magic().unwrap_or(st.f_type as i64);
     let fs = classify(magic, || fuse_type(dev));
     KNOWN
         .lock()
@@ -186,19 +186,6 @@ pub(crate) fn at_open(db: &Path, dir: &Path, dev: u64) -> Option<Filesystem> {
         }
     }
     Some(fs)
-}
-
-/// The crate's own tests (`test-hooks`): `HERMES_GUARD_TEST_FS_MAGIC` (hex) stands for the
-/// filesystem's magic number, to run the refusal on a network filesystem this machine cannot
-/// mount. Never read in a normal build.
-fn test_magic() -> Option<i64> {
-    #[cfg(feature = "test-hooks")]
-    {
-        let v = std::env::var("HERMES_GUARD_TEST_FS_MAGIC").ok()?;
-        i64::from_str_radix(v.trim_start_matches("0x"), 16).ok()
-    }
-    #[cfg(not(feature = "test-hooks"))]
-    None
 }
 
 /// The filesystem of magic number `magic`; `fuse_type` gives a FUSE mount's type.

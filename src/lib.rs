@@ -301,7 +301,8 @@ pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusq
 #[doc(hidden)]
 pub mod test_hooks {
     pub use crate::capture::base_file::read as read_base_pages;
-    pub use crate::capture::{clear_capture_fault, inject_capture_fault, BasePages};
+    pub use crate::capture::BasePages;
+    pub use crate::testing::capture_faults::{clear_capture_fault, inject_capture_fault};
     pub use crate::identity::identity_of_path;
     pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 }
@@ -310,7 +311,6 @@ pub mod test_hooks {
 #[cfg(feature = "explore-faults")]
 #[doc(hidden)]
 pub use testing::explore_faults;
-#[cfg(feature = "explore-faults")]
 mod testing;
 
 /// The README's code blocks, compiled by `cargo test` so its example keeps up with the API.

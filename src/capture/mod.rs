@@ -20,7 +20,6 @@ pub(crate) mod base_file;
 mod error;
 mod existing;
 pub(crate) mod fallback;
-mod faults;
 pub(crate) mod healed;
 mod manifest;
 mod names;
@@ -36,9 +35,6 @@ pub use error::CaptureError;
 pub(crate) use error::{hand_over, take_handed_over};
 use existing::find_identical_capture;
 pub(crate) use existing::{read_captured_wal, CapturedWal};
-use faults::injected_fault;
-#[cfg(feature = "test-hooks")]
-pub use faults::{clear_capture_fault, inject_capture_fault};
 pub use healed::{heal_state, HealPhase, HealRecord, HealState, PutBack, HEALED_NAME};
 pub use manifest::{
     BaseEntry, BaseVerdict, FailedCommitEntry, ImageMode, MainEntry, Manifest, ManifestError,
@@ -130,7 +126,7 @@ pub fn write_capture(input: &CaptureInput<'_>) -> Result<Captured, CaptureError>
         source,
     };
     let (parent, name) = split_database(database)?;
-    if let Some(message) = injected_fault(database) {
+    if let Some(message) = crate::testing::seam::injected_capture_fault(database) {
         return Err(io_err(parent, io::Error::other(message)));
     }
 

@@ -375,14 +375,8 @@ pub(crate) fn rule_for(capture: &Capture, database: &Path) -> (MergeRule, String
                 .into(),
         );
     }
-    #[cfg(feature = "explore-faults")]
-    let base_ignored = crate::explore_faults::capture_base_ignored();
-    #[cfg(not(feature = "explore-faults"))]
-    let base_ignored = false;
-    #[cfg(feature = "explore-faults")]
-    let changes_ignored = crate::explore_faults::changes_ignored();
-    #[cfg(not(feature = "explore-faults"))]
-    let changes_ignored = false;
+    let base_ignored = crate::testing::seam::capture_base_ignored();
+    let changes_ignored = crate::testing::seam::changes_ignored();
     if m.base_verdict() != crate::capture::BaseVerdict::Own && !base_ignored {
         if m.base_pages.is_some() && !changes_ignored {
             return (

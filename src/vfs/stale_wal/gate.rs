@@ -33,9 +33,8 @@ use crate::wal_base::{
 };
 use crate::walfile::{parse_wal_header, SMALLEST_WAL_WITH_A_FRAME, WAL_HEADER_SIZE};
 
-/// The former order (judged first, EXCLUSIVE after), for the connection explorer only
-/// (`explore-faults`).
-#[cfg(feature = "explore-faults")]
+/// The former order (judged first, EXCLUSIVE after), for the connection explorer only: reached
+/// when its switch (`explore-faults`) is on, through the test seam (`crate::testing::seam`).
 mod old_order;
 mod replaced_here;
 
@@ -61,8 +60,7 @@ pub(crate) fn before_wal_open(
     locks: &dyn MainLocks,
     wal_path: &Path,
 ) -> c_int {
-    #[cfg(feature = "explore-faults")]
-    if let Some(window) = crate::explore_faults::stale_wal_judged_before_exclusive() {
+    if let Some(window) = crate::testing::seam::stale_wal_judged_before_exclusive() {
         return old_order::before_wal_open(state, main, locks, wal_path, window);
     }
     let db = state.db_path();

@@ -235,10 +235,7 @@ fn overwritten(inner: &Inner, main: &dyn ImageSource) -> Option<String> {
 /// wal-index confirmed it: no `READ(0)` at the close, no compare of the wal-index's salts with the
 /// WAL header's); always `false` without the `explore-faults` feature.
 pub(crate) fn unconfirmed() -> bool {
-    #[cfg(feature = "explore-faults")]
-    return crate::explore_faults::judgement_unconfirmed();
-    #[cfg(not(feature = "explore-faults"))]
-    false
+    crate::testing::seam::judgement_unconfirmed()
 }
 
 /// The frames a checkpoint copied or began to copy: the hashes of those of `pages`, and the

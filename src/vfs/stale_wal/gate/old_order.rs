@@ -1,5 +1,5 @@
 //! The stale-WAL gate in its former order, for the connection explorer only (the
-//! `explore-faults` feature, `crate::explore_faults`): judged first, EXCLUSIVE after. Today's
+//! `explore-faults` feature's switch, read through `crate::testing::seam`): judged first, EXCLUSIVE after. Today's
 //! order is in the parent module; this one is kept only to show that the explorer finds what it
 //! broke (tests/explore/tests/it/stale_wal_order.rs).
 

@@ -1,11 +1,8 @@
-//! Injected capture failures, for the tests (the `test-hooks` feature).
+//! Injected capture failures, for the tests (the `test-hooks` feature, and the unit tests).
 
-use std::path::Path;
-#[cfg(any(test, feature = "test-hooks"))]
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Injected capture failures (test builds only: the `test-hooks` feature).
-#[cfg(any(test, feature = "test-hooks"))]
 static FAULTS: parking_lot::Mutex<Vec<(PathBuf, String)>> = parking_lot::Mutex::new(Vec::new());
 
 /// Test hook: make every capture of a database under `dir` fail with `message` (as a disk-full
@@ -22,18 +19,11 @@ pub fn clear_capture_fault(dir: &Path) {
     FAULTS.lock().retain(|(d, _)| d != dir);
 }
 
-#[cfg(any(test, feature = "test-hooks"))]
-pub(super) fn injected_fault(database: &Path) -> Option<String> {
+/// The failure injected for `database`, if any (read through `seam::injected_capture_fault`).
+pub(crate) fn injected(database: &Path) -> Option<String> {
     let faults = FAULTS.lock();
     faults
         .iter()
         .find(|(dir, _)| database.starts_with(dir))
         .map(|(_, m)| m.clone())
-}
-
-/// Without the test hooks no fault is ever injected, and nothing is locked to find that out.
-#[cfg(not(any(test, feature = "test-hooks")))]
-#[inline]
-pub(super) fn injected_fault(_database: &Path) -> Option<String> {
-    None
 }
