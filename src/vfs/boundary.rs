@@ -1,9 +1,10 @@
 //! The C boundary's small helpers every callback of the shim uses: `ffi_guard` (a panic becomes
 //! an SQLite error code, never an unwind into C), strings from and to SQLite (a path byte for
-//! byte, text for people, an answer SQLite frees), the running SQLite's version. The bottom of
+//! byte, text for people, an answer SQLite frees), the running SQLite's version, SQLite's error
+//! log. The bottom of
 //! the house: it imports nothing of the shim.
 
-use std::ffi::{c_char, CStr, OsStr};
+use std::ffi::{c_char, c_int, CStr, OsStr};
 use std::os::unix::ffi::OsStrExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
@@ -53,6 +54,16 @@ pub(super) fn sqlite_string(s: &str) -> *mut c_char {
         *p.add(bytes.len()) = 0;
     }
     p as *mut c_char
+}
+
+/// `sqlite3_log(code, "%s", text)`: SQLite's error log (nothing unless a log callback is
+/// configured).
+pub(crate) fn sqlite_log(code: c_int, text: &CStr) {
+    // SAFETY: both pointers are valid NUL-terminated strings that outlive the call; the format
+    // is the literal "%s" and exactly one string argument follows it, which is what SQLite's
+    // printf reads. sqlite3_log may be called from any thread at any time, before or after
+    // sqlite3_initialize, and inside VFS methods (SQLite's own os_unix.c does).
+    unsafe { ffi::sqlite3_log(code, c"%s".as_ptr(), text.as_ptr()) }
 }
 
 /// Text for people (a VFS name), never a path: invalid UTF-8 becomes U+FFFD.

@@ -1,7 +1,8 @@
 //! The `sqlite3_vfs` methods: `xOpen` wraps the file, `xDelete` refuses to delete a WAL that is
-//! no longer the one its connection pinned, everything else is handed to the wrapped VFS.
+//! no longer the one its connection pinned, everything else is handed to the wrapped VFS. And the
+//! guard's other calls of SQLite's VFS API: its registration, the unix VFS's mutex.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr;
 
 use rusqlite::ffi;
@@ -9,9 +10,61 @@ use rusqlite::ffi;
 use super::boundary::{cstr_path, ffi_guard, VFS_NAME_C};
 use super::file;
 use super::state::may_delete;
+use crate::error::GuardError;
+
+/// The registered VFS. Leaked on purpose: SQLite keeps pointers to it for the process's life.
+pub(super) struct Registered(*mut ffi::sqlite3_vfs);
+
+// SAFETY: the pointer is to a leaked, never-mutated-after-registration sqlite3_vfs; SQLite itself
+// shares it between threads.
+unsafe impl Send for Registered {}
+
+impl Registered {
+    /// Registers the guard's VFS over the current default one: the exit hook installed first
+    /// (a last capture attempt for what is still held when the process exits normally).
+    pub(super) fn new() -> Result<Registered, GuardError> {
+        // SAFETY: `at_exit` is a plain `extern "C" fn()` that never unwinds (it catches panics).
+        unsafe { libc::atexit(file::at_exit) };
+        // SAFETY: a NULL name asks for the default VFS; SQLite initialises itself if needed.
+        let sub = unsafe { ffi::sqlite3_vfs_find(ptr::null()) };
+        if sub.is_null() {
+            return Err(GuardError::Register("SQLite has no default VFS".into()));
+        }
+        // SAFETY: `sub` is a registered VFS, valid for the life of the process.
+        let sub_name = unsafe { CStr::from_ptr((*sub).zName) };
+        if sub_name == VFS_NAME_C {
+            return Err(GuardError::Register(
+                "the default VFS is already a hermes-guard from another copy of the library".into(),
+            ));
+        }
+        let vfs = Box::into_raw(Box::new(guard_vfs(sub)));
+        // SAFETY: `vfs` is a complete sqlite3_vfs that lives forever (leaked).
+        let rc = unsafe { ffi::sqlite3_vfs_register(vfs, 0) };
+        if rc != ffi::SQLITE_OK {
+            // SAFETY: SQLite refused it, so it holds no pointer to `vfs`.
+            drop(unsafe { Box::from_raw(vfs) });
+            return Err(GuardError::Register(format!(
+                "sqlite3_vfs_register returned {rc}"
+            )));
+        }
+        Ok(Registered(vfs))
+    }
+
+    /// Makes it the default VFS of the process.
+    pub(super) fn make_default(&self) -> Result<(), GuardError> {
+        // SAFETY: re-registering a registered VFS with makeDflt=1 only relinks it at the head.
+        let rc = unsafe { ffi::sqlite3_vfs_register(self.0, 1) };
+        if rc != ffi::SQLITE_OK {
+            return Err(GuardError::Register(format!(
+                "sqlite3_vfs_register(makeDflt) returned {rc}"
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// Builds the guard's `sqlite3_vfs` over `sub`.
-pub(super) fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
+fn guard_vfs(sub: *mut ffi::sqlite3_vfs) -> ffi::sqlite3_vfs {
     // SAFETY: `sub` is a registered VFS, valid for the life of the process.
     let s = unsafe { &*sub };
     ffi::sqlite3_vfs {
@@ -121,3 +174,39 @@ vfs_pass_through!(x_current_time_int64, xCurrentTimeInt64, (out: *mut ffi::sqlit
 vfs_pass_through!(x_set_system_call, xSetSystemCall, (z: *const c_char, p: ffi::sqlite3_syscall_ptr) -> c_int, ffi::SQLITE_NOTFOUND);
 vfs_pass_through!(x_get_system_call, xGetSystemCall, (z: *const c_char) -> ffi::sqlite3_syscall_ptr, None);
 vfs_pass_through!(x_next_system_call, xNextSystemCall, (z: *const c_char) -> *const c_char, ptr::null());
+
+/// SQLite's unix VFS mutex (`unixBigLock`), held while alive: no connection of this process
+/// opens a `-shm` (and takes its dead-man-switch lock) meanwhile. Not recursive: never taken
+/// inside a call into the unix VFS (the guard asks before or after each wrapped call).
+pub(super) struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
+
+impl UnixVfsMutex {
+    /// The mutex: static, allocated by SQLite once and never freed (NULL in a build without
+    /// mutexes, which every mutex call accepts).
+    fn get() -> *mut rusqlite::ffi::sqlite3_mutex {
+        // SAFETY: asking for a static mutex has no precondition.
+        unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) }
+    }
+
+    pub(super) fn enter() -> UnixVfsMutex {
+        let m = UnixVfsMutex::get();
+        // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
+        unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
+        UnixVfsMutex(m)
+    }
+
+    /// [`UnixVfsMutex::enter`] if no other thread holds it now.
+    pub(super) fn try_enter() -> Option<UnixVfsMutex> {
+        let m = UnixVfsMutex::get();
+        // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
+        let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
+        (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))
+    }
+}
+
+impl Drop for UnixVfsMutex {
+    fn drop(&mut self) {
+        // SAFETY: entered by this thread in `enter`.
+        unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
+    }
+}

@@ -59,6 +59,30 @@ pub unsafe fn is_retired(db: *mut ffi::sqlite3) -> bool {
     unsafe { super::file::retired_flag(db) }.unwrap_or(false)
 }
 
+/// [`is_retired`] of a connection borrowed here, `None` when it is not a file of the guard's.
+pub(crate) fn retired_flag_of(conn: &Connection) -> Option<bool> {
+    // SAFETY: `conn` is open, and borrowed here, so no other thread uses it (a rusqlite
+    // Connection is not Sync) until the call returns; the handle does not outlive the call.
+    unsafe { super::file::retired_flag(conn.handle()) }
+}
+
+/// `SQLITE_FCNTL_RESERVE_BYTES` on `conn`'s `main` database: sets the reserved bytes per page
+/// to `*n` when it is 0..=255, and writes the former value into `*n`; SQLite's return code.
+#[cfg(test)]
+pub(crate) fn reserve_bytes(conn: &Connection, n: &mut c_int) -> c_int {
+    // SAFETY: the handle is the open connection's and is used on this thread only, while `conn`
+    // is borrowed; "main" is a NUL-terminated name; SQLITE_FCNTL_RESERVE_BYTES reads and writes
+    // one `int` through the pointer, which points at `n`, alive for the call.
+    unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_RESERVE_BYTES,
+            (n as *mut c_int).cast::<std::ffi::c_void>(),
+        )
+    }
+}
+
 /// What an error with SQLite's `extended_code`, returned on this handle, means for the
 /// application ([`GuardExt::classify`]): for hosts whose error type keeps only the code
 /// (`SQLITE_READONLY_DBMOVED` is 1032).
