@@ -34,7 +34,9 @@ pub(super) fn check_running_version() {
 }
 
 use std::ffi::{c_char, c_int, c_void};
+use std::io;
 use std::mem::size_of;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
@@ -42,6 +44,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 
 use rusqlite::ffi;
 
+use super::Io;
+use crate::capture::ImageSource;
 use crate::identity::{identity_of_fd, FileId};
 use crate::status::Backfill;
 use crate::vfs::boundary::cstr_text;
@@ -307,4 +311,101 @@ pub(super) unsafe fn unix_descriptor(sub: *mut ffi::sqlite3_file) -> c_int {
 pub(super) unsafe fn set_last_errno(sub: *mut ffi::sqlite3_file, errno: c_int) {
     // SAFETY: as the caller promises.
     unsafe { (*(sub as *mut UnixFilePrefix)).last_errno = errno };
+}
+
+impl<'a> Io<'a> {
+    /// SQLite's descriptor of the wrapped file (`unixFile.h`) when it has the `unixFile` layout
+    /// (checked at its open).
+    #[inline(always)]
+    pub(super) fn unix_descriptor(self) -> Option<c_int> {
+        if !self.t.unix_prefix {
+            return None;
+        }
+        // SAFETY: the wrapped object is live for the call and starts as a `unixFile` (checked at
+        // its open: `unix_prefix`).
+        Some(unsafe { unix_descriptor(self.sub_ptr()) })
+    }
+
+    /// [`Io::unix_descriptor`], borrowed: SQLite keeps it open while the file is.
+    #[inline(always)]
+    pub(super) fn unix_fd(self) -> Option<BorrowedFd<'a>> {
+        let fd = self.unix_descriptor()?;
+        // SAFETY: the unix VFS's descriptor of the file, open until the file's close, which
+        // cannot come while SQLite is inside a call on it (`'a`).
+        Some(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Sets the wrapped `unixFile`'s `lastErrno`, as the unix VFS's `unixWrite` does after a
+    /// write; nothing for a file of another layout.
+    #[inline(always)]
+    pub(super) fn set_last_errno(self, errno: c_int) {
+        if self.t.unix_prefix {
+            // SAFETY: as in `unix_descriptor`; SQLite is inside a call on this file (it
+            // serialises them).
+            unsafe { set_last_errno(self.sub_ptr(), errno) };
+        }
+    }
+
+    /// [`shm_node`] of the wrapped file, which must have the `unixFile` layout.
+    pub(super) fn shm_node(
+        self,
+        known: impl FnOnce(c_int) -> Option<FileId>,
+    ) -> Result<(c_int, FileId, PathBuf), String> {
+        if !self.t.unix_prefix {
+            return Err("the file does not have the layout of SQLite's unix VFS".into());
+        }
+        // SAFETY: a live `unixFile` (checked at its open); its `pShm` is NULL or its node, set by
+        // its xShmMap and cleared by its xShmUnmap.
+        unsafe { shm_node(self.sub_ptr(), known) }
+    }
+
+    /// The main file's mode and owner, read with an `fstat` of SQLite's descriptor when the
+    /// closure is called (inside the `xShmMap` that asks for it, while SQLite holds the file
+    /// open); `None` for a file without the `unixFile` layout.
+    pub(super) fn mode_and_owner(self) -> Option<crate::vfs::wal_index::ModeAndOwner> {
+        let fd = self.unix_descriptor()?;
+        Some(Box::new(move || {
+            // SAFETY: borrowed for the one `fstat`, made inside this `xShmMap`, while SQLite
+            // holds the main file open.
+            let main = unsafe { BorrowedFd::borrow_raw(fd) };
+            let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
+            Ok((st.st_mode & 0o777, (st.st_uid, st.st_gid)))
+        }))
+    }
+}
+
+/// Reads the main file through SQLite's own descriptor of it (the unix VFS's `h`), not through
+/// its file object: the base pages' reads (`state/base_pages.rs`) run inside a WAL write, and a
+/// VFS stacked above the guard may have installed its own methods in the main file object (the
+/// connection explorer's yield at every read). No descriptor of the guard's own.
+pub(super) struct MainByDescriptor(pub(super) std::os::fd::RawFd);
+
+impl MainByDescriptor {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: SQLite's descriptor of the main file, open while its file object is; the state
+        // drops this reader before the file is closed (`DbState::main_released`, and the WAL's
+        // writes that use it happen only while the connection has the main file open).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) }
+    }
+}
+
+impl ImageSource for MainByDescriptor {
+    fn size(&self) -> io::Result<u64> {
+        Ok(rustix::fs::fstat(self.fd())?.st_size as u64)
+    }
+
+    fn read_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match rustix::io::pread(self.fd(), &mut *buf, offset) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
 }
