@@ -25,15 +25,16 @@
 //! - this file: the [`FileTable`] (the method table SQLite calls, and the guard's data after
 //!   it), the wrapped file's methods ([`SubMethods`]), and [`verdict`], the one function that
 //!   turns a write gate into SQLite's answer;
-//! - `layout.rs`: where the wrapped file object lives (SQLite's buffer or the heap), moving a
-//!   held main file out of SQLite's buffer, and the C side of the methods: [`Live`] (SQLite's
-//!   pointer made safe once per call), [`Io`] (the wrapped file's methods, called safely), the
-//!   C entry points; with `sqlite_private.rs`, every `unsafe` of the io methods;
+//! - `layout.rs`: where the wrapped file object lives (SQLite's buffer or the heap), its open
+//!   there (`xOpen`'s C side), and moving a held main file out of SQLite's buffer;
+//! - `entry.rs`: the C side of the methods: [`Live`] (SQLite's pointer made safe once per call),
+//!   [`Io`] (the wrapped file's methods, called safely), the C entry points. With `layout.rs` and
+//!   `sqlite_private.rs`, every `unsafe` of the io methods;
 //! - `sqlite_private.rs`: every read of a SQLite-private structure (`unixFile`, `unixShm`,
 //!   `unixShmNode`, the wal-index header), checked at run time and keyed to the SQLite versions
 //!   it was verified against;
 //! - `pending.rs`: the process-wide list of held retired main files and their retries;
-//! - `open.rs` and `close.rs`: `xOpen` and `xClose`;
+//! - `open.rs` and `close.rs`: `xOpen`'s decisions and `xClose`;
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
 //! - `frame_write.rs`: a WAL frame's header and page written as one (the frame rule);
@@ -79,12 +80,13 @@ macro_rules! sub_methods {
 }
 
 #[macro_use]
-mod layout;
+mod entry;
 mod close;
 mod controls;
 mod frame_write;
 mod held_for_opener;
 mod hot;
+mod layout;
 mod open;
 mod pending;
 mod reset_lock;
@@ -95,7 +97,7 @@ pub(crate) use self::held_for_opener::settle_for_opener;
 pub(super) use self::layout::os_file_size;
 pub(super) use self::layout::{open, retired_flag};
 pub(crate) use self::pending::{at_exit, held, retry_pending_captures, Caller};
-use self::{hot::*, layout::*, pending::*, shm::*, sqlite_private::*};
+use self::{entry::*, hot::*, layout::*, pending::*, shm::*, sqlite_private::*};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
