@@ -1,14 +1,17 @@
 //! The `sqlite3_vfs` methods: `xOpen` wraps the file, `xDelete` refuses to delete a WAL that is
 //! no longer the one its connection pinned, everything else is handed to the wrapped VFS. And the
-//! guard's other calls of SQLite's VFS API: its registration, the unix VFS's mutex.
+//! guard's other calls of SQLite's API: its registration, the unix VFS's mutex, the SQL
+//! functions' registration and calls (their bodies are `sql_functions.rs`'s).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::marker::PhantomData;
 use std::ptr;
 
 use rusqlite::ffi;
 
 use super::boundary::{cstr_path, ffi_guard, VFS_NAME_C};
 use super::file;
+use super::sql_functions;
 use super::state::may_delete;
 use crate::error::GuardError;
 
@@ -208,5 +211,211 @@ impl Drop for UnixVfsMutex {
     fn drop(&mut self) {
         // SAFETY: entered by this thread in `enter`.
         unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
+    }
+}
+
+/// `SQLITE_DIRECTONLY` (SQLite 3.30): not from a schema's triggers or views. A literal: the
+/// prebuilt bindings of the range's oldest libsqlite3-sys predate the constant.
+const DIRECTONLY: c_int = 0x0008_0000;
+
+/// The SQL functions: name, number of arguments (-1: any, checked in the function), body.
+type SqlBody = unsafe extern "C" fn(*mut ffi::sqlite3_context, c_int, *mut *mut ffi::sqlite3_value);
+const SQL_FUNCTIONS: [(&CStr, c_int, SqlBody); 3] = [
+    (c"hermes_guard_status", -1, status_fn),
+    (c"hermes_guard_capture", -1, capture_fn),
+    (c"hermes_guard_retry_pending", 0, retry_pending_fn),
+];
+
+/// Registers the SQL functions on `conn` ([`install_on`]).
+pub(super) fn install_functions(conn: &rusqlite::Connection) -> c_int {
+    // SAFETY: `conn`'s handle is open and borrowed for the call.
+    unsafe { install_on(conn.handle()) }
+}
+
+/// Registers the SQL functions on `db`: three `sqlite3_create_function_v2` calls with static
+/// functions, no allocation of the guard's (every open pays it).
+///
+/// # Safety
+/// `db` is an open connection handle.
+unsafe fn install_on(db: *mut ffi::sqlite3) -> c_int {
+    for (name, n_arg, body) in SQL_FUNCTIONS {
+        // SAFETY: `db` is open; the name is NUL-terminated and static; the body is a plain
+        // function with no user data, so no destructor.
+        let rc = unsafe {
+            ffi::sqlite3_create_function_v2(
+                db,
+                name.as_ptr(),
+                n_arg,
+                ffi::SQLITE_UTF8 | DIRECTONLY,
+                ptr::null_mut(),
+                Some(body),
+                None,
+                None,
+                None,
+            )
+        };
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+    }
+    ffi::SQLITE_OK
+}
+
+/// Makes SQLite call [`auto_install`] at every connection's open from now on (once per process:
+/// [`crate::register`] calls it under its lock). A failure is logged: the guard works without
+/// its functions, which then say "no such function".
+pub(super) fn install_for_every_connection() {
+    let entry: unsafe extern "C" fn(
+        *mut ffi::sqlite3,
+        *mut *mut c_char,
+        *const ffi::sqlite3_api_routines,
+    ) -> c_int = auto_install;
+    // The binding's parameter type differs (the entry point's signature in a plain build,
+    // `fn()` in rusqlite's `loadable_extension` and some older libsqlite3-sys): the target type
+    // is inferred from it.
+    #[allow(clippy::missing_transmute_annotations, clippy::useless_transmute)]
+    // SAFETY: SQLite calls auto-extensions with the entry-point signature `entry` has; a
+    // function pointer to a pointer-sized function pointer type; it lives as long as the
+    // program.
+    let rc = unsafe { ffi::sqlite3_auto_extension(Some(std::mem::transmute(entry))) };
+    if rc != ffi::SQLITE_OK {
+        log::warn!(
+            "hermes-guard: sqlite3_auto_extension returned {rc}: the SQL functions \
+             (hermes_guard_status, ...) are not registered on new connections"
+        );
+    }
+}
+
+/// The auto-extension: the functions on the connection being opened. Never fails the open (the
+/// database may not even be guarded): a missing function says so when it is asked for.
+unsafe extern "C" fn auto_install(
+    db: *mut ffi::sqlite3,
+    _pz_err_msg: *mut *mut c_char,
+    _p_api: *const ffi::sqlite3_api_routines,
+) -> c_int {
+    // SAFETY: `db` is the connection being opened, valid for this call.
+    let rc = unsafe { install_on(db) };
+    if rc != ffi::SQLITE_OK {
+        log::warn!("hermes-guard: SQL functions not registered on a connection: {rc}");
+    }
+    ffi::SQLITE_OK
+}
+
+unsafe extern "C" fn status_fn(
+    ctx: *mut ffi::sqlite3_context,
+    argc: c_int,
+    argv: *mut *mut ffi::sqlite3_value,
+) {
+    // SAFETY: SQLite's own arguments to a scalar function.
+    let call = unsafe { SqlCall::new(ctx, argc, argv) };
+    sql_functions::pragma_fn(&call, "hermes_guard_status")
+}
+
+unsafe extern "C" fn capture_fn(
+    ctx: *mut ffi::sqlite3_context,
+    argc: c_int,
+    argv: *mut *mut ffi::sqlite3_value,
+) {
+    // SAFETY: SQLite's own arguments to a scalar function.
+    let call = unsafe { SqlCall::new(ctx, argc, argv) };
+    sql_functions::pragma_fn(&call, "hermes_guard_capture")
+}
+
+unsafe extern "C" fn retry_pending_fn(
+    ctx: *mut ffi::sqlite3_context,
+    argc: c_int,
+    argv: *mut *mut ffi::sqlite3_value,
+) {
+    // SAFETY: SQLite's own arguments to a scalar function.
+    let call = unsafe { SqlCall::new(ctx, argc, argv) };
+    sql_functions::retry_pending(&call)
+}
+
+/// One call of a scalar SQL function: SQLite's context and arguments, valid for the call.
+pub(super) struct SqlCall<'a> {
+    ctx: *mut ffi::sqlite3_context,
+    argc: c_int,
+    argv: *mut *mut ffi::sqlite3_value,
+    call: PhantomData<&'a ()>,
+}
+
+impl SqlCall<'_> {
+    /// # Safety
+    /// SQLite's arguments to a scalar function, for the call: `argv` holds `argc` values.
+    unsafe fn new(
+        ctx: *mut ffi::sqlite3_context,
+        argc: c_int,
+        argv: *mut *mut ffi::sqlite3_value,
+    ) -> Self {
+        SqlCall {
+            ctx,
+            argc,
+            argv,
+            call: PhantomData,
+        }
+    }
+
+    pub(super) fn argc(&self) -> c_int {
+        self.argc
+    }
+
+    /// Argument `i`'s text (invalid UTF-8 as U+FFFD), copied; `None` for NULL or past the last.
+    pub(super) fn text_arg(&self, i: usize) -> Option<String> {
+        if i >= usize::try_from(self.argc).unwrap_or(0) {
+            return None;
+        }
+        // SAFETY: `argv[i]` is a valid value (`i < argc`); its text lives until the next call on
+        // it, and is copied at once.
+        unsafe {
+            let text = ffi::sqlite3_value_text(*self.argv.add(i));
+            (!text.is_null()).then(|| {
+                String::from_utf8_lossy(CStr::from_ptr(text as *const c_char).to_bytes())
+                    .into_owned()
+            })
+        }
+    }
+
+    /// Runs `f` with the connection running this function (`Err`: it cannot be had), used only
+    /// for nested queries inside the call, as SQLite allows.
+    pub(super) fn with_connection<R>(
+        &self,
+        f: impl FnOnce(rusqlite::Result<&rusqlite::Connection>) -> R,
+    ) -> R {
+        // SAFETY: the connection running this call, open for it; the Connection made from it
+        // does not own it, and does not outlive `f`.
+        let conn =
+            unsafe { rusqlite::Connection::from_handle(ffi::sqlite3_context_db_handle(self.ctx)) };
+        match conn {
+            Ok(conn) => f(Ok(&conn)),
+            Err(e) => f(Err(e)),
+        }
+    }
+
+    pub(super) fn result_int64(&self, value: i64) {
+        // SAFETY: `ctx` is the call's context.
+        unsafe { ffi::sqlite3_result_int64(self.ctx, value) };
+    }
+
+    /// The text as the result (copied: `SQLITE_TRANSIENT`), or "too big".
+    pub(super) fn result_text(&self, text: &str) {
+        // SAFETY: `ctx` is the call's context; the text is copied (SQLITE_TRANSIENT).
+        unsafe {
+            match c_int::try_from(text.len()) {
+                Ok(n) => ffi::sqlite3_result_text(
+                    self.ctx,
+                    text.as_ptr() as *const c_char,
+                    n,
+                    ffi::SQLITE_TRANSIENT(),
+                ),
+                Err(_) => ffi::sqlite3_result_error_toobig(self.ctx),
+            }
+        }
+    }
+
+    /// Sets `message` as the call's error.
+    pub(super) fn result_error(&self, message: &str) {
+        let n = c_int::try_from(message.len()).unwrap_or(c_int::MAX);
+        // SAFETY: `ctx` is the call's context; SQLite copies the message.
+        unsafe { ffi::sqlite3_result_error(self.ctx, message.as_ptr() as *const c_char, n) };
     }
 }

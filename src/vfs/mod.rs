@@ -48,7 +48,7 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
         fork::install();
         // The SQL functions on every connection opened from now on (hosts without rusqlite's
         // types ask the guard through them).
-        sql_functions::install_for_every_connection();
+        methods::install_for_every_connection();
         *registered = Some(methods::Registered::new()?);
     }
     if make_default {
