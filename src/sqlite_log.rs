@@ -50,5 +50,9 @@ fn emit(code: c_int, message: &str) {
     let Ok(text) = CString::new(message.replace('\0', "\u{fffd}")) else {
         return;
     };
-    crate::vfs::sqlite_log(code, &text);
+    // SAFETY: both pointers are valid NUL-terminated strings that outlive the call; the format
+    // is the literal "%s" and exactly one string argument follows it, which is what SQLite's
+    // printf reads. sqlite3_log may be called from any thread at any time, before or after
+    // sqlite3_initialize, and inside VFS methods (SQLite's own os_unix.c does).
+    unsafe { ffi::sqlite3_log(code, c"%s".as_ptr(), text.as_ptr()) }
 }

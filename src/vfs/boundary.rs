@@ -1,7 +1,7 @@
 //! The C boundary's small helpers every callback of the shim uses: `ffi_guard` (a panic becomes
 //! an SQLite error code, never an unwind into C), strings from and to SQLite (a path byte for
-//! byte, text for people, an answer SQLite frees), the running SQLite's version, SQLite's error
-//! log. The bottom of
+//! byte, text for people, an answer SQLite frees), the running SQLite's version, SQLite's
+//! arguments of the io methods made safe to use, the unix VFS's mutex. The bottom of
 //! the house: it imports nothing of the shim.
 
 use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
@@ -55,16 +55,6 @@ pub(super) fn sqlite_string(s: &str) -> *mut c_char {
         *p.add(bytes.len()) = 0;
     }
     p as *mut c_char
-}
-
-/// `sqlite3_log(code, "%s", text)`: SQLite's error log (nothing unless a log callback is
-/// configured).
-pub(crate) fn sqlite_log(code: c_int, text: &CStr) {
-    // SAFETY: both pointers are valid NUL-terminated strings that outlive the call; the format
-    // is the literal "%s" and exactly one string argument follows it, which is what SQLite's
-    // printf reads. sqlite3_log may be called from any thread at any time, before or after
-    // sqlite3_initialize, and inside VFS methods (SQLite's own os_unix.c does).
-    unsafe { ffi::sqlite3_log(code, c"%s".as_ptr(), text.as_ptr()) }
 }
 
 /// Text for people (a VFS name), never a path: invalid UTF-8 becomes U+FFFD.
@@ -317,4 +307,40 @@ impl<'a> PragmaArgs<'a> {
 pub(in crate::vfs) fn compile_option_used(name: &CStr) -> bool {
     // SAFETY: `name` is NUL-terminated; the call only compares it with constant strings.
     unsafe { ffi::sqlite3_compileoption_used(name.as_ptr()) != 0 }
+}
+
+/// SQLite's unix VFS mutex (`unixBigLock`), held while alive: no connection of this process
+/// opens a `-shm` (and takes its dead-man-switch lock) meanwhile. Not recursive: never taken
+/// inside a call into the unix VFS (the guard asks before or after each wrapped call).
+pub(in crate::vfs) struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
+
+impl UnixVfsMutex {
+    /// The mutex: static, allocated by SQLite once and never freed (NULL in a build without
+    /// mutexes, which every mutex call accepts).
+    fn get() -> *mut rusqlite::ffi::sqlite3_mutex {
+        // SAFETY: asking for a static mutex has no precondition.
+        unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) }
+    }
+
+    pub(in crate::vfs) fn enter() -> UnixVfsMutex {
+        let m = UnixVfsMutex::get();
+        // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
+        unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
+        UnixVfsMutex(m)
+    }
+
+    /// [`UnixVfsMutex::enter`] if no other thread holds it now.
+    pub(in crate::vfs) fn try_enter() -> Option<UnixVfsMutex> {
+        let m = UnixVfsMutex::get();
+        // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
+        let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
+        (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))
+    }
+}
+
+impl Drop for UnixVfsMutex {
+    fn drop(&mut self) {
+        // SAFETY: entered by this thread in `enter`.
+        unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
+    }
 }

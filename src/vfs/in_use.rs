@@ -38,7 +38,7 @@ use std::path::Path;
 use parking_lot::Mutex;
 use rustix::fs::{Mode, OFlags};
 
-use super::methods::UnixVfsMutex;
+use super::boundary::UnixVfsMutex;
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
 
 /// The dead-man-switch byte of a unix VFS `-shm` (`UNIX_SHM_DMS`).

@@ -1,7 +1,8 @@
 //! The `sqlite3_vfs` methods: `xOpen` wraps the file, `xDelete` refuses to delete a WAL that is
 //! no longer the one its connection pinned, everything else is handed to the wrapped VFS. And the
-//! guard's other calls of SQLite's API: its registration, the unix VFS's mutex, the SQL
-//! functions' registration and calls (their bodies are `sql_functions.rs`'s).
+//! guard's other calls of SQLite's API: its registration, the SQL functions' registration and
+//! calls (their bodies are `sql_functions.rs`'s), and the calls on a raw connection handle
+//! (public as [`crate::raw`], whose module says what they ask of the handle).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::marker::PhantomData;
@@ -11,9 +12,11 @@ use rusqlite::ffi;
 
 use super::boundary::{cstr_path, ffi_guard, VFS_NAME_C};
 use super::file;
-use super::sql_functions;
 use super::state::may_delete;
+use rusqlite::Connection;
+
 use crate::error::GuardError;
+use crate::{ErrorClass, GuardExt, GuardStatus};
 
 /// The registered VFS. Leaked on purpose: SQLite keeps pointers to it for the process's life.
 pub(super) struct Registered(*mut ffi::sqlite3_vfs);
@@ -178,77 +181,50 @@ vfs_pass_through!(x_set_system_call, xSetSystemCall, (z: *const c_char, p: ffi::
 vfs_pass_through!(x_get_system_call, xGetSystemCall, (z: *const c_char) -> ffi::sqlite3_syscall_ptr, None);
 vfs_pass_through!(x_next_system_call, xNextSystemCall, (z: *const c_char) -> *const c_char, ptr::null());
 
-/// SQLite's unix VFS mutex (`unixBigLock`), held while alive: no connection of this process
-/// opens a `-shm` (and takes its dead-man-switch lock) meanwhile. Not recursive: never taken
-/// inside a call into the unix VFS (the guard asks before or after each wrapped call).
-pub(super) struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
-
-impl UnixVfsMutex {
-    /// The mutex: static, allocated by SQLite once and never freed (NULL in a build without
-    /// mutexes, which every mutex call accepts).
-    fn get() -> *mut rusqlite::ffi::sqlite3_mutex {
-        // SAFETY: asking for a static mutex has no precondition.
-        unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) }
-    }
-
-    pub(super) fn enter() -> UnixVfsMutex {
-        let m = UnixVfsMutex::get();
-        // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
-        unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
-        UnixVfsMutex(m)
-    }
-
-    /// [`UnixVfsMutex::enter`] if no other thread holds it now.
-    pub(super) fn try_enter() -> Option<UnixVfsMutex> {
-        let m = UnixVfsMutex::get();
-        // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
-        let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
-        (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))
-    }
-}
-
-impl Drop for UnixVfsMutex {
-    fn drop(&mut self) {
-        // SAFETY: entered by this thread in `enter`.
-        unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
-    }
-}
-
 /// `SQLITE_DIRECTONLY` (SQLite 3.30): not from a schema's triggers or views. A literal: the
 /// prebuilt bindings of the range's oldest libsqlite3-sys predate the constant.
 const DIRECTONLY: c_int = 0x0008_0000;
 
-/// The SQL functions: name, number of arguments (-1: any, checked in the function), body.
-type SqlBody = unsafe extern "C" fn(*mut ffi::sqlite3_context, c_int, *mut *mut ffi::sqlite3_value);
-const SQL_FUNCTIONS: [(&CStr, c_int, SqlBody); 3] = [
-    (c"hermes_guard_status", -1, status_fn),
-    (c"hermes_guard_capture", -1, capture_fn),
-    (c"hermes_guard_retry_pending", 0, retry_pending_fn),
-];
-
-/// Registers the SQL functions on `conn` ([`install_on`]).
-pub(super) fn install_functions(conn: &rusqlite::Connection) -> c_int {
-    // SAFETY: `conn`'s handle is open and borrowed for the call.
-    unsafe { install_on(conn.handle()) }
+/// A scalar SQL function of the guard's: its name, its number of arguments (-1: any, checked in
+/// the body), its body.
+pub(super) struct SqlFunction {
+    pub(super) name: &'static CStr,
+    pub(super) n_arg: c_int,
+    pub(super) body: fn(&SqlCall<'_>),
 }
 
-/// Registers the SQL functions on `db`: three `sqlite3_create_function_v2` calls with static
-/// functions, no allocation of the guard's (every open pays it).
+/// The functions the auto-extension registers on every connection.
+pub(super) trait SqlFunctions {
+    const LIST: &'static [SqlFunction];
+}
+
+/// Registers `list` on `conn` ([`install_on`]).
+pub(super) fn install_functions(
+    conn: &rusqlite::Connection,
+    list: &'static [SqlFunction],
+) -> c_int {
+    // SAFETY: `conn`'s handle is open and borrowed for the call.
+    unsafe { install_on(conn.handle(), list) }
+}
+
+/// Registers `list` on `db`: one `sqlite3_create_function_v2` call each, with a static function
+/// and the static description as its user data, no allocation of the guard's (every open pays
+/// it).
 ///
 /// # Safety
 /// `db` is an open connection handle.
-unsafe fn install_on(db: *mut ffi::sqlite3) -> c_int {
-    for (name, n_arg, body) in SQL_FUNCTIONS {
-        // SAFETY: `db` is open; the name is NUL-terminated and static; the body is a plain
-        // function with no user data, so no destructor.
+unsafe fn install_on(db: *mut ffi::sqlite3, list: &'static [SqlFunction]) -> c_int {
+    for function in list {
+        // SAFETY: `db` is open; the name is NUL-terminated and static; the user data is static,
+        // so no destructor.
         let rc = unsafe {
             ffi::sqlite3_create_function_v2(
                 db,
-                name.as_ptr(),
-                n_arg,
+                function.name.as_ptr(),
+                function.n_arg,
                 ffi::SQLITE_UTF8 | DIRECTONLY,
-                ptr::null_mut(),
-                Some(body),
+                function as *const SqlFunction as *mut c_void,
+                Some(sql_entry),
                 None,
                 None,
                 None,
@@ -264,12 +240,12 @@ unsafe fn install_on(db: *mut ffi::sqlite3) -> c_int {
 /// Makes SQLite call [`auto_install`] at every connection's open from now on (once per process:
 /// [`crate::register`] calls it under its lock). A failure is logged: the guard works without
 /// its functions, which then say "no such function".
-pub(super) fn install_for_every_connection() {
+pub(super) fn install_for_every_connection<F: SqlFunctions>() {
     let entry: unsafe extern "C" fn(
         *mut ffi::sqlite3,
         *mut *mut c_char,
         *const ffi::sqlite3_api_routines,
-    ) -> c_int = auto_install;
+    ) -> c_int = auto_install::<F>;
     // The binding's parameter type differs (the entry point's signature in a plain build,
     // `fn()` in rusqlite's `loadable_extension` and some older libsqlite3-sys): the target type
     // is inferred from it.
@@ -288,47 +264,32 @@ pub(super) fn install_for_every_connection() {
 
 /// The auto-extension: the functions on the connection being opened. Never fails the open (the
 /// database may not even be guarded): a missing function says so when it is asked for.
-unsafe extern "C" fn auto_install(
+unsafe extern "C" fn auto_install<F: SqlFunctions>(
     db: *mut ffi::sqlite3,
     _pz_err_msg: *mut *mut c_char,
     _p_api: *const ffi::sqlite3_api_routines,
 ) -> c_int {
     // SAFETY: `db` is the connection being opened, valid for this call.
-    let rc = unsafe { install_on(db) };
+    let rc = unsafe { install_on(db, F::LIST) };
     if rc != ffi::SQLITE_OK {
         log::warn!("hermes-guard: SQL functions not registered on a connection: {rc}");
     }
     ffi::SQLITE_OK
 }
 
-unsafe extern "C" fn status_fn(
+/// Every SQL function's C entry point: its description (the user data) and its body.
+unsafe extern "C" fn sql_entry(
     ctx: *mut ffi::sqlite3_context,
     argc: c_int,
     argv: *mut *mut ffi::sqlite3_value,
 ) {
-    // SAFETY: SQLite's own arguments to a scalar function.
-    let call = unsafe { SqlCall::new(ctx, argc, argv) };
-    sql_functions::pragma_fn(&call, "hermes_guard_status")
-}
-
-unsafe extern "C" fn capture_fn(
-    ctx: *mut ffi::sqlite3_context,
-    argc: c_int,
-    argv: *mut *mut ffi::sqlite3_value,
-) {
-    // SAFETY: SQLite's own arguments to a scalar function.
-    let call = unsafe { SqlCall::new(ctx, argc, argv) };
-    sql_functions::pragma_fn(&call, "hermes_guard_capture")
-}
-
-unsafe extern "C" fn retry_pending_fn(
-    ctx: *mut ffi::sqlite3_context,
-    argc: c_int,
-    argv: *mut *mut ffi::sqlite3_value,
-) {
-    // SAFETY: SQLite's own arguments to a scalar function.
-    let call = unsafe { SqlCall::new(ctx, argc, argv) };
-    sql_functions::retry_pending(&call)
+    // SAFETY: SQLite's own arguments to a scalar function; its user data is the static
+    // `SqlFunction` it was registered with (`install_on`).
+    let (call, function) = unsafe {
+        let function = &*(ffi::sqlite3_user_data(ctx) as *const SqlFunction);
+        (SqlCall::new(ctx, argc, argv), function)
+    };
+    (function.body)(&call)
 }
 
 /// One call of a scalar SQL function: SQLite's context and arguments, valid for the call.
@@ -418,4 +379,109 @@ impl SqlCall<'_> {
         // SAFETY: `ctx` is the call's context; SQLite copies the message.
         unsafe { ffi::sqlite3_result_error(self.ctx, message.as_ptr() as *const c_char, n) };
     }
+}
+
+// The raw-handle calls, public as `crate::raw` (see there).
+
+/// Borrows `db` as a `rusqlite::Connection` that does not own it (its drop closes nothing).
+///
+/// # Safety
+/// As [`crate::raw`] says: an open handle of this SQLite library, not used elsewhere meanwhile.
+unsafe fn borrowed(db: *mut ffi::sqlite3) -> rusqlite::Result<Connection> {
+    // SAFETY: as the caller promises; `from_handle` does not take ownership.
+    unsafe { Connection::from_handle(db) }
+}
+
+/// The guard's status of the handle's `main` database, after the retirement check
+/// ([`GuardExt::guard_status`]). [`GuardError::NotGuarded`] when it was not opened through the
+/// guard.
+///
+/// # Safety
+/// `db` is an open connection handle of the SQLite library this crate links, not used by another
+/// thread during the call.
+pub unsafe fn status(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
+    // SAFETY: as the caller promises.
+    unsafe { borrowed(db) }?.guard_status()
+}
+
+/// Makes sure a retired generation of the handle's `main` database is captured; the status
+/// ([`GuardExt::ensure_captured`]). Call it before closing the handle where the host's close
+/// cannot be kept from running ([`crate::close`]'s promise, by hand): on an error the
+/// generation is not captured yet, and the handle should stay open for a retry.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn ensure_captured(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
+    // SAFETY: as the caller promises.
+    unsafe { borrowed(db) }?.ensure_captured()
+}
+
+/// Whether the guard has retired the handle's `main` database, as far as it knows now
+/// ([`GuardExt::is_retired`]): an atomic load, no system call, no SQL — cheap enough for a
+/// pool's check at every checkout. `false` for a handle not opened through the guard.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn is_retired(db: *mut ffi::sqlite3) -> bool {
+    // SAFETY: as the caller promises; the handle does not outlive the call.
+    unsafe { file::retired_flag(db) }.unwrap_or(false)
+}
+
+/// [`is_retired`] of a connection borrowed here, `None` when it is not a file of the guard's.
+pub(crate) fn retired_flag_of(conn: &Connection) -> Option<bool> {
+    // SAFETY: `conn` is open, and borrowed here, so no other thread uses it (a rusqlite
+    // Connection is not Sync) until the call returns; the handle does not outlive the call.
+    unsafe { file::retired_flag(conn.handle()) }
+}
+
+/// `SQLITE_FCNTL_RESERVE_BYTES` on `conn`'s `main` database: sets the reserved bytes per page
+/// to `*n` when it is 0..=255, and writes the former value into `*n`; SQLite's return code.
+#[cfg(test)]
+pub(crate) fn reserve_bytes(conn: &Connection, n: &mut c_int) -> c_int {
+    // SAFETY: the handle is the open connection's and is used on this thread only, while `conn`
+    // is borrowed; "main" is a NUL-terminated name; SQLITE_FCNTL_RESERVE_BYTES reads and writes
+    // one `int` through the pointer, which points at `n`, alive for the call.
+    unsafe {
+        ffi::sqlite3_file_control(
+            conn.handle(),
+            c"main".as_ptr(),
+            ffi::SQLITE_FCNTL_RESERVE_BYTES,
+            (n as *mut c_int).cast::<std::ffi::c_void>(),
+        )
+    }
+}
+
+/// What an error with SQLite's `extended_code`, returned on this handle, means for the
+/// application ([`GuardExt::classify`]): for hosts whose error type keeps only the code
+/// (`SQLITE_READONLY_DBMOVED` is 1032).
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn classify(db: *mut ffi::sqlite3, extended_code: c_int) -> ErrorClass {
+    let err = rusqlite::Error::SqliteFailure(ffi::Error::new(extended_code), None);
+    // SAFETY: as the caller promises.
+    match unsafe { borrowed(db) } {
+        Ok(conn) => conn.classify(&err),
+        Err(_) => ErrorClass::from_parts(&err, None),
+    }
+}
+
+/// A new connection's test for a pool's hook ([`crate::pool::check_new`]): one read, then the
+/// guard's check; `Err` (the refusal, 1032) when the handle attached to a lost generation.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn check_new(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
+    // SAFETY: as the caller promises.
+    crate::pool::check_new(&unsafe { borrowed(db) }?)
+}
+
+/// The checkout test for a pool's hook ([`crate::pool::check_out`]): `Err` (the refusal, 1032)
+/// when the handle's generation is retired.
+///
+/// # Safety
+/// As for [`status`].
+pub unsafe fn check_out(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
+    // SAFETY: as the caller promises.
+    crate::pool::check_out(&unsafe { borrowed(db) }?)
 }

@@ -18,7 +18,6 @@ pub mod sql_functions;
 mod stale_wal;
 pub(crate) mod state;
 mod wal_index;
-pub(crate) use boundary::sqlite_log;
 pub use retry::{set_orphan_capture_dir, ORPHAN_DIR_ENV};
 mod watch;
 
@@ -48,7 +47,7 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
         fork::install();
         // The SQL functions on every connection opened from now on (hosts without rusqlite's
         // types ask the guard through them).
-        methods::install_for_every_connection();
+        sql_functions::install_for_every_connection();
         *registered = Some(methods::Registered::new()?);
     }
     if make_default {

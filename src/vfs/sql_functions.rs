@@ -19,13 +19,42 @@
 use rusqlite::{ffi, Connection};
 
 use super::boundary::ffi_guard;
-use super::methods::{install_functions, SqlCall};
+use super::methods::{install_functions, SqlCall, SqlFunction, SqlFunctions};
+
+/// The functions, as the auto-extension registers them.
+pub(super) struct Guard;
+
+impl SqlFunctions for Guard {
+    const LIST: &'static [SqlFunction] = &[
+        SqlFunction {
+            name: c"hermes_guard_status",
+            n_arg: -1,
+            body: |call| pragma_fn(call, "hermes_guard_status"),
+        },
+        SqlFunction {
+            name: c"hermes_guard_capture",
+            n_arg: -1,
+            body: |call| pragma_fn(call, "hermes_guard_capture"),
+        },
+        SqlFunction {
+            name: c"hermes_guard_retry_pending",
+            n_arg: 0,
+            body: retry_pending,
+        },
+    ];
+}
+
+/// Makes every connection opened from now on get the functions (once per process: see
+/// `methods::install_for_every_connection`).
+pub(super) fn install_for_every_connection() {
+    super::methods::install_for_every_connection::<Guard>();
+}
 
 /// Registers the functions on `conn` (the auto-extension does it for every connection opened
 /// after [`crate::register`]; this is for one opened before, or in a host that loaded the
 /// extension into it).
 pub fn install(conn: &Connection) -> rusqlite::Result<()> {
-    let rc = install_functions(conn);
+    let rc = install_functions(conn, Guard::LIST);
     if rc != ffi::SQLITE_OK {
         return Err(rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None));
     }
@@ -34,7 +63,7 @@ pub fn install(conn: &Connection) -> rusqlite::Result<()> {
 
 /// `hermes_guard_retry_pending()`: how many closed generations are still uncaptured after the
 /// retry.
-pub(super) fn retry_pending(call: &SqlCall<'_>) {
+fn retry_pending(call: &SqlCall<'_>) {
     let remaining = ffi_guard(-1, || crate::retry_pending_captures() as i64);
     if remaining < 0 {
         call.result_error("hermes_guard_retry_pending: internal panic");
@@ -45,7 +74,7 @@ pub(super) fn retry_pending(call: &SqlCall<'_>) {
 
 /// `hermes_guard_status([schema])` / `hermes_guard_capture([schema])`: the guard's pragma on the
 /// calling connection's schema (default `main`), its JSON the result.
-pub(super) fn pragma_fn(call: &SqlCall<'_>, pragma: &'static str) {
+fn pragma_fn(call: &SqlCall<'_>, pragma: &'static str) {
     let schema = match call.argc() {
         0 => Some("main".to_owned()),
         1 => call.text_arg(0),
