@@ -140,7 +140,11 @@ impl Shield {
 
     /// Arms the shield on SQLite's verified main descriptor, or turns it off for this connection
     /// (logged at WARN with the reason; detection goes on as before).
-    pub(crate) fn arm(&self, main: Result<c_int, String>, database: &std::path::Path) {
+    pub(crate) fn arm(
+        &self,
+        main: Result<c_int, impl std::fmt::Display>,
+        database: &std::path::Path,
+    ) {
         let failures = locked_fds::take_detach_failures();
         if failures > 0 {
             log::warn!(
@@ -160,7 +164,7 @@ impl Shield {
                      elsewhere in this process can drop this connection's locks",
                     database.display()
                 );
-                *self.off.lock() = Some(reason);
+                *self.off.lock() = Some(reason.to_string());
             }
         }
     }

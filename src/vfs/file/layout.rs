@@ -219,7 +219,7 @@ pub(super) struct Opened<'a> {
     pub(super) wal_fd: Option<ManuallyDrop<File>>,
     /// The unix VFS's descriptor of a main file, verified, for the lock shield
     /// ([`main_descriptor`]); the reason the shield cannot be used otherwise.
-    pub(super) main_descriptor: &'a dyn Fn(&DbState) -> Result<c_int, String>,
+    pub(super) main_descriptor: &'a dyn Fn(&DbState) -> Result<c_int, ShieldOff>,
 }
 
 /// Opens `z_name` through the wrapped VFS and wraps it.
@@ -242,20 +242,10 @@ pub(crate) unsafe fn open(
     let Some(x_open) = svfs.xOpen else {
         return ffi::SQLITE_CANTOPEN;
     };
-    let sub_size = (svfs.szOsFile.max(0) as usize).max(size_of::<ffi::sqlite3_file>());
-    let Some(sub_layout) = HeapFile::layout(sub_size) else {
-        return ffi::SQLITE_CANTOPEN;
-    };
-    let heap = if inline_layout() {
-        // SAFETY: `f` is szOsFile writable bytes, at least `sub_size` in this layout (see
-        // `os_file_size`); zeroed as the heap layout's memory is.
-        unsafe { ptr::write_bytes(f as *mut u8, 0, sub_size) };
-        None
-    } else {
-        match HeapFile::alloc(sub_layout) {
-            Some(h) => Some(h),
-            None => return ffi::SQLITE_NOMEM,
-        }
+    // SAFETY: as the caller promises.
+    let (sub_size, sub_layout, heap) = match unsafe { place_object(f, svfs) } {
+        Ok(placed) => placed,
+        Err(rc) => return rc,
     };
     let sub = heap.as_ref().map_or(f, |h| h.ptr);
     // SAFETY: a non-NULL filename from SQLite is NUL-terminated and outlives the file.
@@ -335,6 +325,28 @@ pub(crate) unsafe fn open(
     // SAFETY: `f` is SQLite's writable file object, now opened.
     unsafe { install(f, table) };
     ffi::SQLITE_OK
+}
+
+/// Where the wrapped object of `svfs` goes, zeroed: in SQLite's buffer `f` (the unix family) or
+/// on the heap; its size and a heap copy's layout.
+///
+/// # Safety
+/// `f` points at `szOsFile` writable bytes (the size [`os_file_size`] gave for `svfs`).
+unsafe fn place_object(
+    f: *mut ffi::sqlite3_file,
+    svfs: &ffi::sqlite3_vfs,
+) -> Result<(usize, Layout, Option<HeapFile>), c_int> {
+    let sub_size = (svfs.szOsFile.max(0) as usize).max(size_of::<ffi::sqlite3_file>());
+    let sub_layout = HeapFile::layout(sub_size).ok_or(ffi::SQLITE_CANTOPEN)?;
+    let heap = if inline_layout() {
+        // SAFETY: `f` is szOsFile writable bytes, at least `sub_size` in this layout (see
+        // `os_file_size`); zeroed as the heap layout's memory is.
+        unsafe { ptr::write_bytes(f as *mut u8, 0, sub_size) };
+        None
+    } else {
+        Some(HeapFile::alloc(sub_layout).ok_or(ffi::SQLITE_NOMEM)?)
+    };
+    Ok((sub_size, sub_layout, heap))
 }
 
 /// Puts `table` in `f`'s `pMethods`: from here on SQLite calls the guard's table (freed in

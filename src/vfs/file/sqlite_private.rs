@@ -202,27 +202,22 @@ pub(super) unsafe fn main_descriptor(
     sub_vfs: *mut ffi::sqlite3_vfs,
     prefix: Option<&UnixFilePrefix>,
     state: &DbState,
-) -> Result<c_int, String> {
+) -> Result<c_int, ShieldOff> {
     if let Some(reason) = shield::platform_off_reason() {
-        return Err(reason.into());
+        return Err(ShieldOff::Platform(reason));
     }
     // SAFETY: the wrapped VFS is registered for the life of the process; its name is a C string.
     let name = unsafe { cstr_text((*sub_vfs).zName) };
     if name.as_deref() != Some("unix") {
-        return Err(format!(
-            "the VFS below the guard is {}, not the unix VFS",
-            name.as_deref().unwrap_or("unnamed")
-        ));
+        return Err(ShieldOff::NotUnix(name.unwrap_or_else(|| "unnamed".into())));
     }
     let Some(p) = prefix else {
-        return Err(format!(
-            "the unix VFS's file object does not have the layout of SQLite {} (its size, \
-             pMethod, pVfs or zPath differ)",
-            crate::vfs::boundary::running_sqlite_version()
-        ));
+        return Err(ShieldOff::Layout {
+            version: crate::vfs::boundary::running_sqlite_version(),
+        });
     };
     let Some(pinned) = state.main_id() else {
-        return Err("the main file is not pinned".into());
+        return Err(ShieldOff::NotPinned);
     };
     let inode = read_inode_file_id(p);
     let now = if let Some(id) = inode.filter(|_| INODE_LAYOUT_SEEN.load(Ordering::Acquire)) {
@@ -233,20 +228,21 @@ pub(super) unsafe fn main_descriptor(
         // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call
         // runs.
         let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
-            .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+            .map_err(|source| ShieldOff::Fstat { fd: p.h, source })?;
         if inode == Some(now) {
             INODE_LAYOUT_SEEN.store(true, Ordering::Release);
         }
         now
     };
     if now != pinned {
-        return Err(format!(
-            "SQLite's descriptor {} is {now}, not the pinned main file {pinned}",
-            p.h
-        ));
+        return Err(ShieldOff::OtherFile {
+            fd: p.h,
+            now,
+            pinned,
+        });
     }
     if !state.on_local_filesystem() {
-        return Err("the database is not on a local filesystem".into());
+        return Err(ShieldOff::NotLocal);
     }
     Ok(p.h)
 }
@@ -265,33 +261,78 @@ pub(super) unsafe fn main_descriptor(
 pub(super) unsafe fn shm_node(
     sub: *mut ffi::sqlite3_file,
     known: impl FnOnce(c_int) -> Option<FileId>,
-) -> Result<(c_int, FileId, PathBuf), String> {
+) -> Result<(c_int, FileId, PathBuf), ShmNodeError> {
     // SAFETY: as the caller promises: `pShm`, its node and the node's `pInode`, `zFilename` and
     // `hShm` are set by xShmMap and stay until xShmUnmap.
     let (node_inode, fd, file_inode, name) = unsafe {
         let p = &*(sub as *const UnixFilePrefix);
         if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
-            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
+            return Err(ShmNodeError::NoNode);
         }
         let node = &*(*p.p_shm).p_shm_node;
         (node.p_inode, node.h_shm, p.p_inode, node.z_filename)
     };
     if node_inode != file_inode || name.is_null() {
-        return Err("the unix VFS's shared-memory node does not have the expected layout".into());
+        return Err(ShmNodeError::Layout);
     }
     if fd < 0 {
-        return Err("the shared memory has no -shm file (heap memory)".into());
+        return Err(ShmNodeError::HeapMemory);
     }
     let id = match known(fd) {
         Some(id) => id,
         // SAFETY: `hShm` is open while the node lives, which it does while this connection maps
         // it.
         None => identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-            .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?,
+            .map_err(|source| ShmNodeError::Fstat { fd, source })?,
     };
     // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
     let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
     Ok((fd, id, PathBuf::from(std::ffi::OsStr::from_bytes(bytes))))
+}
+
+/// Why the lock shield cannot use the unix VFS's descriptor of a main file ([`main_descriptor`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ShieldOff {
+    /// This build cannot take OFD locks.
+    #[error("{0}")]
+    Platform(&'static str),
+    /// The wrapped VFS is another (its name, or "unnamed").
+    #[error("the VFS below the guard is {0}, not the unix VFS")]
+    NotUnix(String),
+    /// The file object does not have the `unixFile` layout of the running SQLite.
+    #[error(
+        "the unix VFS's file object does not have the layout of SQLite {version} (its size, \
+         pMethod, pVfs or zPath differ)"
+    )]
+    Layout { version: String },
+    #[error("the main file is not pinned")]
+    NotPinned,
+    #[error("fstat of SQLite's descriptor {fd} failed: {source}")]
+    Fstat { fd: c_int, source: io::Error },
+    /// SQLite's descriptor is another file than the one pinned.
+    #[error("SQLite's descriptor {fd} is {now}, not the pinned main file {pinned}")]
+    OtherFile {
+        fd: c_int,
+        now: FileId,
+        pinned: FileId,
+    },
+    #[error("the database is not on a local filesystem")]
+    NotLocal,
+}
+
+/// Why SQLite's own shared-memory node of a file cannot be read ([`shm_node`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ShmNodeError {
+    #[error("the file does not have the layout of SQLite's unix VFS")]
+    NotUnix,
+    #[error("the unix VFS's file has no shared-memory node after xShmMap")]
+    NoNode,
+    #[error("the unix VFS's shared-memory node does not have the expected layout")]
+    Layout,
+    #[error("the shared memory has no -shm file (heap memory)")]
+    HeapMemory,
+    #[error("fstat of SQLite's -shm descriptor {fd} failed: {source}")]
+    Fstat { fd: c_int, source: io::Error },
 }
 
 /// A `unixFile`'s descriptor (`h`).
@@ -350,9 +391,9 @@ impl<'a> Io<'a> {
     pub(super) fn shm_node(
         self,
         known: impl FnOnce(c_int) -> Option<FileId>,
-    ) -> Result<(c_int, FileId, PathBuf), String> {
+    ) -> Result<(c_int, FileId, PathBuf), ShmNodeError> {
         if !self.t.unix_prefix {
-            return Err("the file does not have the layout of SQLite's unix VFS".into());
+            return Err(ShmNodeError::NotUnix);
         }
         // SAFETY: a live `unixFile` (checked at its open); its `pShm` is NULL or its node, set by
         // its xShmMap and cleared by its xShmUnmap.
