@@ -124,7 +124,8 @@ pub(super) struct Io<'a> {
     sub: *mut ffi::sqlite3_file,
 }
 
-/// Calls the wrapped file's method `slot` on `io`'s wrapped object.
+/// Calls the wrapped file's method `slot` on `io`'s wrapped object. Usable in this file only:
+/// it reads `Io`'s private field, so no other room can expand it.
 macro_rules! call {
     ($io:expr, $slot:ident $(, $arg:expr)*) => {{
         let io: Io<'_> = $io;
