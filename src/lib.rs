@@ -302,8 +302,8 @@ pub fn set_busy_timeout(conn: &Connection, timeout: std::time::Duration) -> rusq
 pub mod test_hooks {
     pub use crate::capture::base_file::read as read_base_pages;
     pub use crate::capture::BasePages;
-    pub use crate::testing::capture_faults::{clear_capture_fault, inject_capture_fault};
     pub use crate::identity::identity_of_path;
+    pub use crate::testing::capture_faults::{clear_capture_fault, inject_capture_fault};
     pub use crate::walfile::{parse_main_header, summarize_wal, WalScanner, WalSummary};
 }
 

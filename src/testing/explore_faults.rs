@@ -21,23 +21,23 @@
 //!   with the wal-index's salts: a checkpoint copying, or a reset starting a generation, under
 //!   the judgement made a healthy connection look overwritten (`main-overwritten`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The window function, as a `usize` (0: the switch is off).
-static STALE_WAL_JUDGED_BEFORE_EXCLUSIVE: AtomicUsize = AtomicUsize::new(0);
+use parking_lot::RwLock;
+
+/// The window function (`None`: the switch is off).
+static STALE_WAL_JUDGED_BEFORE_EXCLUSIVE: RwLock<Option<fn()>> = RwLock::new(None);
 
 /// Switches the stale-WAL gate to its former order, judging before it tries EXCLUSIVE
 /// (`Some(window)`: `window` is called between the judgement and the EXCLUSIVE attempt) or back
 /// to today's (`None`), for the whole process.
 pub fn set_stale_wal_judged_before_exclusive(window: Option<fn()>) {
-    STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.store(window.map_or(0, |f| f as usize), Ordering::Release);
+    *STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.write() = window;
 }
 
 /// The window function when the old order is switched on.
 pub(crate) fn stale_wal_judged_before_exclusive() -> Option<fn()> {
-    let f = STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.load(Ordering::Acquire);
-    // SAFETY: a non-zero value was stored from a `fn()` by the setter above.
-    (f != 0).then(|| unsafe { std::mem::transmute::<usize, fn()>(f) })
+    *STALE_WAL_JUDGED_BEFORE_EXCLUSIVE.read()
 }
 
 /// Whether recovery ignores the capture's `base` (`true`) or honours it (`false`).

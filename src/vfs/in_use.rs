@@ -38,6 +38,7 @@ use std::path::Path;
 use parking_lot::Mutex;
 use rustix::fs::{Mode, OFlags};
 
+use super::boundary::UnixVfsMutex;
 use crate::identity::{identity_of_fd, identity_of_path, FileId};
 
 /// The dead-man-switch byte of a unix VFS `-shm` (`UNIX_SHM_DMS`).
@@ -266,42 +267,6 @@ pub(crate) fn release_idle_probes() {
     }
 }
 
-/// SQLite's unix VFS mutex (`unixBigLock`), held while alive: no connection of this process
-/// opens a `-shm` (and takes its dead-man-switch lock) meanwhile. Not recursive: never taken
-/// inside a call into the unix VFS (the guard asks before or after each wrapped call).
-struct UnixVfsMutex(*mut rusqlite::ffi::sqlite3_mutex);
-
-impl UnixVfsMutex {
-    /// The mutex: static, allocated by SQLite once and never freed (NULL in a build without
-    /// mutexes, which every mutex call accepts).
-    fn get() -> *mut rusqlite::ffi::sqlite3_mutex {
-        // SAFETY: asking for a static mutex has no precondition.
-        unsafe { rusqlite::ffi::sqlite3_mutex_alloc(rusqlite::ffi::SQLITE_MUTEX_STATIC_VFS1) }
-    }
-
-    fn enter() -> UnixVfsMutex {
-        let m = UnixVfsMutex::get();
-        // SAFETY: `m` is that mutex or NULL; this thread does not hold it (see the type's docs).
-        unsafe { rusqlite::ffi::sqlite3_mutex_enter(m) };
-        UnixVfsMutex(m)
-    }
-
-    /// [`UnixVfsMutex::enter`] if no other thread holds it now.
-    fn try_enter() -> Option<UnixVfsMutex> {
-        let m = UnixVfsMutex::get();
-        // SAFETY: `m` is that mutex or NULL (then SQLITE_OK: no mutexes in this build).
-        let rc = unsafe { rusqlite::ffi::sqlite3_mutex_try(m) };
-        (rc == rusqlite::ffi::SQLITE_OK).then_some(UnixVfsMutex(m))
-    }
-}
-
-impl Drop for UnixVfsMutex {
-    fn drop(&mut self) {
-        // SAFETY: entered by this thread in `enter`.
-        unsafe { rusqlite::ffi::sqlite3_mutex_leave(self.0) };
-    }
-}
-
 /// A descriptor to ask the lock table with: read-only (a lock test needs no write access),
 /// never following a symbolic link, non-blocking (a FIFO planted at the name).
 fn open_probe(path: &Path) -> io::Result<OwnedFd> {
@@ -313,21 +278,8 @@ fn open_probe(path: &Path) -> io::Result<OwnedFd> {
 /// (`F_OFD_GETLK`: POSIX and OFD locks of every process, this one's included).
 #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 fn write_lock_conflicts(fd: c_int, byte: i64) -> io::Result<bool> {
-    // SAFETY: `flock` is plain old data; every field the call reads is set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = libc::F_WRLCK as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = byte as _;
-    fl.l_len = 1;
-    // Must be 0 for OFD commands (zeroed above).
-    fl.l_pid = 0;
-    // SAFETY: F_OFD_GETLK takes a pointer to a `struct flock`, which `fl` is and which outlives
-    // the call; a descriptor that is not open fails with EBADF without touching memory.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl as *mut libc::flock) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(c_int::from(fl.l_type) != libc::F_UNLCK)
+    use super::wal_index::sys::{holder, Holder, Kind};
+    Ok(holder(fd, Kind::Write, byte, 1)? != Holder::Nobody)
 }
 
 /// Elsewhere the kernel cannot be asked this way: taken as in use by the caller.
@@ -339,17 +291,20 @@ fn write_lock_conflicts(_: c_int, _: i64) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vfs::wal_index::sys::{fcntl_flock, LockCmd};
 
-    fn lock(fd: c_int, cmd: c_int, ty: c_int) {
-        // SAFETY: as in `write_lock_conflicts`.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = ty as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        fl.l_start = DMS as _;
-        fl.l_len = 1;
-        // SAFETY: `fl` is a `struct flock` that outlives the call.
-        let rc = unsafe { libc::fcntl(fd, cmd, &mut fl as *mut libc::flock) };
-        assert_eq!(rc, 0);
+    fn flock(ty: c_int) -> libc::flock {
+        libc::flock {
+            l_type: ty as _,
+            l_whence: libc::SEEK_SET as _,
+            l_start: DMS as _,
+            l_len: 1,
+            l_pid: 0,
+        }
+    }
+
+    fn lock(fd: c_int, cmd: LockCmd, ty: c_int) {
+        fcntl_flock(fd, cmd, &mut flock(ty)).unwrap();
     }
 
     #[test]
@@ -371,7 +326,7 @@ mod tests {
             .write(true)
             .open(&shm)
             .unwrap();
-        lock(holder.as_raw_fd(), libc::F_SETLK, libc::F_RDLCK);
+        lock(holder.as_raw_fd(), LockCmd::PosixSet, libc::F_RDLCK);
         assert_eq!(shm_use(&shm), ShmUse::Held);
         assert_eq!(
             shm_use(&shm),
@@ -380,14 +335,8 @@ mod tests {
         );
         // The probe was never closed: the POSIX lock is still there.
         let other = std::fs::File::open(&shm).unwrap();
-        // SAFETY: plain old data.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = libc::F_WRLCK as _;
-        fl.l_start = DMS as _;
-        fl.l_len = 1;
-        // SAFETY: `fl` is a `struct flock` that outlives the call.
-        let rc = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
-        assert_eq!(rc, 0);
+        let mut fl = flock(libc::F_WRLCK);
+        fcntl_flock(other.as_raw_fd(), LockCmd::OfdGet, &mut fl).unwrap();
         assert_ne!(c_int::from(fl.l_type), libc::F_UNLCK);
     }
 
@@ -405,7 +354,7 @@ mod tests {
             .write(true)
             .open(&shm)
             .unwrap();
-        lock(holder.as_raw_fd(), libc::F_OFD_SETLK, libc::F_RDLCK);
+        lock(holder.as_raw_fd(), LockCmd::OfdSet, libc::F_RDLCK);
         assert_eq!(shm_use(&shm), ShmUse::Held);
         assert!(kept(id), "held: the probe is kept");
         drop(holder); // its OFD lock goes with its last descriptor

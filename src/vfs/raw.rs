@@ -9,87 +9,10 @@
 //! Cargo allows one `links = "sqlite3"` package), be open, and not be used by another thread
 //! during the call.
 
-use std::ffi::c_int;
+//!
+//! Their bodies, with the rest of the guard's calls of SQLite's API, are `methods.rs`'s.
 
-use rusqlite::{ffi, Connection};
-
-use crate::{ErrorClass, GuardError, GuardExt, GuardStatus};
-
-/// Borrows `db` as a `rusqlite::Connection` that does not own it (its drop closes nothing).
-///
-/// # Safety
-/// As the module says: an open handle of this SQLite library, not used elsewhere meanwhile.
-unsafe fn borrowed(db: *mut ffi::sqlite3) -> rusqlite::Result<Connection> {
-    // SAFETY: as the caller promises; `from_handle` does not take ownership.
-    unsafe { Connection::from_handle(db) }
-}
-
-/// The guard's status of the handle's `main` database, after the retirement check
-/// ([`GuardExt::guard_status`]). [`GuardError::NotGuarded`] when it was not opened through the
-/// guard.
-///
-/// # Safety
-/// `db` is an open connection handle of the SQLite library this crate links, not used by another
-/// thread during the call.
-pub unsafe fn status(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
-    // SAFETY: as the caller promises.
-    unsafe { borrowed(db) }?.guard_status()
-}
-
-/// Makes sure a retired generation of the handle's `main` database is captured; the status
-/// ([`GuardExt::ensure_captured`]). Call it before closing the handle where the host's close
-/// cannot be kept from running ([`crate::close`]'s promise, by hand): on an error the
-/// generation is not captured yet, and the handle should stay open for a retry.
-///
-/// # Safety
-/// As for [`status`].
-pub unsafe fn ensure_captured(db: *mut ffi::sqlite3) -> Result<GuardStatus, GuardError> {
-    // SAFETY: as the caller promises.
-    unsafe { borrowed(db) }?.ensure_captured()
-}
-
-/// Whether the guard has retired the handle's `main` database, as far as it knows now
-/// ([`GuardExt::is_retired`]): an atomic load, no system call, no SQL — cheap enough for a
-/// pool's check at every checkout. `false` for a handle not opened through the guard.
-///
-/// # Safety
-/// As for [`status`].
-pub unsafe fn is_retired(db: *mut ffi::sqlite3) -> bool {
-    // SAFETY: as the caller promises; the handle does not outlive the call.
-    unsafe { super::file::retired_flag(db) }.unwrap_or(false)
-}
-
-/// What an error with SQLite's `extended_code`, returned on this handle, means for the
-/// application ([`GuardExt::classify`]): for hosts whose error type keeps only the code
-/// (`SQLITE_READONLY_DBMOVED` is 1032).
-///
-/// # Safety
-/// As for [`status`].
-pub unsafe fn classify(db: *mut ffi::sqlite3, extended_code: c_int) -> ErrorClass {
-    let err = rusqlite::Error::SqliteFailure(ffi::Error::new(extended_code), None);
-    // SAFETY: as the caller promises.
-    match unsafe { borrowed(db) } {
-        Ok(conn) => conn.classify(&err),
-        Err(_) => ErrorClass::from_parts(&err, None),
-    }
-}
-
-/// A new connection's test for a pool's hook ([`crate::pool::check_new`]): one read, then the
-/// guard's check; `Err` (the refusal, 1032) when the handle attached to a lost generation.
-///
-/// # Safety
-/// As for [`status`].
-pub unsafe fn check_new(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
-    // SAFETY: as the caller promises.
-    crate::pool::check_new(&unsafe { borrowed(db) }?)
-}
-
-/// The checkout test for a pool's hook ([`crate::pool::check_out`]): `Err` (the refusal, 1032)
-/// when the handle's generation is retired.
-///
-/// # Safety
-/// As for [`status`].
-pub unsafe fn check_out(db: *mut ffi::sqlite3) -> rusqlite::Result<()> {
-    // SAFETY: as the caller promises.
-    crate::pool::check_out(&unsafe { borrowed(db) }?)
-}
+#[cfg(test)]
+pub(crate) use super::methods::reserve_bytes;
+pub(crate) use super::methods::retired_flag_of;
+pub use super::methods::{check_new, check_out, classify, ensure_captured, is_retired, status};

@@ -16,7 +16,7 @@
 //! the SHARED range) the lock is released, and it is taken back when the connection returns to
 //! SHARED or the attempt fails. It goes at the unmap and at the close.
 //!
-//! Safe API; the one `unsafe` is the `fcntl` call itself (through the `libc` crate).
+//! Safe code: the `fcntl` itself is the wal-index's (`wal_index/sys.rs`).
 
 use std::ffi::c_int;
 use std::io;
@@ -49,28 +49,15 @@ mod sys {
     use std::ffi::c_int;
     use std::io;
 
+    use crate::vfs::wal_index::sys::{set_lock, Kind};
+
     pub(super) const SUPPORTED: bool = true;
 
     /// A non-blocking OFD read lock (`lock`) or unlock of `len` bytes at `start` on `fd`'s open
     /// file description.
     pub(super) fn ofd_read_lock(fd: c_int, lock: bool, start: i64, len: i64) -> io::Result<()> {
-        // SAFETY: `flock` is plain old data; every field the call reads is set below.
-        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = if lock { libc::F_RDLCK } else { libc::F_UNLCK } as _;
-        fl.l_whence = libc::SEEK_SET as _;
-        fl.l_start = start as _;
-        fl.l_len = len as _;
-        // Must be 0 for OFD locks (zeroed above).
-        fl.l_pid = 0;
-        // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is and which
-        // outlives the call. A descriptor that is not open makes the call fail with EBADF; it
-        // cannot touch memory.
-        let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl as *mut libc::flock) };
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        let kind = if lock { Kind::Read } else { Kind::Unlock };
+        set_lock(fd, kind, start, len)
     }
 }
 
@@ -153,7 +140,11 @@ impl Shield {
 
     /// Arms the shield on SQLite's verified main descriptor, or turns it off for this connection
     /// (logged at WARN with the reason; detection goes on as before).
-    pub(crate) fn arm(&self, main: Result<c_int, String>, database: &std::path::Path) {
+    pub(crate) fn arm(
+        &self,
+        main: Result<c_int, impl std::fmt::Display>,
+        database: &std::path::Path,
+    ) {
         let failures = locked_fds::take_detach_failures();
         if failures > 0 {
             log::warn!(
@@ -173,7 +164,7 @@ impl Shield {
                      elsewhere in this process can drop this connection's locks",
                     database.display()
                 );
-                *self.off.lock() = Some(reason);
+                *self.off.lock() = Some(reason.to_string());
             }
         }
     }

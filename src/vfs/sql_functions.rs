@@ -13,211 +13,128 @@
 //! They stat and write files: callable from top-level SQL only (`SQLITE_DIRECTONLY`), never from
 //! a schema's triggers or views. A schema not opened through the guard is an error that says
 //! how to open it.
-
-use std::ffi::{c_char, c_int, CStr};
-use std::ptr;
+//!
+//! Their C side (the registration, the calls' context and arguments) is `methods.rs`'s.
 
 use rusqlite::{ffi, Connection};
 
 use super::boundary::ffi_guard;
+use super::methods::{install_functions, SqlCall, SqlFunction, SqlFunctions};
 
-/// `SQLITE_DIRECTONLY` (SQLite 3.30): not from a schema's triggers or views. A literal: the
-/// prebuilt bindings of the range's oldest libsqlite3-sys predate the constant.
-const DIRECTONLY: c_int = 0x0008_0000;
+/// The functions, as the auto-extension registers them.
+pub(super) struct Guard;
 
-/// The functions: name, number of arguments (-1: any, checked in the function), body.
-type Body = unsafe extern "C" fn(*mut ffi::sqlite3_context, c_int, *mut *mut ffi::sqlite3_value);
-const FUNCTIONS: [(&CStr, c_int, Body); 3] = [
-    (c"hermes_guard_status", -1, status_fn),
-    (c"hermes_guard_capture", -1, capture_fn),
-    (c"hermes_guard_retry_pending", 0, retry_pending_fn),
-];
+impl SqlFunctions for Guard {
+    const LIST: &'static [SqlFunction] = &[
+        SqlFunction {
+            name: c"hermes_guard_status",
+            n_arg: -1,
+            body: |call| pragma_fn(call, "hermes_guard_status"),
+        },
+        SqlFunction {
+            name: c"hermes_guard_capture",
+            n_arg: -1,
+            body: |call| pragma_fn(call, "hermes_guard_capture"),
+        },
+        SqlFunction {
+            name: c"hermes_guard_retry_pending",
+            n_arg: 0,
+            body: retry_pending,
+        },
+    ];
+}
+
+/// Makes every connection opened from now on get the functions (once per process: see
+/// `methods::install_for_every_connection`).
+pub(super) fn install_for_every_connection() {
+    super::methods::install_for_every_connection::<Guard>();
+}
 
 /// Registers the functions on `conn` (the auto-extension does it for every connection opened
 /// after [`crate::register`]; this is for one opened before, or in a host that loaded the
 /// extension into it).
 pub fn install(conn: &Connection) -> rusqlite::Result<()> {
-    // SAFETY: `conn`'s handle is open and borrowed for the call.
-    let rc = unsafe { install_on(conn.handle()) };
+    let rc = install_functions(conn, Guard::LIST);
     if rc != ffi::SQLITE_OK {
         return Err(rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None));
     }
     Ok(())
 }
 
-/// Registers the functions on `db`: three `sqlite3_create_function_v2` calls with static
-/// functions, no allocation of the guard's (every open pays it).
-///
-/// # Safety
-/// `db` is an open connection handle.
-unsafe fn install_on(db: *mut ffi::sqlite3) -> c_int {
-    for (name, n_arg, body) in FUNCTIONS {
-        // SAFETY: `db` is open; the name is NUL-terminated and static; the body is a plain
-        // function with no user data, so no destructor.
-        let rc = unsafe {
-            ffi::sqlite3_create_function_v2(
-                db,
-                name.as_ptr(),
-                n_arg,
-                ffi::SQLITE_UTF8 | DIRECTONLY,
-                ptr::null_mut(),
-                Some(body),
-                None,
-                None,
-                None,
-            )
-        };
-        if rc != ffi::SQLITE_OK {
-            return rc;
-        }
-    }
-    ffi::SQLITE_OK
-}
-
-/// Makes SQLite call [`auto_install`] at every connection's open from now on (once per process:
-/// [`crate::register`] calls it under its lock). A failure is logged: the guard works without
-/// its functions, which then say "no such function".
-pub(super) fn install_for_every_connection() {
-    let entry: unsafe extern "C" fn(
-        *mut ffi::sqlite3,
-        *mut *mut c_char,
-        *const ffi::sqlite3_api_routines,
-    ) -> c_int = auto_install;
-    // The binding's parameter type differs (the entry point's signature in a plain build,
-    // `fn()` in rusqlite's `loadable_extension` and some older libsqlite3-sys): the target type
-    // is inferred from it.
-    #[allow(clippy::missing_transmute_annotations, clippy::useless_transmute)]
-    // SAFETY: SQLite calls auto-extensions with the entry-point signature `entry` has; a
-    // function pointer to a pointer-sized function pointer type; it lives as long as the
-    // program.
-    let rc = unsafe { ffi::sqlite3_auto_extension(Some(std::mem::transmute(entry))) };
-    if rc != ffi::SQLITE_OK {
-        log::warn!(
-            "hermes-guard: sqlite3_auto_extension returned {rc}: the SQL functions \
-             (hermes_guard_status, ...) are not registered on new connections"
-        );
-    }
-}
-
-/// The auto-extension: the functions on the connection being opened. Never fails the open (the
-/// database may not even be guarded): a missing function says so when it is asked for.
-unsafe extern "C" fn auto_install(
-    db: *mut ffi::sqlite3,
-    _pz_err_msg: *mut *mut c_char,
-    _p_api: *const ffi::sqlite3_api_routines,
-) -> c_int {
-    // SAFETY: `db` is the connection being opened, valid for this call.
-    let rc = unsafe { install_on(db) };
-    if rc != ffi::SQLITE_OK {
-        log::warn!("hermes-guard: SQL functions not registered on a connection: {rc}");
-    }
-    ffi::SQLITE_OK
-}
-
-unsafe extern "C" fn status_fn(
-    ctx: *mut ffi::sqlite3_context,
-    argc: c_int,
-    argv: *mut *mut ffi::sqlite3_value,
-) {
-    // SAFETY: SQLite's own arguments, passed on.
-    unsafe { pragma_fn(ctx, argc, argv, "hermes_guard_status") }
-}
-
-unsafe extern "C" fn capture_fn(
-    ctx: *mut ffi::sqlite3_context,
-    argc: c_int,
-    argv: *mut *mut ffi::sqlite3_value,
-) {
-    // SAFETY: SQLite's own arguments, passed on.
-    unsafe { pragma_fn(ctx, argc, argv, "hermes_guard_capture") }
-}
-
-unsafe extern "C" fn retry_pending_fn(
-    ctx: *mut ffi::sqlite3_context,
-    _argc: c_int,
-    _argv: *mut *mut ffi::sqlite3_value,
-) {
+/// `hermes_guard_retry_pending()`: how many closed generations are still uncaptured after the
+/// retry.
+fn retry_pending(call: &SqlCall<'_>) {
     let remaining = ffi_guard(-1, || crate::retry_pending_captures() as i64);
-    // SAFETY: `ctx` is the call's context.
-    unsafe {
-        if remaining < 0 {
-            result_error(ctx, "hermes_guard_retry_pending: internal panic");
-        } else {
-            ffi::sqlite3_result_int64(ctx, remaining);
-        }
+    if remaining < 0 {
+        call.result_error("hermes_guard_retry_pending: internal panic");
+    } else {
+        call.result_int64(remaining);
     }
 }
 
 /// `hermes_guard_status([schema])` / `hermes_guard_capture([schema])`: the guard's pragma on the
 /// calling connection's schema (default `main`), its JSON the result.
-///
-/// # Safety
-/// SQLite's arguments to a scalar function.
-unsafe fn pragma_fn(
-    ctx: *mut ffi::sqlite3_context,
-    argc: c_int,
-    argv: *mut *mut ffi::sqlite3_value,
-    pragma: &str,
-) {
-    let schema = match argc {
+fn pragma_fn(call: &SqlCall<'_>, pragma: &'static str) {
+    let schema = match call.argc() {
         0 => Some("main".to_owned()),
-        // SAFETY: argc is 1, so argv[0] is a valid value; its text lives until the next call on
-        // it, and is copied at once.
-        1 => unsafe {
-            let text = ffi::sqlite3_value_text(*argv);
-            (!text.is_null()).then(|| {
-                String::from_utf8_lossy(CStr::from_ptr(text as *const c_char).to_bytes())
-                    .into_owned()
-            })
-        },
+        1 => call.text_arg(0),
         _ => None,
     };
     let Some(schema) = schema else {
-        // SAFETY: `ctx` is the call's context.
-        unsafe {
-            result_error(
-                ctx,
-                &format!("{pragma}: takes one argument at most, a schema name"),
-            )
-        };
+        call.result_error(&format!(
+            "{pragma}: takes one argument at most, a schema name"
+        ));
         return;
     };
-    let reply = ffi_guard(Err(format!("{pragma}: internal panic")), || {
-        // SAFETY: the connection running this function, used only for nested queries inside
-        // the call, as SQLite allows; the Connection made from it does not own it.
-        let conn = unsafe { Connection::from_handle(ffi::sqlite3_context_db_handle(ctx)) }
-            .map_err(|e| format!("{pragma}: {e}"))?;
-        guard_pragma(&conn, &schema, pragma)
+    let reply = ffi_guard(Err(PragmaFnError::Panic { pragma }), || {
+        call.with_connection(|conn| match conn {
+            Ok(conn) => guard_pragma(conn, &schema, pragma),
+            Err(source) => Err(PragmaFnError::Query { pragma, source }),
+        })
     });
-    // SAFETY: `ctx` is the call's context; the text is copied (SQLITE_TRANSIENT).
-    unsafe {
-        match reply {
-            Ok(json) => match c_int::try_from(json.len()) {
-                Ok(n) => ffi::sqlite3_result_text(
-                    ctx,
-                    json.as_ptr() as *const c_char,
-                    n,
-                    ffi::SQLITE_TRANSIENT(),
-                ),
-                Err(_) => ffi::sqlite3_result_error_toobig(ctx),
-            },
-            Err(message) => result_error(ctx, &message),
-        }
+    match reply {
+        Ok(json) => call.result_text(&json),
+        Err(e) => call.result_error(&e.to_string()),
     }
 }
 
-/// Sets `message` as the call's error.
-///
-/// # Safety
-/// `ctx` is a scalar function call's context.
-unsafe fn result_error(ctx: *mut ffi::sqlite3_context, message: &str) {
-    let n = c_int::try_from(message.len()).unwrap_or(c_int::MAX);
-    // SAFETY: as the caller promises; SQLite copies the message.
-    unsafe { ffi::sqlite3_result_error(ctx, message.as_ptr() as *const c_char, n) };
+/// Why a pragma function gives no JSON: its error's text, as the caller's SQL sees it.
+#[derive(Debug, thiserror::Error)]
+enum PragmaFnError {
+    /// The schema exists but was not opened through the guard.
+    #[error(
+        "{pragma}: schema {schema:?} ({file}) is not opened through the hermes-guard VFS; open it \
+         as file:<path>?vfs=hermes-guard once the guard is registered"
+    )]
+    NotGuarded {
+        pragma: &'static str,
+        schema: String,
+        /// The schema's file, or "in memory or temporary".
+        file: String,
+    },
+    /// The pragma failed with SQLite's message.
+    #[error("{pragma}: {message}")]
+    Sqlite {
+        pragma: &'static str,
+        message: String,
+    },
+    /// The pragma (or the connection's handle) failed otherwise.
+    #[error("{pragma}: {source}")]
+    Query {
+        pragma: &'static str,
+        source: rusqlite::Error,
+    },
+    /// A panic inside the guard, caught.
+    #[error("{pragma}: internal panic")]
+    Panic { pragma: &'static str },
 }
 
 /// Runs the guard's pragma on `schema` of `conn`; its JSON, or the error to give.
-fn guard_pragma(conn: &Connection, schema: &str, pragma: &str) -> Result<String, String> {
+fn guard_pragma(
+    conn: &Connection,
+    schema: &str,
+    pragma: &'static str,
+) -> Result<String, PragmaFnError> {
     let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
     let reply = conn.query_row(&format!("PRAGMA {quoted}.{pragma}"), [], |r| {
         r.get::<_, String>(0)
@@ -238,14 +155,15 @@ fn guard_pragma(conn: &Connection, schema: &str, pragma: &str) -> Result<String,
             } else {
                 file
             };
-            Err(format!(
-                "{pragma}: schema {schema:?} ({file}) is not opened through the hermes-guard VFS; \
-                 open it as file:<path>?vfs=hermes-guard once the guard is registered"
-            ))
+            Err(PragmaFnError::NotGuarded {
+                pragma,
+                schema: schema.to_owned(),
+                file,
+            })
         }
         Err(rusqlite::Error::SqliteFailure(_, Some(message))) => {
-            Err(format!("{pragma}: {message}"))
+            Err(PragmaFnError::Sqlite { pragma, message })
         }
-        Err(e) => Err(format!("{pragma}: {e}")),
+        Err(source) => Err(PragmaFnError::Query { pragma, source }),
     }
 }

@@ -7,7 +7,7 @@
 //! damage_tests.rs.
 
 use std::collections::BTreeSet;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use rusqlite::{params, Connection};
 
@@ -34,17 +34,7 @@ impl Fixture {
         .unwrap();
         if reserved > 0 {
             let mut n: c_int = reserved.into();
-            // SAFETY: the handle is the open connection's and is used on this thread only, while
-            // `conn` lives; "main" is a NUL-terminated name; SQLITE_FCNTL_RESERVE_BYTES reads and
-            // writes one `int` through the pointer, which points at `n`, alive for the call.
-            let rc = unsafe {
-                rusqlite::ffi::sqlite3_file_control(
-                    conn.handle(),
-                    c"main".as_ptr(),
-                    rusqlite::ffi::SQLITE_FCNTL_RESERVE_BYTES,
-                    (&mut n as *mut c_int).cast::<c_void>(),
-                )
-            };
+            let rc = crate::vfs::raw::reserve_bytes(&conn, &mut n);
             assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
         }
         conn.execute_batch("BEGIN").unwrap();

@@ -1,13 +1,13 @@
 //! The file controls the guard answers or acts on (`VFSNAME`, `SIZE_HINT`, `HAS_MOVED`, the
 //! commit boundary) and its pragmas.
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::c_int;
 
 use rusqlite::ffi;
 
 use super::*;
 use crate::capture::{self, Trigger};
-use crate::vfs::boundary::{cstr_text, ffi_guard, sqlite_string};
+use crate::vfs::boundary::{ffi_guard, Fcntl, PragmaArgs};
 use crate::vfs::state::DbState;
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
@@ -20,62 +20,45 @@ pub(super) const ANSWERED: u64 = 1 << ffi::SQLITE_FCNTL_VFSNAME
 
 /// `xFileControl` of a guarded main file: as `x_file_control`, and the commit boundary, which
 /// only stores atomics.
-pub(super) unsafe extern "C" fn x_file_control_main<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
-    op: c_int,
-    arg: *mut c_void,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
+#[inline(always)]
+pub(super) fn file_control_main<const HEAP: bool>(file: Live<'_>, fc: Fcntl<'_>) -> c_int {
+    let op = fc.op();
     if op == ffi::SQLITE_FCNTL_COMMIT_PHASETWO {
-        // SAFETY: a guarded main file's `main_state` points into the state its table holds.
-        let state = unsafe { &*t.main_state };
-        // Sent after every commit, in every locking mode: the transaction is over.
-        state.end_of_transaction();
+        if let Some(state) = file.table().main_state() {
+            // Sent after every commit, in every locking mode: the transaction is over.
+            state.end_of_transaction();
+        }
     } else if (op as u32) < 64 && ANSWERED & (1 << op) != 0 {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { file_control_answered(f, op, arg) };
+        // Same arguments: a tail call.
+        return file_control_answered(file, fc);
     }
-    sub_call!(t, sub_object_for::<HEAP>(t, f), xFileControl, op, arg)
+    file.io_for::<HEAP>().file_control(fc)
 }
 
 /// `xFileControl` of every other file: the controls in [`ANSWERED`] go to
 /// `file_control_answered`, the rest straight down.
-pub(super) unsafe extern "C" fn x_file_control(
-    f: *mut ffi::sqlite3_file,
-    op: c_int,
-    arg: *mut c_void,
-) -> c_int {
+#[inline(always)]
+pub(super) fn file_control(file: Live<'_>, fc: Fcntl<'_>) -> c_int {
+    let op = fc.op();
     if (op as u32) < 64 && ANSWERED & (1 << op) != 0 {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { file_control_answered(f, op, arg) };
+        // Same arguments: a tail call.
+        return file_control_answered(file, fc);
     }
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    sub_call!(t, t.sub_object(f), xFileControl, op, arg)
+    file.io().file_control(fc)
 }
 
 /// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
 /// caller's arguments, for a tail call (see `shm_lock_write_or_checkpoint_slot`).
-///
-/// # Safety
-/// `f` is one of our live files.
 #[cold]
 #[inline(never)]
-pub(super) unsafe extern "C" fn file_control_answered(
-    f: *mut ffi::sqlite3_file,
-    op: c_int,
-    arg: *mut c_void,
-) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
+pub(super) extern "C" fn file_control_answered(file: Live<'_>, fc: Fcntl<'_>) -> c_int {
+    let io = file.io();
+    let t = io.t;
     ffi_guard(ffi::SQLITE_ERROR, || {
-        match (op, t.kind, &t.state) {
+        match (fc.op(), t.kind, &t.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
-                let rc = sub_call!(t, sub, xFileControl, op, arg);
-                // SAFETY: for VFSNAME, `arg` is a `char **` owned by the caller.
-                unsafe { chain_vfs_name(arg as *mut *mut c_char, rc) }
+                let rc = io.file_control(fc);
+                fc.chain_vfs_name(crate::vfs::VFS_NAME, rc).unwrap_or(rc)
             }
             (ffi::SQLITE_FCNTL_SIZE_HINT, Kind::Main, Some(state))
                 if state.wal_pinned() || state.is_retired() =>
@@ -85,10 +68,10 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 if rc != ffi::SQLITE_OK {
                     return rc;
                 }
-                sub_call!(t, sub, xFileControl, op, arg)
+                io.file_control(fc)
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
-                let rc = sub_call!(t, sub, xFileControl, op, arg);
+                let rc = io.file_control(fc);
                 // Another connection of this process holds the same generation, so this close
                 // cannot checkpoint (its EXCLUSIVE is refused in-process), and the watch vouches
                 // for that connection's last full check: nothing was taken away
@@ -103,22 +86,22 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 // away is retired for that).
                 let mut moved = state.check_pins_vouching().is_some();
                 if !moved && state.wal_pinned() {
-                    judge_main_at_close(t, sub, state);
+                    judge_main_at_close(io, state);
                     moved = state.is_retired();
                 }
                 if moved {
                     let _ = state.ensure_captured(Trigger::Close);
-                    // SAFETY: for HAS_MOVED, `arg` is an `int *`.
-                    unsafe { *(arg as *mut c_int) = 1 };
+                    if let Some(out) = fc.int_out() {
+                        *out = 1;
+                    }
                     return ffi::SQLITE_OK;
                 }
                 rc
             }
             (ffi::SQLITE_FCNTL_PRAGMA, Kind::Main, Some(state)) => {
-                // SAFETY: for PRAGMA, `arg` is SQLite's `char *azArg[3]`.
-                match unsafe { pragma(state, arg as *mut *mut c_char) } {
+                match fc.pragma().and_then(|az| pragma(state, az)) {
                     Some(rc) => rc,
-                    None => sub_call!(t, sub, xFileControl, op, arg),
+                    None => io.file_control(fc),
                 }
             }
             (ffi::SQLITE_FCNTL_EXTERNAL_READER, Kind::Main, Some(state)) => {
@@ -126,15 +109,16 @@ pub(super) unsafe extern "C" fn file_control_answered(
                 // guard's does not have: the guard's node answers.
                 match state.wal_index().external_reader() {
                     Some(Ok(reader)) => {
-                        // SAFETY: SQLite's argument for this control is an `int *`.
-                        unsafe { *(arg as *mut c_int) = c_int::from(reader) };
+                        if let Some(out) = fc.int_out() {
+                            *out = c_int::from(reader);
+                        }
                         ffi::SQLITE_OK
                     }
                     Some(Err(rc)) => rc,
-                    None => sub_call!(t, sub, xFileControl, op, arg),
+                    None => io.file_control(fc),
                 }
             }
-            _ => sub_call!(t, sub, xFileControl, op, arg),
+            _ => io.file_control(fc),
         }
     })
 }
@@ -156,13 +140,13 @@ const READ0: c_int = 3;
 /// (`main_writes_may_follow`), under EXCLUSIVE. A wal-index in SQLite's heap
 /// (`locking_mode=EXCLUSIVE` from the start: no mapping, and this connection holds EXCLUSIVE) is
 /// judged as it is.
-fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) {
+fn judge_main_at_close(io: Io<'_>, state: &DbState) {
     if !state.stale_wal().is_mapped() || crate::vfs::state::overwrite::unconfirmed() {
-        state.judge_main(&open::MainImage(sub));
+        state.judge_main(&io.main_image());
         return;
     }
     let shared = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_SHARED;
-    let rc = super::reset_lock::lock_without_waiting(t, sub, READ0, shared);
+    let rc = super::reset_lock::lock_without_waiting(io, READ0, shared);
     if rc != ffi::SQLITE_OK {
         log::debug!(
             "hermes-guard: the close's judgement of {} is deferred (a checkpoint is copying \
@@ -172,63 +156,27 @@ fn judge_main_at_close(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbSta
         return;
     }
     // Released whatever the judgement does (a panic is caught here, not above the lock).
-    ffi_guard((), || state.judge_main(&open::MainImage(sub)));
+    ffi_guard((), || state.judge_main(&io.main_image()));
     shm_lock_down(
-        t,
-        sub,
+        io,
         READ0,
         1,
         ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_SHARED,
     );
 }
 
-/// `hermes-guard/<wrapped VFS's answer>`, the convention of shims such as cksumvfs.
-///
-/// # Safety
-/// `out` is the `char **` of a VFSNAME file control.
-pub(super) unsafe fn chain_vfs_name(out: *mut *mut c_char, rc: c_int) -> c_int {
-    // SAFETY: as the caller promises; the old string came from sqlite3_malloc.
-    unsafe {
-        let below = if rc == ffi::SQLITE_OK {
-            cstr_text(*out)
-        } else {
-            None
-        };
-        if rc == ffi::SQLITE_OK && !(*out).is_null() {
-            ffi::sqlite3_free(*out as *mut c_void);
-        }
-        let name = match below {
-            Some(b) => format!("{}/{b}", crate::vfs::VFS_NAME),
-            None => crate::vfs::VFS_NAME.to_string(),
-        };
-        *out = sqlite_string(&name);
-    }
-    ffi::SQLITE_OK
-}
-
 /// `PRAGMA hermes_guard_status`, `PRAGMA hermes_guard_capture` and `PRAGMA
 /// hermes_guard_wal_reset_guard [= on|off|auto]`; `None` for any other pragma.
-///
-/// # Safety
-/// `az` is SQLite's `char *azArg[3]` for a PRAGMA file control.
-pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_int> {
-    // SAFETY: azArg[1] is the pragma's name, NUL-terminated.
-    let name = unsafe { CStr::from_ptr(*az.add(1)) }.to_bytes();
+pub(super) fn pragma(state: &DbState, az: PragmaArgs<'_>) -> Option<c_int> {
+    let name = az.name();
     if name.eq_ignore_ascii_case(b"hermes_guard_wal_reset_guard") {
-        // SAFETY: azArg[2] is the pragma's argument, NULL or NUL-terminated.
-        let arg = unsafe { (*az.add(2)).as_ref().map(|p| CStr::from_ptr(p).to_bytes()) };
-        let (rc, text) = wal_reset_pragma(state, arg);
-        // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees
-        // it.
-        unsafe { *az = sqlite_string(&text) };
+        let (rc, text) = wal_reset_pragma(state, az.arg());
+        az.answer(&text);
         return Some(rc);
     }
     if name.eq_ignore_ascii_case(b"journal_mode") {
-        // SAFETY: azArg[2] is the pragma's argument, NULL or NUL-terminated.
-        let arg = unsafe { (*az.add(2)).as_ref().map(|p| CStr::from_ptr(p).to_bytes()) };
-        let message = refuse_wal_here(state, arg?)?;
-        // SAFETY: azArg[0] is where SQLite takes the error string from, and frees it.
-        unsafe { *az = sqlite_string(&message) };
+        let message = refuse_wal_here(state, az.arg()?)?;
+        az.answer(&message);
         return Some(ffi::SQLITE_ERROR);
     }
     let reply = if name.eq_ignore_ascii_case(b"hermes_guard_status") {
@@ -248,8 +196,7 @@ pub(super) unsafe fn pragma(state: &DbState, az: *mut *mut c_char) -> Option<c_i
         Ok(json) => (ffi::SQLITE_OK, json),
         Err(message) => (ffi::SQLITE_ERROR, message),
     };
-    // SAFETY: azArg[0] is where SQLite takes the result (or error) string from, and frees it.
-    unsafe { *az = sqlite_string(&text) };
+    az.answer(&text);
     Some(rc)
 }
 

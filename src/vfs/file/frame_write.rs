@@ -14,41 +14,29 @@ use std::os::fd::BorrowedFd;
 use rusqlite::ffi;
 use rustix::io::Errno;
 
-use super::sqlite_private::{set_last_errno, unix_descriptor};
-use super::FileTable;
+use super::Io;
 use crate::vfs::state::FRAME_HEADER;
 
-/// Writes `header` at `at` and `page` right after it, as one write.
-///
-/// # Safety
-/// `t` is the table of the live WAL file whose wrapped object is `sub`, inside SQLite's call
-/// of its `xWrite`.
-pub(super) unsafe fn write_frame(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
+/// Writes `header` at `at` and `page` right after it, as one write, on the live WAL file `io`,
+/// inside SQLite's call of its `xWrite`.
+pub(super) fn write_frame(
+    io: Io<'_>,
     header: &[u8; FRAME_HEADER as usize],
     page: &[u8],
     at: i64,
 ) -> c_int {
-    if !t.unix_prefix {
+    let Some(fd) = io.unix_fd() else {
         let mut frame = Vec::with_capacity(header.len() + page.len());
         frame.extend_from_slice(header);
         frame.extend_from_slice(page);
-        let Ok(len) = c_int::try_from(frame.len()) else {
-            return ffi::SQLITE_IOERR_WRITE;
-        };
-        return sub_call!(t, sub, xWrite, frame.as_ptr().cast(), len, at);
-    }
-    // SAFETY: `unix_prefix` was checked at the open; SQLite's descriptor of the WAL stays open
-    // while SQLite writes through it.
-    let fd = unsafe { BorrowedFd::borrow_raw(unix_descriptor(sub)) };
+        return io.write(&frame, at);
+    };
     let (code, errno) = match write_all(fd, header, page, at) {
         Ok(()) => return ffi::SQLITE_OK,
         Err(e) if e == Errno::NOSPC => (ffi::SQLITE_FULL, 0),
         Err(e) => (ffi::SQLITE_IOERR_WRITE, e.raw_os_error()),
     };
-    // SAFETY: as above; SQLite is inside this file's xWrite.
-    unsafe { set_last_errno(sub, errno) };
+    io.set_last_errno(errno);
     code
 }
 

@@ -1,72 +1,59 @@
 //! The trampolines of the hot path: writes, truncates, syncs and the main file's locks.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use rusqlite::ffi;
 
 use super::*;
 use crate::capture::{FailedCommit, FIRST_BYTES};
-use crate::vfs::boundary::ffi_guard;
+use crate::vfs::boundary::{ffi_guard, ReadBuf, WriteBuf};
 use crate::vfs::state::{DbState, Gate, Site, FRAME_HEADER};
 use crate::wal_base::RECORDED_PAGES;
 
-io_pass_through! {
-    x_read => xRead(buf: *mut c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
-    x_write => xWrite(buf: *const c_void, amt: c_int, ofst: ffi::sqlite3_int64) -> c_int;
-    x_file_size => xFileSize(size: *mut ffi::sqlite3_int64) -> c_int;
-    x_check_reserved_lock => xCheckReservedLock(out: *mut c_int) -> c_int;
-    x_sector_size => xSectorSize() -> c_int;
-    x_device_characteristics => xDeviceCharacteristics() -> c_int;
-    x_shm_barrier => xShmBarrier() -> ();
-    x_fetch => xFetch(ofst: ffi::sqlite3_int64, amt: c_int, pp: *mut *mut c_void) -> c_int;
-    x_unfetch => xUnfetch(ofst: ffi::sqlite3_int64, p: *mut c_void) -> c_int;
+io_entry! {
+    x_truncate => truncate, (size: ffi::sqlite3_int64) -> c_int;
+    x_sync => sync, (flags: c_int) -> c_int;
+    /// No `catch_unwind` on the way through (see `gated_write`).
+    x_lock => lock, (level: c_int) -> c_int;
+    x_unlock => unlock, (level: c_int) -> c_int;
 }
 
 /// The `xRead` of a guarded main file: a read of one of the first 16 pages goes on to
 /// `read_first_pages` (kept for the next write lock's judgement, `vfs/main_reads.rs`: a copy in
 /// place that a page cache read from the old file would write back); every other read is a
 /// compare and a tail call (R1's reads, above all).
-pub(super) unsafe extern "C" fn x_read_main<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
-    buf: *mut c_void,
-    amt: c_int,
+#[inline(always)]
+pub(super) fn read_main<const HEAP: bool>(
+    file: Live<'_>,
+    buf: ReadBuf<'_>,
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
-    if ofst < i64::from(amt) * i64::from(RECORDED_PAGES) {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { read_first_pages::<HEAP>(f, buf, amt, ofst) };
+    if ofst < i64::from(buf.amt()) * i64::from(RECORDED_PAGES) {
+        // Same arguments: a tail call.
+        return read_first_pages::<HEAP>(file, buf, ofst);
     }
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    sub_call!(t, sub_object_for::<HEAP>(t, f), xRead, buf, amt, ofst)
+    file.io_for::<HEAP>().read_sqlite(buf, ofst)
 }
 
 /// `x_read_main` of one of the first 16 pages: the read, and, under a settled wal-index header
 /// (the same before and after it), the page kept. Out of line, so that the other reads push
 /// nothing.
 ///
-/// # Safety
-/// `f` is one of our live files and `buf` holds `amt` writable bytes.
+/// `extern "C"` with the caller's arguments, for a tail call.
 #[inline(never)]
-unsafe extern "C" fn read_first_pages<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
-    buf: *mut c_void,
-    amt: c_int,
+extern "C" fn read_first_pages<const HEAP: bool>(
+    file: Live<'_>,
+    buf: ReadBuf<'_>,
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    let sub = sub_object_for::<HEAP>(t, f);
-    if t.main_state.is_null() {
-        return sub_call!(t, sub, xRead, buf, amt, ofst);
-    }
-    // SAFETY: not NULL (above), into the state the table holds.
-    let state = unsafe { &*t.main_state };
+    let io = file.io_for::<HEAP>();
+    let Some(state) = io.t.main_state() else {
+        return io.read_sqlite(buf, ofst);
+    };
+    let amt = buf.amt();
     let before = state.stale_wal().settled_header();
-    let rc = sub_call!(t, sub, xRead, buf, amt, ofst);
-    if let (Some(before), ffi::SQLITE_OK, Ok(len)) = (before, rc, usize::try_from(amt)) {
-        // SAFETY: the read succeeded: SQLite's buffer holds `amt` bytes read from the file.
-        let read = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
+    let (rc, read) = io.read_sqlite_seen(buf, ofst);
+    if let (Some(before), Some(read)) = (before, read) {
         ffi_guard((), || state.stale_wal().main_read(&before, read, amt, ofst));
     }
     rc
@@ -80,51 +67,39 @@ unsafe extern "C" fn read_first_pages<const HEAP: bool>(
 /// lock; any in rollback mode of a generation not retired) with no judgement due passes
 /// straight down, as a tail call; every other write, and every WAL write, goes to
 /// `write_gated_slow`, with the same arguments (a tail call too).
-pub(super) unsafe extern "C" fn write_gated(
-    f: *mut ffi::sqlite3_file,
-    buf: *const c_void,
-    amt: c_int,
-    ofst: ffi::sqlite3_int64,
-) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: a guarded main file's `main_state` points into the state its table holds (NULL
-    // for a WAL).
-    if let Some(state) = unsafe { t.main_state.as_ref() } {
+#[inline(always)]
+pub(super) fn gated_write(file: Live<'_>, buf: WriteBuf<'_>, ofst: ffi::sqlite3_int64) -> c_int {
+    let t = file.table();
+    if let Some(state) = t.main_state() {
         if state.main_write_goes() {
-            let rc = sub_call!(t, t.sub_object(f), xWrite, buf, amt, ofst);
+            let rc = file.io().write_sqlite(buf, ofst);
             if rc == ffi::SQLITE_OK && state.wal_pinned() {
                 // A checkpoint's copy: the pages' kept bases are the main file's no longer.
-                state.main_written(ofst, amt);
+                state.main_written(ofst, buf.amt());
             }
             return rc;
         }
     }
-    // SAFETY: as the caller promises (same arguments: a tail call).
-    unsafe { write_gated_slow(f, buf, amt, ofst) }
+    // Same arguments: a tail call.
+    write_gated_slow(file, buf, ofst)
 }
 
-/// [`write_gated`] for the writes its first test does not let through: the gate, the hooks of the
-/// overwrite judgement and of a new generation's WAL-base record, the write.
-///
-/// # Safety
-/// `f` is one of our live files; `buf` holds `amt` bytes.
+/// [`gated_write`] for the writes its first test does not let through: the gate, the hooks of
+/// the overwrite judgement and of a new generation's WAL-base record, the write. `extern "C"`
+/// with the caller's arguments, for a tail call.
 #[inline(never)]
-unsafe extern "C" fn write_gated_slow(
-    f: *mut ffi::sqlite3_file,
-    buf: *const c_void,
-    amt: c_int,
+extern "C" fn write_gated_slow(
+    file: Live<'_>,
+    buf: WriteBuf<'_>,
     ofst: ffi::sqlite3_int64,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
+    let io = file.io();
+    let t = io.t;
     let Some(state) = &t.state else {
-        return sub_call!(t, sub, xWrite, buf, amt, ofst);
+        return io.write_sqlite(buf, ofst);
     };
     if t.kind == Kind::Wal && state.write_lock_held() {
-        // SAFETY: as the caller promises.
-        return unsafe { write_framed(t, state, sub, buf, amt, ofst, true) };
+        return write_framed(io, state, buf, ofst, true);
     }
     let gate = match t.kind {
         Kind::Wal => state.wal_write_gate(ofst),
@@ -138,40 +113,32 @@ unsafe extern "C" fn write_gated_slow(
         return rc;
     }
     if t.kind == Kind::Wal {
-        // SAFETY: as the caller promises.
-        unsafe { at_wal_header(state, buf, amt, ofst) };
+        at_wal_header(state, buf, ofst);
     }
     // A checkpoint's first write judges the main file first, once the pins were checked (a file
     // taken away is retired for that, not as overwritten): an overwrite in place retires the
     // generation, and this write is refused.
     if t.kind == Kind::Main && state.main_judge_due() && state.wal_pinned() {
-        shield_slow(|| state.judge_main(&open::MainImage(sub)));
+        shield_slow(|| state.judge_main(&io.main_image()));
         if state.is_retired() {
             return verdict(state, Gate::Refuse, ffi::SQLITE_IOERR_WRITE);
         }
     }
-    let rc = sub_call!(t, sub, xWrite, buf, amt, ofst);
+    let rc = io.write_sqlite(buf, ofst);
     if rc == ffi::SQLITE_OK && t.kind == Kind::Main && state.wal_pinned() {
-        state.main_written(ofst, amt);
+        state.main_written(ofst, buf.amt());
     }
     rc
 }
 
 /// The `xWrite` of a WAL while its write gate is open (the write lock held, the generation not
 /// retired, the main file not above SHARED): the frame rule around the wrapped write.
-pub(super) unsafe extern "C" fn write_wal(
-    f: *mut ffi::sqlite3_file,
-    buf: *const c_void,
-    amt: c_int,
-    ofst: ffi::sqlite3_int64,
-) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
-    match &t.state {
-        // SAFETY: SQLite passes `amt` readable bytes at `buf`.
-        Some(state) => unsafe { write_framed(t, state, sub, buf, amt, ofst, false) },
-        None => sub_call!(t, sub, xWrite, buf, amt, ofst),
+#[inline(always)]
+pub(super) fn wal_write(file: Live<'_>, buf: WriteBuf<'_>, ofst: ffi::sqlite3_int64) -> c_int {
+    let io = file.io();
+    match &io.t.state {
+        Some(state) => write_framed(io, state, buf, ofst, false),
+        None => io.write_sqlite(buf, ofst),
     }
 }
 
@@ -181,27 +148,19 @@ pub(super) unsafe extern "C" fn write_wal(
 /// (after the WAL-base record's look at a new WAL header, when `header_hook`); and, when it
 /// makes a commit frame whole, the files checked again — a commit whose files changed meanwhile
 /// fails (`SQLITE_READONLY_DBMOVED`), never acknowledged.
-///
-/// # Safety
-/// `t` is the table of the live WAL file whose wrapped object is `sub`; `buf` holds `amt`
-/// readable bytes.
 #[inline(always)]
-unsafe fn write_framed(
-    t: &FileTable,
+fn write_framed(
+    io: Io<'_>,
     state: &DbState,
-    sub: *mut ffi::sqlite3_file,
-    buf: *const c_void,
-    amt: c_int,
+    buf: WriteBuf<'_>,
     ofst: ffi::sqlite3_int64,
     header_hook: bool,
 ) -> c_int {
-    let Ok(len) = usize::try_from(amt) else {
-        return sub_call!(t, sub, xWrite, buf, amt, ofst);
+    let Some(bytes) = buf.bytes() else {
+        return io.write_sqlite(buf, ofst);
     };
-    // SAFETY: as the caller promises.
-    let bytes = unsafe { std::slice::from_raw_parts(buf as *const u8, len) };
-    let powersafe = amt == FRAME_HEADER
-        && sub_call!(t, sub, xDeviceCharacteristics) & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
+    let powersafe = buf.amt() == FRAME_HEADER
+        && io.device_characteristics() & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0;
     let next = state.frames().next(bytes, ofst, powersafe);
     if next.new_frame {
         if let Ok(header) = <&[u8; FRAME_HEADER as usize]>::try_from(bytes) {
@@ -225,27 +184,25 @@ unsafe fn write_framed(
         return rc;
     }
     if header_hook {
-        // SAFETY: as the caller promises.
-        unsafe { at_wal_header(state, buf, amt, ofst) };
+        at_wal_header(state, buf, ofst);
     }
     let rc = match next.held_at {
         at if at >= 0 && !next.hold && at + i64::from(FRAME_HEADER) == ofst => {
             let header = state.frames().held_header();
-            // SAFETY: as the caller promises; `bytes` is SQLite's page.
-            unsafe { frame_write::write_frame(t, sub, &header, bytes, at) }
+            frame_write::write_frame(io, &header, bytes, at)
         }
         at if at >= 0 => {
             let header = state.frames().held_header();
-            let rc = sub_call!(t, sub, xWrite, header.as_ptr().cast(), FRAME_HEADER, at);
+            let rc = io.write(&header, at);
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
-            sub_call!(t, sub, xWrite, buf, amt, ofst)
+            io.write_sqlite(buf, ofst)
         }
-        _ => sub_call!(t, sub, xWrite, buf, amt, ofst),
+        _ => io.write_sqlite(buf, ofst),
     };
     if rc == ffi::SQLITE_OK && next.completes_commit && !state.check_fast(Site::WalWrite) {
-        return commit_refused(t, state, sub, ofst);
+        return commit_refused(io, state, ofst);
     }
     rc
 }
@@ -257,25 +214,13 @@ unsafe fn write_framed(
 /// told failed.
 #[cold]
 #[inline(never)]
-fn commit_refused(
-    t: &FileTable,
-    state: &DbState,
-    sub: *mut ffi::sqlite3_file,
-    ofst: ffi::sqlite3_int64,
-) -> c_int {
+fn commit_refused(io: Io<'_>, state: &DbState, ofst: ffi::sqlite3_int64) -> c_int {
     let first = state.frames().first_write();
     let mut first_bytes = [0u8; FIRST_BYTES];
     // The write lock is still held: no writer of this generation wrote there since.
     let read = first.map(|from| {
         let at = i64::try_from(from).unwrap_or(i64::MAX);
-        sub_call!(
-            t,
-            sub,
-            xRead,
-            first_bytes.as_mut_ptr().cast(),
-            FIRST_BYTES as c_int,
-            at
-        )
+        io.read(&mut first_bytes, at)
     });
     let in_doubt = first.filter(|_| read == Some(ffi::SQLITE_OK));
     if let Some(from) = in_doubt {
@@ -295,25 +240,20 @@ fn commit_refused(
 /// The hook at the WAL header of a new generation, which a WAL-base record may wait for so that
 /// it is written before the generation's first frame (the gate is closed for it;
 /// `vfs/stale_wal/`).
-///
-/// # Safety
-/// `buf` holds `amt` readable bytes.
-unsafe fn at_wal_header(state: &DbState, buf: *const c_void, amt: c_int, ofst: ffi::sqlite3_int64) {
-    if ofst == 0 && amt >= 32 {
-        // SAFETY: as the caller promises.
-        let header = unsafe { std::slice::from_raw_parts(buf as *const u8, 32) };
-        ffi_guard((), || state.stale_wal().at_wal_header(state, header));
+fn at_wal_header(state: &DbState, buf: WriteBuf<'_>, ofst: ffi::sqlite3_int64) {
+    if ofst == 0 && buf.amt() >= 32 {
+        if let Some(bytes) = buf.bytes() {
+            let header = &bytes[..32];
+            ffi_guard((), || state.stale_wal().at_wal_header(state, header));
+        }
     }
 }
 
-pub(super) unsafe extern "C" fn x_truncate(
-    f: *mut ffi::sqlite3_file,
-    size: ffi::sqlite3_int64,
-) -> c_int {
+#[inline(always)]
+fn truncate(file: Live<'_>, size: ffi::sqlite3_int64) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_TRUNCATE, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let t = unsafe { table(f) };
-        let sub = t.sub_object(f);
+        let io = file.io();
+        let t = io.t;
         if let Some(state) = &t.state {
             let gate = if t.kind == Kind::Wal {
                 // A truncate of the WAL always checks: the file may hold a newer generation's
@@ -331,15 +271,15 @@ pub(super) unsafe extern "C" fn x_truncate(
                 return rc;
             }
         }
-        sub_call!(t, sub, xTruncate, size)
+        io.truncate(size)
     })
 }
 
-pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
-    let rc = sub_call!(t, sub, xSync, flags);
+#[inline(always)]
+fn sync(file: Live<'_>, flags: c_int) -> c_int {
+    let io = file.io();
+    let t = io.t;
+    let rc = io.sync(flags);
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // A checkpoint ends with a sync of the main file: the next one checks afresh.
         state.end_of_main_write();
@@ -354,11 +294,10 @@ pub(super) unsafe extern "C" fn x_sync(f: *mut ffi::sqlite3_file, flags: c_int) 
     rc
 }
 
-/// No `catch_unwind` on the way through (see `x_write`).
-pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
+#[inline(always)]
+pub(super) fn lock(file: Live<'_>, level: c_int) -> c_int {
+    let io = file.io();
+    let t = io.t;
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         // WAL mode takes EXCLUSIVE on the main file only to close, switch journal mode or
         // enter locking_mode=EXCLUSIVE. Rollback mode takes RESERVED for every write, and
@@ -366,7 +305,7 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         // file and deletes the journal by pathname): both are checked, once per lock.
         let gate = if state.wal_pinned() {
             if level == ffi::SQLITE_LOCK_EXCLUSIVE {
-                if let Some(rc) = exclusive_beside_sibling(t, sub, state) {
+                if let Some(rc) = exclusive_beside_sibling(io, state) {
                     return rc;
                 }
                 // What the unix VFS's `unixIsSharingShmNode` tells it, which it cannot ask of the
@@ -387,13 +326,13 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let rc = lock_shielded(t, sub, state, level);
+        let rc = lock_shielded(io, state, level);
         if rc == ffi::SQLITE_OK && level == ffi::SQLITE_LOCK_EXCLUSIVE && state.wal_pinned() {
             state.main_writes_may_follow();
         }
         return rc;
     }
-    sub_call!(t, sub, xLock, level)
+    io.lock(level)
 }
 
 /// `xLock(EXCLUSIVE)` in WAL mode while another connection of this process holds the same
@@ -404,15 +343,11 @@ pub(super) unsafe extern "C" fn x_lock(f: *mut ffi::sqlite3_file, level: c_int) 
 /// this connection's own shield).
 #[cold]
 #[inline(never)]
-fn exclusive_beside_sibling(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
-    state: &DbState,
-) -> Option<c_int> {
+fn exclusive_beside_sibling(io: Io<'_>, state: &DbState) -> Option<c_int> {
     if !ffi_guard(false, || state.generation_held_by_sibling()) {
         return None;
     }
-    let rc = sub_call!(t, sub, xLock, ffi::SQLITE_LOCK_EXCLUSIVE);
+    let rc = io.lock(ffi::SQLITE_LOCK_EXCLUSIVE);
     match rc {
         ffi::SQLITE_BUSY if ffi_guard(false, || state.generation_held_by_sibling()) => Some(rc),
         ffi::SQLITE_BUSY => None,
@@ -421,7 +356,7 @@ fn exclusive_beside_sibling(
             // nothing in the way): checked now, before anything can be written under it.
             let verdict = verdict(state, Gate::Check(Site::MainWrite), ffi::SQLITE_IOERR_LOCK);
             if verdict != ffi::SQLITE_OK {
-                sub_call!(t, sub, xUnlock, ffi::SQLITE_LOCK_SHARED);
+                io.unlock(ffi::SQLITE_LOCK_SHARED);
                 return Some(verdict);
             }
             let shield = state.shield();
@@ -442,19 +377,14 @@ fn exclusive_beside_sibling(
 /// back what the new level allows. Outside WAL mode the shield holds nothing and this is two
 /// atomic loads and a store around the call.
 #[inline(always)]
-pub(super) fn lock_shielded(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
-    state: &DbState,
-    level: c_int,
-) -> c_int {
+pub(super) fn lock_shielded(io: Io<'_>, state: &DbState, level: c_int) -> c_int {
     let shield = state.shield();
     let engaged = shield.engaged();
     let stepping_aside = engaged && level == ffi::SQLITE_LOCK_EXCLUSIVE;
     if stepping_aside {
         shield_slow(|| shield.before_exclusive());
     }
-    let rc = sub_call!(t, sub, xLock, level);
+    let rc = io.lock(level);
     if rc == ffi::SQLITE_OK {
         shield.set_level(level);
         state.main_lock_level(level > ffi::SQLITE_LOCK_SHARED);
@@ -467,11 +397,11 @@ pub(super) fn lock_shielded(
     rc
 }
 
-pub(super) unsafe extern "C" fn x_unlock(f: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    let sub = t.sub_object(f);
-    let rc = sub_call!(t, sub, xUnlock, level);
+#[inline(always)]
+pub(super) fn unlock(file: Live<'_>, level: c_int) -> c_int {
+    let io = file.io();
+    let t = io.t;
+    let rc = io.unlock(level);
     if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
         let shield = state.shield();
         if rc == ffi::SQLITE_OK {

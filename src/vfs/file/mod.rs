@@ -25,14 +25,17 @@
 //! - this file: the [`FileTable`] (the method table SQLite calls, and the guard's data after
 //!   it), the wrapped file's methods ([`SubMethods`]), and [`verdict`], the one function that
 //!   turns a write gate into SQLite's answer;
-//! - `layout.rs`: where the wrapped file object lives (SQLite's buffer or the heap), and moving a
-//!   held main file out of SQLite's buffer;
+//! - `layout.rs`: where the wrapped file object lives (SQLite's buffer or the heap), its open
+//!   there (`xOpen`'s C side), and moving a held main file out of SQLite's buffer;
+//! - `entry.rs`: the C side of the methods: [`Live`] (SQLite's pointer made safe once per call),
+//!   [`Io`] (the wrapped file's methods, called safely), the C entry points. With `layout.rs` and
+//!   `sqlite_private.rs`, every `unsafe` of the io methods;
 //! - `sqlite_private.rs`: every read of a SQLite-private structure (`unixFile`, `unixShm`,
 //!   `unixShmNode`, the wal-index header), checked at run time and keyed to the SQLite versions
 //!   it was verified against;
 //! - `held.rs`: the connection's state and a held main file as entries of the process-wide
 //!   held lists (`vfs/held/`);
-//! - `open.rs` and `close.rs`: `xOpen` and `xClose`;
+//! - `open.rs` and `close.rs`: `xOpen`'s decisions and `xClose`;
 //! - `controls.rs`: the file controls and pragmas the guard answers;
 //! - `hot.rs`: the write, truncate, sync and lock trampolines (the hot path);
 //! - `frame_write.rs`: a WAL frame's header and page written as one (the frame rule);
@@ -48,7 +51,7 @@ use std::sync::Arc;
 use rusqlite::ffi;
 
 use super::boundary::ffi_guard;
-use super::state::{DbState, Gate, WalGate};
+use super::state::{DbState, Gate};
 
 /// Declares [`SubMethods`]: one field per io method (named after its slot), and
 /// `SubMethods::of`, which fills an absent slot with a stub returning `$missing` (nothing but a
@@ -77,35 +80,8 @@ macro_rules! sub_methods {
     };
 }
 
-/// Calls the wrapped file's method `slot` with SQLite's arguments on the wrapped file object
-/// (`$sub`); a slot the wrapped table lacks is a stub returning what a missing method means
-/// (see [`SubMethods`]). Panic-free: a field read and a call into C (which cannot unwind into
-/// Rust) or into a stub that returns a constant. The pass-through methods below are nothing
-/// else but this, so they run without `catch_unwind`.
-macro_rules! sub_call {
-    ($t:expr, $sub:expr, $slot:ident $(, $arg:expr)*) => {{
-        let t: &FileTable = $t;
-        // SAFETY: the wrapped file is open and the slot is its own table's method (or a stub).
-        unsafe { (t.sub.$slot)($sub $(, $arg)*) }
-    }};
-}
-
-/// Declares the pass-through methods: the wrapped file's method called with SQLite's arguments
-/// on the wrapped object, nothing else (so no `catch_unwind`: see `sub_call!`). Installed where
-/// SQLite's pointer is not the wrapped object (the heap layout); in SQLite's buffer these slots
-/// are the wrapped VFS's own functions. `x_write` is also a WAL's open gate on the heap.
-macro_rules! io_pass_through {
-    ($($name:ident => $slot:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(
-            pub(super) unsafe extern "C" fn $name(f: *mut ffi::sqlite3_file $(, $arg: $ty)*) -> $ret {
-                // SAFETY: SQLite calls our methods only on our live files.
-                let t = unsafe { table(f) };
-                sub_call!(t, t.sub_object(f), $slot $(, $arg)*)
-            }
-        )*
-    };
-}
-
+#[macro_use]
+mod entry;
 mod close;
 mod controls;
 mod frame_write;
@@ -118,8 +94,8 @@ mod shm;
 mod sqlite_private;
 
 pub(super) use self::layout::os_file_size;
-pub(super) use self::open::{open, retired_flag};
-use self::{close::*, controls::*, hot::*, layout::*, open::*, shm::*, sqlite_private::*};
+pub(super) use self::layout::{open, retired_flag};
+use self::{entry::*, hot::*, layout::*, shm::*, sqlite_private::*};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -282,26 +258,6 @@ impl FileTable {
 type WriteFn =
     unsafe extern "C" fn(*mut ffi::sqlite3_file, *const c_void, c_int, ffi::sqlite3_int64) -> c_int;
 
-/// A WAL file object's write gate: its table's `xWrite` slot, which SQLite reads at every call.
-struct WalGateSlot {
-    table: *const FileTable,
-    open: WriteFn,
-}
-
-// SAFETY: the slot is written under the state's mutex from inside the connection's calls, which
-// SQLite serialises with its reads of it (see `WalGate`); the table outlives the handle (the
-// WAL's `x_close` detaches it before freeing the table).
-unsafe impl Send for WalGateSlot {}
-
-impl WalGate for WalGateSlot {
-    fn set_open(&self, open: bool) {
-        let slot: WriteFn = if open { self.open } else { write_gated };
-        // SAFETY: the table is alive (see Send above) and the slot is only ever written here,
-        // one writer at a time, never while SQLite reads it.
-        unsafe { (*(*self.table).methods.get()).xWrite = Some(slot) };
-    }
-}
-
 /// The wrapped file object of `f` in a wrapper compiled for one layout (`HEAP`): no test.
 #[inline(always)]
 fn sub_object_for<const HEAP: bool>(
@@ -313,15 +269,6 @@ fn sub_object_for<const HEAP: bool>(
     } else {
         f
     }
-}
-
-/// # Safety
-/// `f` is one of our live files (SQLite only calls our methods on files we opened): its
-/// pMethods is its FileTable, alive until `x_close`.
-#[inline(always)]
-unsafe fn table<'a>(f: *mut ffi::sqlite3_file) -> &'a FileTable {
-    // SAFETY: as the caller promises.
-    unsafe { &*((*f).pMethods as *const FileTable) }
 }
 
 /// Carries out a write gate: `SQLITE_OK` to go ahead, else the code to return. The common

@@ -16,7 +16,7 @@
 //! CKPT itself — a RESTART or TRUNCATE checkpoint asking for the same four read locks — passes
 //! untouched. Two `fcntl` per reset; nothing on any other path.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 
 use rusqlite::ffi;
 
@@ -38,30 +38,28 @@ const UNLOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_EXCLUSI
 /// The three functions here are `extern "C"` with `x_shm_lock`'s own arguments so that
 /// `shm_lock_write_or_checkpoint_slot` reaches them with a tail call and pushes nothing on the
 /// hot path (see there).
-///
-/// # Safety
-/// `f` is one of our live files and its table's `main_state` is not NULL.
+/// Only for a guarded main file (its table's `main_state` set; on any other file the lock
+/// passes down untouched).
 #[cold]
 #[inline(never)]
-pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
+pub(super) extern "C" fn wal_reset_lock<const HEAP: bool>(
+    file: Live<'_>,
     _ofst: c_int,
     _n: c_int,
     _flags: c_int,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: as the caller promises: not NULL, into the state the table holds.
-    let state = unsafe { &*t.main_state };
-    let sub = sub_object_for::<HEAP>(t, f);
+    let io = file.io_for::<HEAP>();
+    let Some(state) = io.t.main_state() else {
+        return shm_lock_down(io, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
+    };
     // The header this reset replaces: at its release, the main-file pages this connection read
     // under that header are judged again (a copy in place under a cache read from the old file).
     ffi_guard((), || state.stale_wal().before_reset());
     let slot = state.wal_reset();
     if !slot.applies() {
-        return shm_lock_down(t, sub, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
+        return shm_lock_down(io, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
     }
-    let rc = lock_without_waiting(t, sub, CKPT, LOCK_EXCLUSIVE);
+    let rc = lock_without_waiting(io, CKPT, LOCK_EXCLUSIVE);
     if rc != ffi::SQLITE_OK {
         // A checkpoint is running (or CKPT could not be had at all): no reset now. SQLite
         // appends, and tries the reset again at a later commit.
@@ -75,45 +73,43 @@ pub(super) unsafe extern "C" fn wal_reset_lock<const HEAP: bool>(
         });
         return ffi::SQLITE_BUSY;
     }
-    let rc = shm_lock_down(t, sub, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
+    let rc = shm_lock_down(io, RESET_OFST, RESET_N, LOCK_EXCLUSIVE);
     if rc == ffi::SQLITE_OK {
         slot.reset_guarded();
     } else {
         // Readers hold the read locks: SQLite appends (BUSY), or fails the write (an error);
         // either way CKPT goes back now.
-        shm_lock_down(t, sub, CKPT, 1, UNLOCK_EXCLUSIVE);
+        shm_lock_down(io, CKPT, 1, UNLOCK_EXCLUSIVE);
     }
     rc
 }
 
 /// Any other call with `ofst` 4 and `n` 4 (their release, above all): passed down, then the
 /// CKPT the shim took for the reset, if it did, is released.
-///
-/// # Safety
-/// `f` is one of our live files and its table's `main_state` is not NULL.
+/// Only for a guarded main file (its table's `main_state` set; on any other file the lock
+/// passes down untouched).
 #[cold]
 #[inline(never)]
-pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
+pub(super) extern "C" fn wal_reset_unlock<const HEAP: bool>(
+    file: Live<'_>,
     _ofst: c_int,
     _n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: as the caller promises: not NULL, into the state the table holds.
-    let state = unsafe { &*t.main_state };
-    let sub = sub_object_for::<HEAP>(t, f);
-    let rc = shm_lock_down(t, sub, RESET_OFST, RESET_N, flags);
+    let io = file.io_for::<HEAP>();
+    let rc = shm_lock_down(io, RESET_OFST, RESET_N, flags);
+    let Some(state) = io.t.main_state() else {
+        return rc;
+    };
     if flags & ffi::SQLITE_SHM_UNLOCK != 0 {
         // The reset wrote the new generation's salts into the wal-index; its WAL-base record
         // is written now, before its first frame, rather than at the next write lock: a restore
         // in between would get that lock refused and leave the generation unrecorded, for the
         // next opener to replay onto the restored file.
-        let main = open::MainImage(sub);
+        let main = io.main_image();
         ffi_guard((), || state.stale_wal().at_wal_reset(state, &main));
         if state.wal_reset().take_own_ckpt() {
-            shm_lock_down(t, sub, CKPT, 1, UNLOCK_EXCLUSIVE);
+            shm_lock_down(io, CKPT, 1, UNLOCK_EXCLUSIVE);
         }
     }
     rc
@@ -123,26 +119,24 @@ pub(super) unsafe extern "C" fn wal_reset_unlock<const HEAP: bool>(
 /// above all (also a snapshot's shared CKPT, or the recovery lock's release). Clears what the
 /// checkpoint's check allowed (as every release did before); at the release of a CKPT SQLite
 /// took through this connection, runs the tripwire first, while CKPT is still held.
-///
-/// # Safety
-/// `f` is one of our live files and its table's `main_state` is not NULL.
+/// Only for a guarded main file (its table's `main_state` set; on any other file the lock
+/// passes down untouched).
 #[cold]
 #[inline(never)]
-pub(super) unsafe extern "C" fn checkpoint_unlock<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
+pub(super) extern "C" fn checkpoint_unlock<const HEAP: bool>(
+    file: Live<'_>,
     _ofst: c_int,
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: as the caller promises: not NULL, into the state the table holds.
-    let state = unsafe { &*t.main_state };
-    state.end_of_main_write();
-    if n == 1 && flags == UNLOCK_EXCLUSIVE && state.wal_reset().checkpoint_released() {
-        ffi_guard((), || state.wal_index_tripwire());
+    let io = file.io_for::<HEAP>();
+    if let Some(state) = io.t.main_state() {
+        state.end_of_main_write();
+        if n == 1 && flags == UNLOCK_EXCLUSIVE && state.wal_reset().checkpoint_released() {
+            ffi_guard((), || state.wal_index_tripwire());
+        }
     }
-    shm_lock_down(t, sub_object_for::<HEAP>(t, f), CKPT, n, flags)
+    shm_lock_down(io, CKPT, n, flags)
 }
 
 /// `xShmLock(ofst, 1, flags)` on the wrapped file, never waiting: in a build with
@@ -152,36 +146,19 @@ pub(super) unsafe extern "C" fn checkpoint_unlock<const HEAP: bool>(
 /// old value back (a build without it answers `SQLITE_NOTFOUND`, and never waits). Waiting here
 /// would also invert SQLite's lock order (the writer holds the WAL write lock and a read lock;
 /// CKPT comes before both).
-pub(super) fn lock_without_waiting(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
-    ofst: c_int,
-    flags: c_int,
-) -> c_int {
-    if !t.main_state.is_null() {
-        // SAFETY: not NULL: the state the table holds. The guard's node never waits.
-        if let Some(rc) = unsafe { &*t.main_state }.wal_index().lock(ofst, 1, flags) {
+pub(super) fn lock_without_waiting(io: Io<'_>, ofst: c_int, flags: c_int) -> c_int {
+    if let Some(state) = io.t.main_state() {
+        // The guard's node never waits.
+        if let Some(rc) = state.wal_index().lock(ofst, 1, flags) {
             return rc;
         }
     }
     let mut timeout: c_int = 0;
-    let set = sub_call!(
-        t,
-        sub,
-        xFileControl,
-        ffi::SQLITE_FCNTL_LOCK_TIMEOUT,
-        &mut timeout as *mut c_int as *mut c_void
-    );
-    let rc = sub_call!(t, sub, xShmLock, ofst, 1, flags);
+    let set = io.lock_timeout(&mut timeout);
+    let rc = io.shm_lock(ofst, 1, flags);
     if set == ffi::SQLITE_OK {
         // `timeout` now holds the old value: put it back.
-        sub_call!(
-            t,
-            sub,
-            xFileControl,
-            ffi::SQLITE_FCNTL_LOCK_TIMEOUT,
-            &mut timeout as *mut c_int as *mut c_void
-        );
+        io.lock_timeout(&mut timeout);
     }
     rc
 }

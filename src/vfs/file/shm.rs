@@ -12,75 +12,70 @@ use std::path::PathBuf;
 
 use super::reset_lock::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
-use crate::vfs::boundary::ffi_guard;
+use crate::vfs::boundary::{compile_option_used, ffi_guard, ShmOut};
 use crate::vfs::state::{DbState, Gate, Site};
 use crate::vfs::wal_index;
 
-pub(super) unsafe extern "C" fn x_shm_map(
-    f: *mut ffi::sqlite3_file,
+/// `xShmMap` of a guarded main file (inside `ffi_guard`: see `layout::x_shm_map`).
+pub(super) fn map(
+    file: Live<'_>,
     region: c_int,
     size: c_int,
     extend: c_int,
-    pp: *mut *mut c_void,
+    out: ShmOut<'_>,
 ) -> c_int {
-    ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let t = unsafe { table(f) };
-        let sub = t.sub_object(f);
-        let (Kind::Main, Some(state)) = (t.kind, &t.state) else {
-            return sub_call!(t, sub, xShmMap, region, size, extend, pp);
-        };
-        let slot = state.wal_index();
-        if slot.is_unmapped() && !own_node_for(t, sub, state) {
-            slot.use_sqlite();
-        }
-        let (rc, node) = if slot.is_sqlite() {
-            let rc = sub_call!(t, sub, xShmMap, region, size, extend, pp);
-            (rc, None)
-        } else {
-            // Named before the slot's lock is taken (see `ShmSlot::map`).
-            let file = slot.is_unmapped().then(|| shm_file(t, sub, state));
-            // Found at the path (no other connection here vouched for it): it may describe
-            // another WAL than the one this connection opened.
-            let by_path = matches!(&file, Some(Ok(f)) if f.known.is_none());
-            let (mut addr, mut rc) = slot.map(file, region, size, extend != 0);
-            if by_path && rc == ffi::SQLITE_OK && region == 0 && addr != 0 {
-                let index = WalIndexView(addr as *const u8);
-                if state.wal_index_describes_another_wal(&index) {
-                    (addr, rc) = fresh_shm(t, sub, state, region, size, extend != 0);
-                }
-            }
-            // SAFETY: `pp` is SQLite's out-pointer for the region's address.
-            unsafe { *pp = addr as *mut c_void };
-            (rc, slot.file())
-        };
-        if rc == ffi::SQLITE_OK && region == 0 {
-            // SAFETY: on success the region's address (or NULL) is in *pp.
-            let addr = unsafe { *pp } as *const u8;
-            if !addr.is_null() {
-                pinned_at_map(t, sub, state, node, addr);
+    let io = file.io();
+    let t = io.t;
+    let (Kind::Main, Some(state)) = (t.kind, &t.state) else {
+        return io.shm_map_sqlite(region, size, extend, out);
+    };
+    let slot = state.wal_index();
+    if slot.is_unmapped() && !own_node_for(io, state) {
+        slot.use_sqlite();
+    }
+    let (rc, node) = if slot.is_sqlite() {
+        let rc = io.shm_map_sqlite(region, size, extend, out);
+        (rc, None)
+    } else {
+        // Named before the slot's lock is taken (see `ShmSlot::map`).
+        let file = slot.is_unmapped().then(|| shm_file(io, state));
+        // Found at the path (no other connection here vouched for it): it may describe
+        // another WAL than the one this connection opened.
+        let by_path = matches!(&file, Some(Ok(f)) if f.known.is_none());
+        let (mut addr, mut rc) = slot.map(file, region, size, extend != 0);
+        if by_path && rc == ffi::SQLITE_OK && region == 0 && addr != 0 {
+            let index = WalIndexView(addr as *const u8);
+            if state.wal_index_describes_another_wal(&index) {
+                (addr, rc) = fresh_shm(io, state, region, size, extend != 0);
             }
         }
-        rc
-    })
+        out.set(addr);
+        (rc, slot.file())
+    };
+    if rc == ffi::SQLITE_OK && region == 0 {
+        // On success the region's address (or NULL) is in SQLite's slot.
+        let addr = out.get();
+        if !addr.is_null() {
+            pinned_at_map(io, state, node, addr);
+        }
+    }
+    rc
 }
 
 /// Region 0 is mapped: the `-shm` is pinned (the guard's node names it; SQLite's is read from its
 /// private node), the stale-WAL record reads its salts from the mapping, the shield may hold the
 /// main lock.
 fn pinned_at_map(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
+    io: Io<'_>,
     state: &DbState,
     own: Option<(crate::identity::FileId, std::ffi::CString)>,
     addr: *const u8,
 ) {
     let mapped = || match own {
         Some((id, path)) => Some((id, Some(PathBuf::from(OsStr::from_bytes(path.as_bytes()))))),
-        None if t.unix_prefix => {
-            // SAFETY: the wrapped file was checked at its open to have the `unixFile` layout;
-            // its xShmMap just succeeded.
-            unsafe { shm_node(sub, |_| None) }
+        None if io.t.unix_prefix => {
+            // Its xShmMap just succeeded.
+            io.shm_node(|_| None)
                 .ok()
                 .map(|(_, id, name)| (id, Some(name)))
         }
@@ -97,8 +92,7 @@ fn pinned_at_map(
 /// connection's generation, mapped instead, before SQLite reads a byte of the old one.
 #[cold]
 fn fresh_shm(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
+    io: Io<'_>,
     state: &DbState,
     region: c_int,
     size: c_int,
@@ -111,7 +105,7 @@ fn fresh_shm(
         state.db_path().display(),
         state.db_path().display()
     );
-    match shm_file(t, sub, state) {
+    match shm_file(io, state) {
         Ok(file) => state.wal_index().map_fresh(file, region, size, extend),
         Err(rc) => (0, rc),
     }
@@ -120,11 +114,11 @@ fn fresh_shm(
 /// Whether the connection maps the wal-index through the guard's own node: a unix-VFS main file
 /// in SQLite's buffer, on 64-bit Linux, in a build of SQLite that names the `-shm` `<db>-shm`
 /// ([`names_shm_beside_database`]).
-fn own_node_for(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) -> bool {
+fn own_node_for(io: Io<'_>, state: &DbState) -> bool {
     wal_index::SUPPORTED
-        && t.unix_prefix
-        && t.heap.is_null()
-        && names_shm_beside_database(t, sub, state)
+        && io.t.unix_prefix
+        && io.t.heap.is_null()
+        && names_shm_beside_database(io, state)
 }
 
 /// Whether the running SQLite opens `<db>-shm` for a WAL database (not a file in an
@@ -133,7 +127,7 @@ fn own_node_for(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) -> 
 /// connection that maps — its `xShmMap` of region 0 without extending, the name read from the
 /// node, and its `xShmUnmap`. Undecided (SQLite's node for this connection, asked again at the
 /// next) when that map fails.
-fn names_shm_beside_database(t: &FileTable, sub: *mut ffi::sqlite3_file, state: &DbState) -> bool {
+fn names_shm_beside_database(io: Io<'_>, state: &DbState) -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
     static ANSWER: AtomicU8 = AtomicU8::new(0);
     const YES: u8 = 1;
@@ -143,23 +137,19 @@ fn names_shm_beside_database(t: &FileTable, sub: *mut ffi::sqlite3_file, state: 
         NO => return false,
         _ => {}
     }
-    // SAFETY: returns whether a constant option was compiled in.
-    if unsafe { ffi::sqlite3_compileoption_used(c"ENABLE_8_3_NAMES".as_ptr()) } != 0 {
+    if compile_option_used(c"ENABLE_8_3_NAMES") {
         ANSWER.store(NO, Ordering::Release);
         return false;
     }
     let mut p: *mut c_void = std::ptr::null_mut();
-    let rc = sub_call!(t, sub, xShmMap, 0, 32768, 0, &mut p);
+    let rc = io.shm_map(0, 32768, 0, &mut p);
     let name = if rc == ffi::SQLITE_OK || rc == ffi::SQLITE_READONLY {
-        // SAFETY: the wrapped file has the `unixFile` layout (the caller checked); its xShmMap
-        // just succeeded.
-        unsafe { shm_node(sub, |_| None) }
-            .ok()
-            .map(|(_, _, name)| name)
+        // Its xShmMap just succeeded.
+        io.shm_node(|_| None).ok().map(|(_, _, name)| name)
     } else {
         None
     };
-    sub_call!(t, sub, xShmUnmap, 0);
+    io.shm_unmap(0);
     let Some(name) = name else {
         return false;
     };
@@ -179,26 +169,12 @@ fn names_shm_beside_database(t: &FileTable, sub: *mut ffi::sqlite3_file, state: 
 
 /// What the guard's node opens for this connection: `<db>-shm` with the main file's mode and
 /// owner, read-only where the URI says `readonly_shm`.
-fn shm_file(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
-    state: &DbState,
-) -> Result<wal_index::ShmFile, c_int> {
+fn shm_file(io: Io<'_>, state: &DbState) -> Result<wal_index::ShmFile, c_int> {
     let path = std::ffi::CString::new(state.shm_path().as_os_str().as_bytes())
         .map_err(|_| ffi::SQLITE_CANTOPEN)?;
-    // SAFETY: the wrapped file has the `unixFile` layout (checked at its open); its descriptor is
-    // open while the file is.
-    let fd = unsafe { unix_descriptor(sub) };
-    let mode_and_owner = Box::new(move || {
-        // SAFETY: borrowed for the one `fstat`, made inside this `xShmMap`, while SQLite holds
-        // the main file open.
-        let main = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-        let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
-        Ok((st.st_mode & 0o777, (st.st_uid, st.st_gid)))
-    });
-    // SAFETY: `z_name` is the filename SQLite passed to xOpen, valid until the close.
-    let readonly_shm =
-        unsafe { ffi::sqlite3_uri_boolean(t.z_name, c"readonly_shm".as_ptr(), 0) } != 0;
+    // The wrapped file has the `unixFile` layout (checked at its open: `own_node_for`).
+    let mode_and_owner = io.mode_and_owner().ok_or(ffi::SQLITE_CANTOPEN)?;
+    let readonly_shm = io.t.uri_boolean(c"readonly_shm");
     Ok(wal_index::ShmFile {
         known: state.sibling_shm_vouched(),
         path,
@@ -209,31 +185,18 @@ fn shm_file(
 
 /// `xShmLock` down: the guard's node when the connection maps through it, else the wrapped file.
 #[inline(always)]
-pub(super) fn shm_lock_down(
-    t: &FileTable,
-    sub: *mut ffi::sqlite3_file,
-    ofst: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
-    if !t.main_state.is_null() {
-        // SAFETY: not NULL: the state the table holds.
-        if let Some(rc) = unsafe { &*t.main_state }.wal_index().lock(ofst, n, flags) {
+pub(super) fn shm_lock_down(io: Io<'_>, ofst: c_int, n: c_int, flags: c_int) -> c_int {
+    if let Some(state) = io.t.main_state() {
+        if let Some(rc) = state.wal_index().lock(ofst, n, flags) {
             return rc;
         }
     }
-    sub_call!(t, sub, xShmLock, ofst, n, flags)
+    io.shm_lock(ofst, n, flags)
 }
 
-/// No `catch_unwind` on the way through (see `x_write`): readers' locks pass straight down, and
-/// around the two watched locks only atomics run outside `verdict_slow`. Installed on guarded main
-/// files (and, in the heap layout, on every file: SQLite only calls it on main files).
-pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
-    ofst: c_int,
-    n: c_int,
-    flags: c_int,
-) -> c_int {
+/// `xShmLock` (see `x_shm_lock`).
+#[inline(always)]
+fn shm_lock<const HEAP: bool>(file: Live<'_>, ofst: c_int, n: c_int, flags: c_int) -> c_int {
     // Watched: the WAL write lock (0), the checkpoint lock (1), and the read locks 1-4 together,
     // `ofst` 4 and `n` 4, which SQLite asks for to reset the WAL (for SQLite's WAL-reset race). One
     // compare keeps them apart from what passes straight down: every read mark a read transaction
@@ -241,12 +204,19 @@ pub(super) unsafe extern "C" fn x_shm_lock<const HEAP: bool>(
     // recovery lock, `ofst` 1 or 2 and `n` 7 or 6, which the slow branch passes down). The rest of
     // the test is `shm_lock_write_or_checkpoint_slot`'s.
     if ofst <= n {
-        // SAFETY: `f` is the live file SQLite passed (same arguments: a tail call).
-        return unsafe { shm_lock_write_or_checkpoint_slot::<HEAP>(f, ofst, n, flags) };
+        // Same arguments: a tail call.
+        return shm_lock_write_or_checkpoint_slot::<HEAP>(file, ofst, n, flags);
     }
-    // SAFETY: SQLite calls our methods only on our live files.
-    let t = unsafe { table(f) };
-    shm_lock_down(t, sub_object_for::<HEAP>(t, f), ofst, n, flags)
+    shm_lock_down(file.io_for::<HEAP>(), ofst, n, flags)
+}
+
+io_entry! {
+    /// No `catch_unwind` on the way through (see `hot::gated_write`): readers' locks pass
+    /// straight down, and around the two watched locks only atomics run outside `verdict_slow`.
+    /// Installed on guarded main files (and, in the heap layout, on every file: SQLite only calls
+    /// it on main files).
+    x_shm_lock<const HEAP: bool> => shm_lock::<HEAP>, (ofst: c_int, n: c_int, flags: c_int) -> c_int;
+    x_shm_unmap => shm_unmap, (delete: c_int) -> c_int;
 }
 
 pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_EXCLUSIVE;
@@ -261,12 +231,9 @@ pub(super) const LOCK_EXCLUSIVE: c_int = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_
 /// so that the pass-through of every other lock stays a few instructions; `extern "C"` (cannot
 /// unwind) with the caller's arguments, so that the caller reaches it with a tail call. It stores
 /// flags and tail-calls, so it pushes nothing.
-///
-/// # Safety
-/// `f` is one of our live files.
 #[inline(never)]
-pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bool>(
-    f: *mut ffi::sqlite3_file,
+pub(super) extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bool>(
+    file: Live<'_>,
     ofst: c_int,
     n: c_int,
     flags: c_int,
@@ -274,43 +241,33 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
     // In SQLite's buffer, `x_shm_lock` is only installed on guarded main files (whose
     // `main_state` is set); on the heap, on every file. The exclusive lock of one slot (every
     // write transaction's) is told first, before the table is loaded: it needs none here.
-    // SAFETY: as the caller promises.
-    let guarded = || !HEAP || !unsafe { table(f) }.main_state.is_null();
+    let guarded = || !HEAP || file.table().main_state().is_some();
     if flags == LOCK_EXCLUSIVE && n == 1 && guarded() {
-        // SAFETY: `f` is the live file SQLite passed, its table's `main_state` is not NULL (tail
-        // calls). `ofst <= n`: 0 or 1.
-        return unsafe {
-            if ofst == 0 {
-                shm_lock_exclusive_checked::<HEAP, 0>(f)
-            } else {
-                shm_lock_exclusive_checked::<HEAP, 1>(f)
-            }
+        // Tail calls. `ofst <= n`: 0 or 1.
+        return if ofst == 0 {
+            shm_lock_exclusive_checked::<HEAP, 0>(file)
+        } else {
+            shm_lock_exclusive_checked::<HEAP, 1>(file)
         };
     }
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    if !HEAP || !t.main_state.is_null() {
+    let t = file.table();
+    if let Some(state) = t.main_state() {
         if flags == LOCK_EXCLUSIVE {
             if ofst == RESET_OFST && n == RESET_N {
-                // SAFETY: as above.
-                return unsafe { wal_reset_lock::<HEAP>(f, ofst, n, flags) };
+                return wal_reset_lock::<HEAP>(file, ofst, n, flags);
             }
         } else if ofst == 0 {
-            // SAFETY: not NULL (above), into the state the table holds.
-            let state = unsafe { &*t.main_state };
             // Cleared whatever the release returns, as always; before it rather than after
             // (until it returns this connection writes nothing), so the call below is a tail
             // call.
             state.end_of_transaction();
         } else if ofst == 1 {
-            // SAFETY: as above.
-            return unsafe { checkpoint_unlock::<HEAP>(f, ofst, n, flags) };
+            return checkpoint_unlock::<HEAP>(file, ofst, n, flags);
         } else if ofst == RESET_OFST && n == RESET_N {
-            // SAFETY: as above.
-            return unsafe { wal_reset_unlock::<HEAP>(f, ofst, n, flags) };
+            return wal_reset_unlock::<HEAP>(file, ofst, n, flags);
         }
     }
-    shm_lock_down(t, sub_object_for::<HEAP>(t, f), ofst, n, flags)
+    shm_lock_down(file.io_for::<HEAP>(), ofst, n, flags)
 }
 
 /// A watched exclusive lock, one slot, of a guarded main file: `OFST` 0, the WAL write lock,
@@ -321,17 +278,16 @@ pub(super) unsafe extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bo
 /// checkpoint was checked ([`DbState::write_lock`], [`DbState::checkpoint_lock`]). The hot path
 /// of the guard: every write transaction runs it (`OFST` is a constant: one function each, no
 /// test of it at run time).
-///
-/// # Safety
-/// `f` is one of our live files and its table's `main_state` is not NULL.
+/// Only for a guarded main file (its table's `main_state` set; on any other file the lock passes
+/// down).
 #[inline(never)]
-pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, const OFST: c_int>(
-    f: *mut ffi::sqlite3_file,
+pub(super) extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, const OFST: c_int>(
+    file: Live<'_>,
 ) -> c_int {
-    // SAFETY: as the caller promises.
-    let t = unsafe { table(f) };
-    // SAFETY: as the caller promises: not NULL, into the state the table holds.
-    let state = unsafe { &*t.main_state };
+    let io = file.io_for::<HEAP>();
+    let Some(state) = io.t.main_state() else {
+        return shm_lock_down(io, OFST, 1, LOCK_EXCLUSIVE);
+    };
     let site = if OFST == 0 {
         Site::WalWrite
     } else {
@@ -350,12 +306,12 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
             return rc;
         }
     }
-    let rc = shm_lock_down(t, sub_object_for::<HEAP>(t, f), OFST, 1, LOCK_EXCLUSIVE);
+    let rc = shm_lock_down(io, OFST, 1, LOCK_EXCLUSIVE);
     if OFST == 0 {
         state.write_lock(rc == ffi::SQLITE_OK);
         // A WAL-base record due (the connection's first write, or after a checkpoint)?
         if state.stale_wal().record_due() {
-            record_at_write_lock(rc, state, sub_object_for::<HEAP>(t, f));
+            record_at_write_lock(rc, state, io);
         }
     } else {
         state.checkpoint_lock(rc == ffi::SQLITE_OK);
@@ -365,20 +321,20 @@ pub(super) unsafe extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, con
 }
 
 /// [`StaleWalSlot::at_write_lock`](crate::vfs::stale_wal::StaleWalSlot::at_write_lock) on the
-/// main file `sub` (the wrapped object): out of line, so that the image it reads through lives
+/// main file's wrapped object: out of line, so that the image it reads through lives
 /// in this frame and not in `shm_lock_exclusive_checked`'s (which then needs no stack frame of
 /// its own beyond the registers it saves).
 #[cold]
 #[inline(never)]
-fn record_at_write_lock(rc: c_int, state: &DbState, sub: *mut ffi::sqlite3_file) {
-    state.stale_wal().at_write_lock(rc, state, &MainImage(sub));
+fn record_at_write_lock(rc: c_int, state: &DbState, io: Io<'_>) {
+    state.stale_wal().at_write_lock(rc, state, &io.main_image());
 }
 
-pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+#[inline(always)]
+fn shm_unmap(file: Live<'_>, delete: c_int) -> c_int {
     ffi_guard(ffi::SQLITE_IOERR_SHMMAP, || {
-        // SAFETY: SQLite calls our methods only on our live files.
-        let t = unsafe { table(f) };
-        let sub = t.sub_object(f);
+        let io = file.io();
+        let t = io.t;
         let mut delete = delete;
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             if delete != 0 && !state.may_delete_shm() {
@@ -403,7 +359,7 @@ pub(super) unsafe extern "C" fn x_shm_unmap(f: *mut ffi::sqlite3_file, delete: c
                 return ffi::SQLITE_OK;
             }
         }
-        let rc = sub_call!(t, sub, xShmUnmap, delete);
+        let rc = io.shm_unmap(delete);
         if let (Kind::Main, Some(state)) = (t.kind, &t.state) {
             if rc == ffi::SQLITE_OK {
                 state.shm_unmapped();

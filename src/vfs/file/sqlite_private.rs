@@ -34,7 +34,9 @@ pub(super) fn check_running_version() {
 }
 
 use std::ffi::{c_char, c_int, c_void};
+use std::io;
 use std::mem::size_of;
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
@@ -42,6 +44,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 
 use rusqlite::ffi;
 
+use super::Io;
+use crate::capture::ImageSource;
 use crate::identity::{identity_of_fd, FileId};
 use crate::status::Backfill;
 use crate::vfs::boundary::cstr_text;
@@ -198,27 +202,22 @@ pub(super) unsafe fn main_descriptor(
     sub_vfs: *mut ffi::sqlite3_vfs,
     prefix: Option<&UnixFilePrefix>,
     state: &DbState,
-) -> Result<c_int, String> {
+) -> Result<c_int, ShieldOff> {
     if let Some(reason) = shield::platform_off_reason() {
-        return Err(reason.into());
+        return Err(ShieldOff::Platform(reason));
     }
     // SAFETY: the wrapped VFS is registered for the life of the process; its name is a C string.
     let name = unsafe { cstr_text((*sub_vfs).zName) };
     if name.as_deref() != Some("unix") {
-        return Err(format!(
-            "the VFS below the guard is {}, not the unix VFS",
-            name.as_deref().unwrap_or("unnamed")
-        ));
+        return Err(ShieldOff::NotUnix(name.unwrap_or_else(|| "unnamed".into())));
     }
     let Some(p) = prefix else {
-        return Err(format!(
-            "the unix VFS's file object does not have the layout of SQLite {} (its size, \
-             pMethod, pVfs or zPath differ)",
-            crate::vfs::boundary::running_sqlite_version()
-        ));
+        return Err(ShieldOff::Layout {
+            version: crate::vfs::boundary::running_sqlite_version(),
+        });
     };
     let Some(pinned) = state.main_id() else {
-        return Err("the main file is not pinned".into());
+        return Err(ShieldOff::NotPinned);
     };
     let inode = read_inode_file_id(p);
     let now = if let Some(id) = inode.filter(|_| INODE_LAYOUT_SEEN.load(Ordering::Acquire)) {
@@ -229,20 +228,21 @@ pub(super) unsafe fn main_descriptor(
         // SAFETY: `h` is the descriptor the unix VFS just opened; it stays open while this call
         // runs.
         let now = identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(p.h) })
-            .map_err(|e| format!("fstat of SQLite's descriptor {} failed: {e}", p.h))?;
+            .map_err(|source| ShieldOff::Fstat { fd: p.h, source })?;
         if inode == Some(now) {
             INODE_LAYOUT_SEEN.store(true, Ordering::Release);
         }
         now
     };
     if now != pinned {
-        return Err(format!(
-            "SQLite's descriptor {} is {now}, not the pinned main file {pinned}",
-            p.h
-        ));
+        return Err(ShieldOff::OtherFile {
+            fd: p.h,
+            now,
+            pinned,
+        });
     }
     if !state.on_local_filesystem() {
-        return Err("the database is not on a local filesystem".into());
+        return Err(ShieldOff::NotLocal);
     }
     Ok(p.h)
 }
@@ -261,33 +261,78 @@ pub(super) unsafe fn main_descriptor(
 pub(super) unsafe fn shm_node(
     sub: *mut ffi::sqlite3_file,
     known: impl FnOnce(c_int) -> Option<FileId>,
-) -> Result<(c_int, FileId, PathBuf), String> {
+) -> Result<(c_int, FileId, PathBuf), ShmNodeError> {
     // SAFETY: as the caller promises: `pShm`, its node and the node's `pInode`, `zFilename` and
     // `hShm` are set by xShmMap and stay until xShmUnmap.
     let (node_inode, fd, file_inode, name) = unsafe {
         let p = &*(sub as *const UnixFilePrefix);
         if p.p_shm.is_null() || (*p.p_shm).p_shm_node.is_null() {
-            return Err("the unix VFS's file has no shared-memory node after xShmMap".into());
+            return Err(ShmNodeError::NoNode);
         }
         let node = &*(*p.p_shm).p_shm_node;
         (node.p_inode, node.h_shm, p.p_inode, node.z_filename)
     };
     if node_inode != file_inode || name.is_null() {
-        return Err("the unix VFS's shared-memory node does not have the expected layout".into());
+        return Err(ShmNodeError::Layout);
     }
     if fd < 0 {
-        return Err("the shared memory has no -shm file (heap memory)".into());
+        return Err(ShmNodeError::HeapMemory);
     }
     let id = match known(fd) {
         Some(id) => id,
         // SAFETY: `hShm` is open while the node lives, which it does while this connection maps
         // it.
         None => identity_of_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
-            .map_err(|e| format!("fstat of SQLite's -shm descriptor {fd} failed: {e}"))?,
+            .map_err(|source| ShmNodeError::Fstat { fd, source })?,
     };
     // SAFETY: `zFilename` is the node's NUL-terminated name, alive with the node.
     let bytes = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
     Ok((fd, id, PathBuf::from(std::ffi::OsStr::from_bytes(bytes))))
+}
+
+/// Why the lock shield cannot use the unix VFS's descriptor of a main file ([`main_descriptor`]).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ShieldOff {
+    /// This build cannot take OFD locks.
+    #[error("{0}")]
+    Platform(&'static str),
+    /// The wrapped VFS is another (its name, or "unnamed").
+    #[error("the VFS below the guard is {0}, not the unix VFS")]
+    NotUnix(String),
+    /// The file object does not have the `unixFile` layout of the running SQLite.
+    #[error(
+        "the unix VFS's file object does not have the layout of SQLite {version} (its size, \
+         pMethod, pVfs or zPath differ)"
+    )]
+    Layout { version: String },
+    #[error("the main file is not pinned")]
+    NotPinned,
+    #[error("fstat of SQLite's descriptor {fd} failed: {source}")]
+    Fstat { fd: c_int, source: io::Error },
+    /// SQLite's descriptor is another file than the one pinned.
+    #[error("SQLite's descriptor {fd} is {now}, not the pinned main file {pinned}")]
+    OtherFile {
+        fd: c_int,
+        now: FileId,
+        pinned: FileId,
+    },
+    #[error("the database is not on a local filesystem")]
+    NotLocal,
+}
+
+/// Why SQLite's own shared-memory node of a file cannot be read ([`shm_node`]).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ShmNodeError {
+    #[error("the file does not have the layout of SQLite's unix VFS")]
+    NotUnix,
+    #[error("the unix VFS's file has no shared-memory node after xShmMap")]
+    NoNode,
+    #[error("the unix VFS's shared-memory node does not have the expected layout")]
+    Layout,
+    #[error("the shared memory has no -shm file (heap memory)")]
+    HeapMemory,
+    #[error("fstat of SQLite's -shm descriptor {fd} failed: {source}")]
+    Fstat { fd: c_int, source: io::Error },
 }
 
 /// A `unixFile`'s descriptor (`h`).
@@ -307,4 +352,101 @@ pub(super) unsafe fn unix_descriptor(sub: *mut ffi::sqlite3_file) -> c_int {
 pub(super) unsafe fn set_last_errno(sub: *mut ffi::sqlite3_file, errno: c_int) {
     // SAFETY: as the caller promises.
     unsafe { (*(sub as *mut UnixFilePrefix)).last_errno = errno };
+}
+
+impl<'a> Io<'a> {
+    /// SQLite's descriptor of the wrapped file (`unixFile.h`) when it has the `unixFile` layout
+    /// (checked at its open).
+    #[inline(always)]
+    pub(super) fn unix_descriptor(self) -> Option<c_int> {
+        if !self.t.unix_prefix {
+            return None;
+        }
+        // SAFETY: the wrapped object is live for the call and starts as a `unixFile` (checked at
+        // its open: `unix_prefix`).
+        Some(unsafe { unix_descriptor(self.sub_ptr()) })
+    }
+
+    /// [`Io::unix_descriptor`], borrowed: SQLite keeps it open while the file is.
+    #[inline(always)]
+    pub(super) fn unix_fd(self) -> Option<BorrowedFd<'a>> {
+        let fd = self.unix_descriptor()?;
+        // SAFETY: the unix VFS's descriptor of the file, open until the file's close, which
+        // cannot come while SQLite is inside a call on it (`'a`).
+        Some(unsafe { BorrowedFd::borrow_raw(fd) })
+    }
+
+    /// Sets the wrapped `unixFile`'s `lastErrno`, as the unix VFS's `unixWrite` does after a
+    /// write; nothing for a file of another layout.
+    #[inline(always)]
+    pub(super) fn set_last_errno(self, errno: c_int) {
+        if self.t.unix_prefix {
+            // SAFETY: as in `unix_descriptor`; SQLite is inside a call on this file (it
+            // serialises them).
+            unsafe { set_last_errno(self.sub_ptr(), errno) };
+        }
+    }
+
+    /// [`shm_node`] of the wrapped file, which must have the `unixFile` layout.
+    pub(super) fn shm_node(
+        self,
+        known: impl FnOnce(c_int) -> Option<FileId>,
+    ) -> Result<(c_int, FileId, PathBuf), ShmNodeError> {
+        if !self.t.unix_prefix {
+            return Err(ShmNodeError::NotUnix);
+        }
+        // SAFETY: a live `unixFile` (checked at its open); its `pShm` is NULL or its node, set by
+        // its xShmMap and cleared by its xShmUnmap.
+        unsafe { shm_node(self.sub_ptr(), known) }
+    }
+
+    /// The main file's mode and owner, read with an `fstat` of SQLite's descriptor when the
+    /// closure is called (inside the `xShmMap` that asks for it, while SQLite holds the file
+    /// open); `None` for a file without the `unixFile` layout.
+    pub(super) fn mode_and_owner(self) -> Option<crate::vfs::wal_index::ModeAndOwner> {
+        let fd = self.unix_descriptor()?;
+        Some(Box::new(move || {
+            // SAFETY: borrowed for the one `fstat`, made inside this `xShmMap`, while SQLite
+            // holds the main file open.
+            let main = unsafe { BorrowedFd::borrow_raw(fd) };
+            let st = rustix::fs::fstat(main).map_err(|_| ffi::SQLITE_IOERR_FSTAT)?;
+            Ok((st.st_mode & 0o777, (st.st_uid, st.st_gid)))
+        }))
+    }
+}
+
+/// Reads the main file through SQLite's own descriptor of it (the unix VFS's `h`), not through
+/// its file object: the base pages' reads (`state/base_pages.rs`) run inside a WAL write, and a
+/// VFS stacked above the guard may have installed its own methods in the main file object (the
+/// connection explorer's yield at every read). No descriptor of the guard's own.
+pub(super) struct MainByDescriptor(pub(super) std::os::fd::RawFd);
+
+impl MainByDescriptor {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        // SAFETY: SQLite's descriptor of the main file, open while its file object is; the state
+        // drops this reader before the file is closed (`DbState::main_released`, and the WAL's
+        // writes that use it happen only while the connection has the main file open).
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) }
+    }
+}
+
+impl ImageSource for MainByDescriptor {
+    fn size(&self) -> io::Result<u64> {
+        Ok(rustix::fs::fstat(self.fd())?.st_size as u64)
+    }
+
+    fn read_at(&self, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+        while !buf.is_empty() {
+            match rustix::io::pread(self.fd(), &mut *buf, offset) {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    buf = &mut buf[n..];
+                    offset += n as u64;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
 }

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::capture::{CaptureError, Trigger};
 use crate::identity::FileId;
+use crate::vfs::boundary::single_threaded_sqlite;
 use crate::vfs::fork::Origin;
 
 mod for_opener;
@@ -76,10 +77,10 @@ pub(crate) enum Caller {
 /// Generations another process holds (this is its forked child) are left alone: not retried,
 /// not counted.
 pub(crate) fn retry_pending_captures(caller: Caller) -> usize {
-    let close_now = caller == Caller::Sqlite || !pending::single_threaded_sqlite();
+    let close_now = caller == Caller::Sqlite || !single_threaded_sqlite();
     // WALs left for an opener that can no longer come (`for_opener.rs`): settled from SQLite's
     // thread (their main file objects may be closed).
-    if caller == Caller::Sqlite || !pending::single_threaded_sqlite() {
+    if caller == Caller::Sqlite || !single_threaded_sqlite() {
         for_opener::settle_unawaited();
     }
     pending::retry(caller, close_now)

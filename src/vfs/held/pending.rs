@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use rusqlite::ffi;
 
 use super::{Caller, Held, HeldFile, HeldState};
 use crate::capture::Trigger;
@@ -22,12 +21,6 @@ static PENDING_COUNT: AtomicUsize = AtomicUsize::new(0);
 /// [`super::retry_pending_captures`]).
 static CLOSE_LATER: Mutex<Vec<Box<dyn HeldFile>>> = Mutex::new(Vec::new());
 static CLOSE_LATER_COUNT: AtomicUsize = AtomicUsize::new(0);
-
-/// Whether the SQLite the guard runs in has no mutexes at all (`SQLITE_THREADSAFE=0`).
-pub(super) fn single_threaded_sqlite() -> bool {
-    // SAFETY: sqlite3_threadsafe only returns a compile-time constant.
-    unsafe { ffi::sqlite3_threadsafe() == 0 }
-}
 
 /// The main file `file` of `state`, closed by SQLite with its retired generation uncaptured:
 /// held by this process, its capture retried.

@@ -26,7 +26,7 @@ use rusqlite::ffi;
 use crate::identity::FileId;
 
 mod node;
-mod sys;
+pub(in crate::vfs) mod sys;
 #[cfg(test)]
 mod tests;
 

@@ -57,9 +57,9 @@ struct Inner {
     unlocked: bool,
     /// Region `i`'s address.
     regions: Vec<usize>,
-    /// The mappings made (address, length): a region shares its mapping with its neighbours
-    /// where the page is larger than a region.
-    maps: Vec<(usize, usize)>,
+    /// The mappings made: a region shares its mapping with its neighbours where the page is
+    /// larger than a region.
+    maps: Vec<sys::Mapping>,
     /// Per slot: how many connections hold it shared, or -1 for exclusive.
     locks: [i32; SLOTS as usize],
     /// Connections attached.
@@ -399,8 +399,8 @@ impl Node {
         while inner.regions.len() < wanted {
             let len = size * per_map;
             let offset = (size * inner.regions.len()) as i64;
-            let addr = match sys::map(&self.fd, len, offset, self.readonly) {
-                Ok(addr) => addr,
+            let mapping = match sys::map(&self.fd, len, offset, self.readonly) {
+                Ok(mapping) => mapping,
                 Err(e) => {
                     log::warn!(
                         "hermes-guard: cannot map {}: {e}",
@@ -409,7 +409,8 @@ impl Node {
                     return ffi::SQLITE_IOERR_SHMMAP;
                 }
             };
-            inner.maps.push((addr, len));
+            let addr = mapping.addr();
+            inner.maps.push(mapping);
             // Listed before any connection can use it, so a forked child maps it again from a
             // description of its own (`locked_fds.rs`). A full table: the child would share the
             // parent's description through this mapping; said, not refused.
@@ -561,6 +562,21 @@ impl Node {
         node.purge();
     }
 
+    /// The `u32` at `addr` in one of this node's mappings (`None` outside them), for tests.
+    #[cfg(test)]
+    pub(super) fn read_mapped_u32(&self, addr: usize) -> Option<u32> {
+        let inner = self.inner.lock();
+        inner.maps.iter().find_map(|m| m.read_u32(addr))
+    }
+
+    /// Writes `value` at `addr` in one of this node's writable mappings (`false`: none holds
+    /// it), for tests.
+    #[cfg(test)]
+    pub(super) fn write_mapped_u32(&self, addr: usize, value: u32) -> bool {
+        let inner = self.inner.lock();
+        inner.maps.iter().any(|m| m.write_u32(addr, value))
+    }
+
     /// Unlocks, unmaps, and closes or parks the descriptor. Only for a node no connection maps.
     fn purge(self: Arc<Self>) {
         let here = self.origin.current_cheap();
@@ -572,10 +588,10 @@ impl Node {
                 let _ = sys::set_lock(fd, Kind::Unlock, LOCK_BASE, SLOTS + 1);
             }
             locked_fds::forget_regions(fd);
-            for (addr, len) in inner.maps.drain(..) {
-                // SAFETY: a mapping this node made; no connection maps the node any more, and the
-                // state dropped its view of region 0 before its unmap.
-                unsafe { sys::unmap(addr, len) };
+            // No connection maps the node any more, and the state dropped its view of region 0
+            // before its unmap: nothing reads through these addresses now.
+            for mapping in inner.maps.drain(..) {
+                mapping.unmap();
             }
             inner.regions.clear();
             locked_fds::unregister(fd);

@@ -1,6 +1,7 @@
 //! The system calls of the guard's wal-index node: open-file-description locks, the mapping,
 //! the one-byte writes that grow the `-shm`, its truncation at the dead-man switch. Every
-//! `unsafe` of the node is here; the rest of the module is safe code over these.
+//! `unsafe` of the node is here; the rest of the module is safe code over these. Every byte-range
+//! lock of the shim is taken or asked about here too (the lock shield's, `in_use.rs`'s probe).
 
 use std::ffi::{c_int, CStr};
 use std::io;
@@ -8,7 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// The lock kinds of `struct flock`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(in crate::vfs) enum Kind {
     Read,
     Write,
     Unlock,
@@ -26,7 +27,7 @@ impl Kind {
 
 /// Who holds a lock in the way, as `F_OFD_GETLK` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Holder {
+pub(in crate::vfs) enum Holder {
     /// Nobody: the lock asked about could be taken.
     Nobody,
     /// A read lock is in the way; `pid` is the owner's for a POSIX lock, -1 for an OFD lock.
@@ -46,13 +47,31 @@ fn flock(kind: Kind, start: i64, len: i64) -> libc::flock {
     fl
 }
 
-/// A non-blocking OFD lock change of `len` bytes at `start` on `fd`'s open file description.
-/// `Err` with `EAGAIN`/`EACCES` when another holder is in the way.
-pub(super) fn set_lock(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<()> {
-    let mut fl = flock(kind, start, len);
-    // SAFETY: F_OFD_SETLK takes a pointer to a `struct flock`, which `fl` is and which outlives
-    // the call; a descriptor that is not open fails with EBADF and touches no memory.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl as *mut libc::flock) };
+/// The byte-range lock commands of `fcntl`, each of which takes a `struct flock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::vfs) enum LockCmd {
+    /// `F_OFD_SETLK`: a non-blocking lock change of the open file description.
+    OfdSet,
+    /// `F_OFD_GETLK`: the lock in the way, written into the `flock`.
+    OfdGet,
+    /// `F_SETLK`: a non-blocking POSIX lock change (owned by the process), as a stock SQLite
+    /// connection takes its locks: for tests that play one.
+    #[cfg(test)]
+    PosixSet,
+}
+
+/// `fcntl(fd, cmd, fl)`: the one call of the shim that takes or asks about a byte-range lock.
+pub(in crate::vfs) fn fcntl_flock(fd: RawFd, cmd: LockCmd, fl: &mut libc::flock) -> io::Result<()> {
+    let cmd = match cmd {
+        LockCmd::OfdSet => libc::F_OFD_SETLK,
+        LockCmd::OfdGet => libc::F_OFD_GETLK,
+        #[cfg(test)]
+        LockCmd::PosixSet => libc::F_SETLK,
+    };
+    // SAFETY: each of these commands takes a pointer to a `struct flock`, which `fl` is and which
+    // outlives the call (F_OFD_GETLK writes into it); a descriptor that is not open fails with
+    // EBADF and touches no memory.
+    let rc = unsafe { libc::fcntl(fd, cmd, fl as *mut libc::flock) };
     if rc == 0 {
         Ok(())
     } else {
@@ -60,15 +79,17 @@ pub(super) fn set_lock(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Resul
     }
 }
 
+/// A non-blocking OFD lock change of `len` bytes at `start` on `fd`'s open file description.
+/// `Err` with `EAGAIN`/`EACCES` when another holder is in the way.
+pub(in crate::vfs) fn set_lock(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<()> {
+    fcntl_flock(fd, LockCmd::OfdSet, &mut flock(kind, start, len))
+}
+
 /// Who holds a lock that would keep `kind` over `len` bytes at `start` from `fd`'s description
 /// (its own locks never count).
-pub(super) fn holder(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<Holder> {
+pub(in crate::vfs) fn holder(fd: RawFd, kind: Kind, start: i64, len: i64) -> io::Result<Holder> {
     let mut fl = flock(kind, start, len);
-    // SAFETY: as in `set_lock`; F_OFD_GETLK writes the conflicting lock into `fl`.
-    let rc = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl as *mut libc::flock) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    fcntl_flock(fd, LockCmd::OfdGet, &mut fl)?;
     let pid = fl.l_pid;
     Ok(match fl.l_type as c_int {
         libc::F_UNLCK => Holder::Nobody,
@@ -168,8 +189,61 @@ pub(super) fn truncate(fd: &OwnedFd, len: u64) -> io::Result<()> {
     }
 }
 
+/// A shared mapping of a `-shm`, made by [`map`] and unmapped by [`Mapping::unmap`] only. Its
+/// address is handed out as a number (to SQLite, to the state's reads of region 0): whoever
+/// reads or writes through it does so in `unsafe` code of its own that relies on the mapping
+/// being alive, which its owner (the node) guarantees until its last connection unmaps it.
+pub(super) struct Mapping {
+    addr: usize,
+    len: usize,
+    /// Mapped read-only: never written through (the tests' writes check it).
+    #[cfg_attr(not(test), allow(dead_code))]
+    readonly: bool,
+}
+
+impl Mapping {
+    /// Its first byte's address.
+    pub(super) fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// Unmaps it.
+    pub(super) fn unmap(self) {
+        // SAFETY: a mapping `map` made, unmapped once (this consumes it); no Rust reference
+        // points into it (its address is only ever a number here).
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+
+    /// Whether the 4 bytes at `addr` lie inside it, aligned for a `u32`.
+    #[cfg(test)]
+    fn holds_word(&self, addr: usize) -> bool {
+        addr >= self.addr && addr + 4 <= self.addr + self.len && addr.is_multiple_of(4)
+    }
+
+    /// The `u32` at `addr` (in it: else `None`), read as SQLite reads the wal-index.
+    #[cfg(test)]
+    pub(super) fn read_u32(&self, addr: usize) -> Option<u32> {
+        if !self.holds_word(addr) {
+            return None;
+        }
+        // SAFETY: inside this live, readable mapping and aligned (checked).
+        Some(unsafe { std::ptr::read_volatile(addr as *const u32) })
+    }
+
+    /// Writes `value` at `addr` (in it, and writable: else `false`).
+    #[cfg(test)]
+    pub(super) fn write_u32(&self, addr: usize, value: u32) -> bool {
+        if self.readonly || !self.holds_word(addr) {
+            return false;
+        }
+        // SAFETY: inside this live, writable mapping and aligned (checked).
+        unsafe { std::ptr::write_volatile(addr as *mut u32, value) };
+        true
+    }
+}
+
 /// A shared mapping of `len` bytes of `fd` from `offset`, writable unless `readonly`.
-pub(super) fn map(fd: &OwnedFd, len: usize, offset: i64, readonly: bool) -> io::Result<usize> {
+pub(super) fn map(fd: &OwnedFd, len: usize, offset: i64, readonly: bool) -> io::Result<Mapping> {
     let prot = if readonly {
         libc::PROT_READ
     } else {
@@ -189,20 +263,15 @@ pub(super) fn map(fd: &OwnedFd, len: usize, offset: i64, readonly: bool) -> io::
     if addr == libc::MAP_FAILED {
         Err(io::Error::last_os_error())
     } else {
-        Ok(addr as usize)
+        Ok(Mapping {
+            addr: addr as usize,
+            len,
+            readonly,
+        })
     }
 }
 
-/// Unmaps a mapping made by [`map`].
-///
-/// # Safety
-/// `addr..addr+len` is a mapping [`map`] returned, and nothing reads or writes it any more.
-pub(super) unsafe fn unmap(addr: usize, len: usize) {
-    // SAFETY: as the caller promises.
-    unsafe { libc::munmap(addr as *mut libc::c_void, len) };
-}
-
 /// The system's page size.
-pub(super) fn page_size() -> usize {
+pub(in crate::vfs) fn page_size() -> usize {
     super::super::locked_fds::page_size()
 }

@@ -6,8 +6,8 @@
 //! `F_OFD_SETLK` (an OFD lock conflicts with the node's as another process's would), or by this
 //! process's POSIX locks (a stock connection of this process). What the node holds is read from
 //! such a description with `F_OFD_GETLK`, which never reports the asking description's own
-//! locks. Every call here is written out with `libc`, not through `sys.rs`, so that the checks do
-//! not share the code they check.
+//! locks. Every lock here is written out as its own `struct flock`, not through `sys.rs`'s, so
+//! that the checks do not share the code they check; only the `fcntl` itself is `sys.rs`'s.
 
 use std::ffi::{c_int, CString};
 use std::fs::{self, File, OpenOptions};
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use rusqlite::ffi;
 
 use super::node::{self, Attached, Node, Opened, DMS, LOCK_BASE};
+use super::sys::{self, LockCmd};
 
 /// SQLite's region size (`WALINDEX_PGSZ`).
 const REGION: usize = 32 * 1024;
@@ -74,20 +75,20 @@ fn len(path: &Path) -> u64 {
 /// What `unixShmMap` grows the file to for `region`: whole groups of regions, one group per
 /// system page when the page is larger than a region (`unixShmRegionPerMap`).
 fn grown_len(region: usize) -> u64 {
-    // SAFETY: `sysconf` reads a constant of the system.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
+    let page = sys::page_size();
     let per_map = (page / REGION).max(1);
     ((region + per_map) / per_map * per_map * REGION) as u64
 }
 
+/// `l_pid` must be 0 for OFD locks.
 fn flock(kind: c_int, start: i64, len: i64) -> libc::flock {
-    // SAFETY: plain old data; `l_pid` must be 0 for OFD locks (zeroed).
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as libc::c_short;
-    fl.l_whence = libc::SEEK_SET as libc::c_short;
-    fl.l_start = start;
-    fl.l_len = len;
-    fl
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: start,
+        l_len: len,
+        l_pid: 0,
+    }
 }
 
 /// Another open file description of the `-shm`: another process's view of it, or a stock
@@ -105,19 +106,18 @@ impl Other {
         )
     }
 
-    fn fcntl(&self, cmd: c_int, fl: &mut libc::flock) -> bool {
-        // SAFETY: `fl` is a live `struct flock` for the one call; the descriptor is open.
-        unsafe { libc::fcntl(self.0.as_raw_fd(), cmd, fl as *mut libc::flock) == 0 }
+    fn fcntl(&self, cmd: LockCmd, fl: &mut libc::flock) -> bool {
+        sys::fcntl_flock(self.0.as_raw_fd(), cmd, fl).is_ok()
     }
 
     /// An OFD lock of `kind` (`F_RDLCK`, `F_WRLCK`, `F_UNLCK`) on this description: whether taken.
     fn ofd(&self, kind: c_int, start: i64, len: i64) -> bool {
-        self.fcntl(libc::F_OFD_SETLK, &mut flock(kind, start, len))
+        self.fcntl(LockCmd::OfdSet, &mut flock(kind, start, len))
     }
 
     /// A POSIX lock of this process, as a stock SQLite connection here takes it.
     fn posix(&self, kind: c_int, start: i64, len: i64) -> bool {
-        self.fcntl(libc::F_SETLK, &mut flock(kind, start, len))
+        self.fcntl(LockCmd::PosixSet, &mut flock(kind, start, len))
     }
 
     /// The strongest lock in the way of a write lock on `len` bytes at `start`, as this
@@ -125,7 +125,7 @@ impl Other {
     /// holder's pid (-1 for an OFD lock).
     fn seen(&self, start: i64, len: i64) -> (c_int, i32) {
         let mut fl = flock(libc::F_WRLCK, start, len);
-        assert!(self.fcntl(libc::F_OFD_GETLK, &mut fl));
+        assert!(self.fcntl(LockCmd::OfdGet, &mut fl));
         (c_int::from(fl.l_type), fl.l_pid)
     }
 
@@ -281,10 +281,9 @@ fn growth_writes_every_new_page_so_the_file_has_no_hole() {
     let me = attach(&path);
     assert_eq!(me.node.map(1, REGION, true).1, ffi::SQLITE_OK);
     let file = File::open(&path).unwrap();
-    // SAFETY: `lseek` on a descriptor we hold open.
-    let hole = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_HOLE) };
+    let hole = rustix::fs::seek(&file, rustix::fs::SeekFrom::Hole(0)).unwrap();
     assert_eq!(
-        hole as u64,
+        hole,
         len(&path),
         "a one-byte write per 4 KiB page, not a sparse ftruncate"
     );
@@ -299,9 +298,7 @@ fn a_mapped_region_is_the_files_bytes_both_ways() {
     let (addr, rc) = me.node.map(1, REGION, true);
     assert_eq!(rc, ffi::SQLITE_OK);
     let other = Other::open(&path);
-    // SAFETY: `addr` is region 1 of a mapping of at least `REGION` writable bytes, alive until
-    // the detach below; nothing else touches these bytes.
-    unsafe { std::ptr::write_volatile((addr + 8) as *mut u32, 0xDEAD_BEEF) };
+    assert!(me.node.write_mapped_u32(addr + 8, 0xDEAD_BEEF));
     let mut word = [0u8; 4];
     other.0.read_exact_at(&mut word, REGION as u64 + 8).unwrap();
     assert_eq!(u32::from_ne_bytes(word), 0xDEAD_BEEF);
@@ -309,9 +306,7 @@ fn a_mapped_region_is_the_files_bytes_both_ways() {
         .0
         .write_all_at(&0x0BAD_F00Du32.to_ne_bytes(), REGION as u64 + 16)
         .unwrap();
-    // SAFETY: as above.
-    let read = unsafe { std::ptr::read_volatile((addr + 16) as *const u32) };
-    assert_eq!(read, 0x0BAD_F00D);
+    assert_eq!(me.node.read_mapped_u32(addr + 16), Some(0x0BAD_F00D));
     Node::detach(me, false);
 }
 
