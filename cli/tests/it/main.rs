@@ -82,6 +82,7 @@ mod halt_capture;
 mod heal_once;
 mod heal_peer_once;
 mod held_cli;
+mod house;
 mod lock_shield;
 mod long_names;
 mod main_replaced;
