@@ -1,5 +1,5 @@
-//! A `loom` model of `DbState`'s lock-free protocol (`src/vfs/state.rs`): the `tx` bits, the
-//! `retired` flag and `verified_changes`. Not a module of the library: the test target
+//! A `loom` model of `ConnectionState`'s lock-free protocol (`src/vfs/state.rs`): the `tx` bits,
+//! the `retired` flag and `verified_changes`. Not a module of the library: the test target
 //! `loom_protocol` of `tests/loom/` (a workspace of its own), run by `tests/loom.sh` with
 //! `--cfg loom`. Production code has no loom cfg; the few lines involved are copied here, each
 //! with the function it mirrors, and must be kept in step with it.
@@ -35,8 +35,8 @@ const LOCK_CHECKED: u8 = 1;
 const WAL_CHECKED: u8 = 2;
 const NEVER_VOUCHED: u64 = u64::MAX;
 
-/// The atomics of `DbState` the protocol uses, plus the watcher's change count (`watch.rs`'s
-/// `Shared::changes`, which the fast path compares with `verified_changes`).
+/// The atomics of `ConnectionState` the protocol uses, plus the watcher's change count
+/// (`watch.rs`'s `Shared::changes`, which the fast path compares with `verified_changes`).
 struct Model {
     tx: AtomicU8,
     retired: AtomicBool,
@@ -61,7 +61,7 @@ impl Model {
         })
     }
 
-    /// `DbState::write_lock(true)`.
+    /// `ConnectionState::write_lock(true)`.
     fn write_lock(&self) {
         self.tx
             .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
@@ -72,15 +72,15 @@ impl Model {
         }
     }
 
-    /// `DbState::write_lock` as it would be without its re-load of `retired`: the negative
+    /// `ConnectionState::write_lock` as it would be without its re-load of `retired`: the negative
     /// control, which must fail property 1.
     fn write_lock_without_reload(&self) {
         self.tx
             .fetch_or(LOCK_CHECKED | WAL_CHECKED, Ordering::SeqCst);
     }
 
-    /// `DbState::check_pins`, its retirement's three stores (after `inner.reason` is set, under
-    /// the state's mutex, which nothing else here takes).
+    /// `ConnectionState::check_pins`, its retirement's three stores (after `inner.reason` is set,
+    /// under the state's mutex, which nothing else here takes).
     fn retire(&self) {
         self.retired.store(true, Ordering::SeqCst);
         // `SeqCst` order between this store and the next (see the module's comment).
@@ -89,8 +89,9 @@ impl Model {
         self.verified_changes.store(NEVER_VOUCHED, Ordering::SeqCst);
     }
 
-    /// `DbState::check`'s tail once the path is vouched for or verified: it records the change
-    /// count `c` it read first, then re-reads `retired`; then `DbState::checked(Site::WalWrite)`.
+    /// `ConnectionState::check`'s tail once the path is vouched for or verified: it records the
+    /// change count `c` it read first, then re-reads `retired`; then
+    /// `ConnectionState::checked(Site::WalWrite)`.
     fn check(&self, c: u64) {
         self.verified_changes.store(c, Ordering::SeqCst);
         // `SeqCst` order between the store above and the load below (see the module's comment).
@@ -101,7 +102,7 @@ impl Model {
         self.tx.fetch_or(WAL_CHECKED, Ordering::AcqRel);
     }
 
-    /// `DbState::wal_write_gate`, up to the write-lock test (the offset half is this
+    /// `ConnectionState::wal_write_gate`, up to the write-lock test (the offset half is this
     /// connection's own and not shared).
     fn wal_write_gate(&self) -> Gate {
         if self.retired.load(Ordering::Acquire) {
@@ -118,7 +119,7 @@ impl Model {
         self.changes.load(Ordering::Acquire) == self.verified_changes.load(Ordering::Acquire)
     }
 
-    /// `DbState::end_of_transaction`.
+    /// `ConnectionState::end_of_transaction`.
     fn end_of_transaction(&self) {
         self.tx.store(0, Ordering::Release);
     }

@@ -2,7 +2,8 @@
 //! registered (the unix VFS) and hands every call down to it, intercepting only what it must to
 //! pin, check, refuse, capture and keep close away from a newer generation.
 //!
-//! All of the crate's `unsafe` lives under this module.
+//! All of the crate's `unsafe` but one call (`src/sqlite_log.rs`) lives under this module, in
+//! the files docs/architecture.md lists.
 
 mod boundary;
 mod file;

@@ -1,6 +1,8 @@
-//! The guard's state for one open database file: the pinned generation, the retirement verdict and
-//! the capture. Shared (by `Arc`) between the main file object and its WAL's file object. Safe
-//! code: the shim hands it plain values.
+//! The guard's state of one connection (one open main file object: two connections of a database
+//! have one each): the pinned generation, the retirement verdict and the capture. Shared (by
+//! `Arc`) between the main file object and its WAL's file object. Safe code: the shim hands it
+//! plain values. Its fields are parts that own their fields and the methods that touch only them
+//! (`state/checks.rs`, `watches.rs`, `pins.rs`, `loss.rs`, ...).
 
 use std::cell::RefCell;
 use std::os::fd::RawFd;
@@ -70,19 +72,21 @@ pub(crate) enum Site {
     MainWrite,
 }
 
-/// What a write's fast path decided ([`DbState::wal_write_gate`], [`DbState::main_write_gate`]).
+/// What a write's fast path decided ([`ConnectionState::wal_write_gate`],
+/// [`ConnectionState::main_write_gate`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Gate {
     /// Already checked for this transaction or checkpoint: go ahead.
     Go,
-    /// A transaction or checkpoint starts here: check ([`DbState::check_fast`], else
-    /// [`DbState::check`]).
+    /// A transaction or checkpoint starts here: check ([`ConnectionState::check_fast`], else
+    /// [`ConnectionState::check`]).
     Check(Site),
-    /// The generation is retired: refuse ([`DbState::refuse`], which may capture).
+    /// The generation is retired: refuse ([`ConnectionState::refuse`], which may capture).
     Refuse,
 }
 
-pub(crate) struct DbState {
+/// One connection's state (see the module's doc).
+pub(crate) struct ConnectionState {
     paths: Paths,
     /// What this transaction or checkpoint checked, and the retirement, lock-free
     /// (`state/checks.rs`).
@@ -163,43 +167,44 @@ thread_local! {
     static JUST_CLOSED_WAL: RefCell<Option<(PathBuf, FileId)>> = const { RefCell::new(None) };
 }
 
-impl DbState {
+impl ConnectionState {
     /// `main_fd`: SQLite's descriptor of the main file, when the shim can see into the wrapped
     /// file (the directory is then found when needed, see `state/dir.rs`).
     #[cfg(test)]
-    pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<DbState> {
-        DbState::new_pinned(db_path, main_fd, None)
+    pub(crate) fn new(db_path: PathBuf, main_fd: Option<RawFd>) -> Arc<ConnectionState> {
+        ConnectionState::new_pinned(db_path, main_fd, None)
     }
 
-    /// [`DbState::new`], the main file pinned to `main_id` when SQLite's own `fstat` of its
+    /// [`ConnectionState::new`], the main file pinned to `main_id` when SQLite's own `fstat` of its
     /// descriptor gave it (no `stat` of the path; the first full check compares the path with
     /// it), else to what the path names now.
     pub(crate) fn new_pinned(
         db_path: PathBuf,
         main_fd: Option<RawFd>,
         main_id: Option<FileId>,
-    ) -> Arc<DbState> {
+    ) -> Arc<ConnectionState> {
         let parent = db_path.parent().filter(|p| !p.as_os_str().is_empty());
-        let (dir_id, filesystem, watch) =
-            match parent.and_then(|p| DbState::directory_from_sibling(main_id, &db_path, p)) {
-                Some((id, fs, watch)) => (Some(id), Some(fs), Some(watch)),
-                None => {
-                    // The directory's identity (one `stat`) gives the filesystem (remembered per
-                    // device) and the slot to find the directory by later.
-                    let dir_id = parent.and_then(|p| identity_of_path(p).ok().flatten());
-                    let filesystem = parent
-                        .zip(dir_id)
-                        .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
-                    // Watch first, pin second: a change after the pin is then always seen. (A pin
-                    // from SQLite's descriptor, taken before the watch, is only vouched for after
-                    // a full check that compares the path with it.)
-                    let watch = match (parent, &filesystem) {
-                        (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
-                        _ => None,
-                    };
-                    (dir_id, filesystem, watch)
-                }
-            };
+        let (dir_id, filesystem, watch) = match parent
+            .and_then(|p| ConnectionState::directory_from_sibling(main_id, &db_path, p))
+        {
+            Some((id, fs, watch)) => (Some(id), Some(fs), Some(watch)),
+            None => {
+                // The directory's identity (one `stat`) gives the filesystem (remembered per
+                // device) and the slot to find the directory by later.
+                let dir_id = parent.and_then(|p| identity_of_path(p).ok().flatten());
+                let filesystem = parent
+                    .zip(dir_id)
+                    .and_then(|(p, id)| crate::filesystem::at_open(&db_path, p, id.dev));
+                // Watch first, pin second: a change after the pin is then always seen. (A pin
+                // from SQLite's descriptor, taken before the watch, is only vouched for after
+                // a full check that compares the path with it.)
+                let watch = match (parent, &filesystem) {
+                    (Some(p), Some(fs)) if fs.local => DirWatch::new_local(p),
+                    _ => None,
+                };
+                (dir_id, filesystem, watch)
+            }
+        };
         if let (Some(watch), Some(name)) = (&watch, db_path.file_name()) {
             watch.track(name);
         }
@@ -214,7 +219,7 @@ impl DbState {
                 None
             }
         };
-        Arc::new(DbState {
+        Arc::new(ConnectionState {
             directory,
             closing: open_here::Closing::default(),
             paths: Paths {
@@ -403,36 +408,36 @@ pub(crate) fn may_delete(path: &Path) -> bool {
     }
 }
 
-impl super::stale_wal::Holder for DbState {
+impl super::stale_wal::Holder for ConnectionState {
     fn db_path(&self) -> &Path {
-        DbState::db_path(self)
+        ConnectionState::db_path(self)
     }
 
     fn main_id(&self) -> Option<FileId> {
-        DbState::main_id(self)
+        ConnectionState::main_id(self)
     }
 
     fn is_retired(&self) -> bool {
-        DbState::is_retired(self)
+        ConnectionState::is_retired(self)
     }
 
     fn hold_wal_gate_for_header(&self, hold: bool) {
-        DbState::hold_wal_gate_for_header(self, hold)
+        ConnectionState::hold_wal_gate_for_header(self, hold)
     }
 
     fn overwritten_under_cache(&self, detail: &str) {
-        DbState::overwritten_under_cache(self, detail)
+        ConnectionState::overwritten_under_cache(self, detail)
     }
 
     fn with_pinned_wal<R>(&self, f: impl FnOnce(&PinnedWal) -> R) -> Option<R> {
-        DbState::with_pinned_wal(self, f)
+        ConnectionState::with_pinned_wal(self, f)
     }
 
     fn slot(&self) -> &StaleWalSlot {
-        DbState::stale_wal(self)
+        ConnectionState::stale_wal(self)
     }
 
     fn wal_seen_before_open(&self, id: Option<FileId>) {
-        DbState::wal_seen_before_open(self, id)
+        ConnectionState::wal_seen_before_open(self, id)
     }
 }

@@ -7,7 +7,7 @@ use rusqlite::ffi;
 
 use super::*;
 use crate::vfs::held::{self, retry_pending_captures, Caller};
-use crate::vfs::state::{DbState, MainFile};
+use crate::vfs::state::{ConnectionState, MainFile};
 
 /// `xClose` (its C entry point is `layout::x_close`): the main file's shield and node let go of,
 /// then the close the file's kind and state call for; at a main file's close, the pending
@@ -45,7 +45,7 @@ pub(super) fn close(c: Closing<'_>) -> c_int {
 
 /// A main file's close: held past it for a capture still owed, kept for an opener of this
 /// process, or closed (after the heal, when nothing newer exists).
-fn close_main(c: Closing<'_>, state: &Arc<DbState>) -> c_int {
+fn close_main(c: Closing<'_>, state: &Arc<ConnectionState>) -> c_int {
     let io = c.io;
     // An uncaptured generation that nothing newer touched is healed all the same (stock's
     // outcome): then there is nothing left to hold.
@@ -107,7 +107,7 @@ fn close_main(c: Closing<'_>, state: &Arc<DbState>) -> c_int {
 /// WAL left for an opener: its locks go (nobody may wait on a kept handle) but the descriptor
 /// stays, the file object moved out of SQLite's memory and read as the state's main image.
 /// `Err`: it cannot be kept, and the caller closes it.
-fn keep_main(c: Closing<'_>, state: &DbState) -> Result<HeapFile, &'static str> {
+fn keep_main(c: Closing<'_>, state: &ConnectionState) -> Result<HeapFile, &'static str> {
     c.io.unlock(ffi::SQLITE_LOCK_NONE);
     let held = c.hold()?;
     state.set_main_image(Some(Box::new(MainImage(held.ptr))));

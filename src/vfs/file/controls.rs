@@ -8,7 +8,7 @@ use rusqlite::ffi;
 use super::*;
 use crate::capture::{self, Trigger};
 use crate::vfs::boundary::{ffi_guard, Fcntl, PragmaArgs};
-use crate::vfs::state::DbState;
+use crate::vfs::state::ConnectionState;
 
 /// The file controls the guard answers or acts on run inside `ffi_guard`; every other one
 /// (SQLite sends several per transaction) passes straight down: neither can panic.
@@ -140,7 +140,7 @@ const READ0: c_int = 3;
 /// (`main_writes_may_follow`), under EXCLUSIVE. A wal-index in SQLite's heap
 /// (`locking_mode=EXCLUSIVE` from the start: no mapping, and this connection holds EXCLUSIVE) is
 /// judged as it is.
-fn judge_main_at_close(io: Io<'_>, state: &DbState) {
+fn judge_main_at_close(io: Io<'_>, state: &ConnectionState) {
     if !state.stale_wal().is_mapped() || crate::vfs::state::overwrite::unconfirmed() {
         state.judge_main(&io.main_image());
         return;
@@ -167,7 +167,7 @@ fn judge_main_at_close(io: Io<'_>, state: &DbState) {
 
 /// `PRAGMA hermes_guard_status`, `PRAGMA hermes_guard_capture` and `PRAGMA
 /// hermes_guard_wal_reset_guard [= on|off|auto]`; `None` for any other pragma.
-pub(super) fn pragma(state: &DbState, az: PragmaArgs<'_>) -> Option<c_int> {
+pub(super) fn pragma(state: &ConnectionState, az: PragmaArgs<'_>) -> Option<c_int> {
     let name = az.name();
     if name.eq_ignore_ascii_case(b"hermes_guard_wal_reset_guard") {
         let (rc, text) = wal_reset_pragma(state, az.arg());
@@ -202,7 +202,7 @@ pub(super) fn pragma(state: &DbState, az: PragmaArgs<'_>) -> Option<c_int> {
 
 /// `PRAGMA journal_mode = WAL` on a filesystem where WAL is not safe, with
 /// `HERMES_GUARD_UNSAFE_FS=refuse`: the error to fail it with; `None` lets it run.
-fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
+fn refuse_wal_here(state: &ConnectionState, mode: &[u8]) -> Option<String> {
     if !mode.eq_ignore_ascii_case(b"wal") {
         return None;
     }
@@ -220,7 +220,7 @@ fn refuse_wal_here(state: &DbState, mode: &[u8]) -> Option<String> {
 /// `PRAGMA hermes_guard_wal_reset_guard [= on|off|auto]`: sets the WAL-reset race's rule (the
 /// resetting writer takes the checkpoint lock) for this connection when given a value (`auto`: as a
 /// connection opened now would start), and answers what is in force, `on` or `off`.
-fn wal_reset_pragma(state: &DbState, arg: Option<&[u8]>) -> (c_int, String) {
+fn wal_reset_pragma(state: &ConnectionState, arg: Option<&[u8]>) -> (c_int, String) {
     let set = match arg.map(|a| a.to_ascii_lowercase()).as_deref() {
         None => None,
         Some(b"on" | b"1" | b"true") => Some(true),

@@ -14,7 +14,7 @@ use rusqlite::ffi;
 use super::*;
 use crate::capture::ImageSource;
 use crate::vfs::boundary::{ffi_guard, Fcntl, ReadBuf, ShmOut, WriteBuf};
-use crate::vfs::state::{DbState, WalGate};
+use crate::vfs::state::{ConnectionState, WalGate};
 
 /// A guarded file SQLite is closing: its table, taken back from SQLite (freed at the end of the
 /// close), its wrapped object, and that object's heap memory if it has any.
@@ -486,7 +486,7 @@ impl ImageSource for MainImage {
 ///
 /// # Safety
 /// `f` is NULL or a live `sqlite3_file`.
-pub(super) unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<DbState>> {
+pub(super) unsafe fn guard_state(f: *mut ffi::sqlite3_file) -> Option<Arc<ConnectionState>> {
     // SAFETY: as the caller promises.
     unsafe { guarded(f) }.map(|file| file.table().state.clone())?
 }
@@ -514,7 +514,7 @@ pub(super) unsafe fn guarded<'a>(f: *mut ffi::sqlite3_file) -> Option<Live<'a>> 
 impl FileTable {
     /// The state of a guarded main file; `None` for any other file.
     #[inline(always)]
-    pub(super) fn main_state(&self) -> Option<&DbState> {
+    pub(super) fn main_state(&self) -> Option<&ConnectionState> {
         // SAFETY: `main_state` is NULL or points into `state`'s allocation, which lives as long
         // as this table holds the `Arc` (set once, at the open).
         unsafe { self.main_state.as_ref() }

@@ -4,42 +4,42 @@
 use crate::capture::{CaptureError, Trigger};
 use crate::identity::FileId;
 use crate::vfs::held::{HeldFile, HeldState};
-use crate::vfs::state::{DbState, LeftWal};
+use crate::vfs::state::{ConnectionState, LeftWal};
 use std::path::Path;
 
 use super::HeapFile;
 
-impl HeldState for DbState {
+impl HeldState for ConnectionState {
     fn db_path(&self) -> &Path {
-        DbState::db_path(self)
+        ConnectionState::db_path(self)
     }
 
     fn main_id(&self) -> Option<FileId> {
-        DbState::main_id(self)
+        ConnectionState::main_id(self)
     }
 
     fn holds_wal(&self) -> bool {
-        DbState::holds_wal(self)
+        ConnectionState::holds_wal(self)
     }
 
     fn ensure_captured(&self, trigger: Trigger) -> Result<(), CaptureError> {
-        DbState::ensure_captured(self, trigger).map(drop)
+        ConnectionState::ensure_captured(self, trigger).map(drop)
     }
 
     fn retry_capture(&self) -> Result<(), CaptureError> {
-        DbState::retry_capture(self).map(drop)
+        ConnectionState::retry_capture(self).map(drop)
     }
 
     fn capture_error(&self) -> Option<String> {
-        DbState::capture_error(self)
+        ConnectionState::capture_error(self)
     }
 
     fn main_released(&self) {
-        DbState::main_released(self)
+        ConnectionState::main_released(self)
     }
 
     fn opener_inside_its_open(&self) -> bool {
-        DbState::opener_inside_its_open(self)
+        ConnectionState::opener_inside_its_open(self)
     }
 
     fn left_wal_taken_away(&self) -> bool {

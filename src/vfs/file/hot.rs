@@ -7,7 +7,7 @@ use rusqlite::ffi;
 use super::*;
 use crate::capture::{FailedCommit, FIRST_BYTES};
 use crate::vfs::boundary::{ffi_guard, ReadBuf, WriteBuf};
-use crate::vfs::state::{DbState, Gate, Site, FRAME_HEADER};
+use crate::vfs::state::{ConnectionState, Gate, Site, FRAME_HEADER};
 use crate::wal_base::RECORDED_PAGES;
 
 io_entry! {
@@ -151,7 +151,7 @@ pub(super) fn wal_write(file: Live<'_>, buf: WriteBuf<'_>, ofst: ffi::sqlite3_in
 #[inline(always)]
 fn write_framed(
     io: Io<'_>,
-    state: &DbState,
+    state: &ConnectionState,
     buf: WriteBuf<'_>,
     ofst: ffi::sqlite3_int64,
     header_hook: bool,
@@ -214,7 +214,7 @@ fn write_framed(
 /// told failed.
 #[cold]
 #[inline(never)]
-fn commit_refused(io: Io<'_>, state: &DbState, ofst: ffi::sqlite3_int64) -> c_int {
+fn commit_refused(io: Io<'_>, state: &ConnectionState, ofst: ffi::sqlite3_int64) -> c_int {
     let first = state.frames().first_write();
     let mut first_bytes = [0u8; FIRST_BYTES];
     // The write lock is still held: no writer of this generation wrote there since.
@@ -240,7 +240,7 @@ fn commit_refused(io: Io<'_>, state: &DbState, ofst: ffi::sqlite3_int64) -> c_in
 /// The hook at the WAL header of a new generation, which a WAL-base record may wait for so that
 /// it is written before the generation's first frame (the gate is closed for it;
 /// `vfs/stale_wal/`).
-fn at_wal_header(state: &DbState, buf: WriteBuf<'_>, ofst: ffi::sqlite3_int64) {
+fn at_wal_header(state: &ConnectionState, buf: WriteBuf<'_>, ofst: ffi::sqlite3_int64) {
     if ofst == 0 && buf.amt() >= 32 {
         if let Some(bytes) = buf.bytes() {
             let header = &bytes[..32];
@@ -343,7 +343,7 @@ pub(super) fn lock(file: Live<'_>, level: c_int) -> c_int {
 /// this connection's own shield).
 #[cold]
 #[inline(never)]
-fn exclusive_beside_sibling(io: Io<'_>, state: &DbState) -> Option<c_int> {
+fn exclusive_beside_sibling(io: Io<'_>, state: &ConnectionState) -> Option<c_int> {
     if !ffi_guard(false, || state.generation_held_by_sibling()) {
         return None;
     }
@@ -377,7 +377,7 @@ fn exclusive_beside_sibling(io: Io<'_>, state: &DbState) -> Option<c_int> {
 /// back what the new level allows. Outside WAL mode the shield holds nothing and this is two
 /// atomic loads and a store around the call.
 #[inline(always)]
-pub(super) fn lock_shielded(io: Io<'_>, state: &DbState, level: c_int) -> c_int {
+pub(super) fn lock_shielded(io: Io<'_>, state: &ConnectionState, level: c_int) -> c_int {
     let shield = state.shield();
     let engaged = shield.engaged();
     let stepping_aside = engaged && level == ffi::SQLITE_LOCK_EXCLUSIVE;

@@ -19,7 +19,7 @@ use rusqlite::ffi;
 use super::*;
 use crate::vfs::boundary::cstr_path;
 use crate::vfs::held::{retry_pending_captures, Caller};
-use crate::vfs::state::DbState;
+use crate::vfs::state::ConnectionState;
 
 /// Whether the wrapped VFS's file objects live in SQLite's buffer: SQLite's own unix family
 /// (`unix`, `unix-excl`, `unix-dotfile`, `unix-none`, ...: the name, and the `xOpen` of the VFS
@@ -215,12 +215,12 @@ pub(super) struct Opened<'a> {
     /// The wrapped object as a `unixFile`, when it has that layout.
     pub(super) prefix: Option<&'a UnixFilePrefix>,
     /// For a WAL: its main file's state, when the main file is one of the guard's.
-    pub(super) wal_main: Option<Arc<DbState>>,
+    pub(super) wal_main: Option<Arc<ConnectionState>>,
     /// For a WAL of a `unixFile`: SQLite's descriptor of it, never closed by the guard.
     pub(super) wal_fd: Option<ManuallyDrop<File>>,
     /// The unix VFS's descriptor of a main file, verified, for the lock shield
     /// ([`main_descriptor`]); the reason the shield cannot be used otherwise.
-    pub(super) main_descriptor: &'a dyn Fn(&DbState) -> Result<c_int, ShieldOff>,
+    pub(super) main_descriptor: &'a dyn Fn(&ConnectionState) -> Result<c_int, ShieldOff>,
 }
 
 /// Opens `z_name` through the wrapped VFS and wraps it.
@@ -281,12 +281,13 @@ pub(crate) unsafe fn open(
     // SAFETY: `sub` was just opened by the wrapped VFS from `z_name`, with this table.
     let prefix = unsafe { unix_prefix(sub_vfs, sub, sub_table, z_name) };
     // SAFETY: `prefix` is that of `sub`, just opened by the wrapped VFS, its descriptor open.
-    let main_descriptor = |state: &DbState| unsafe { main_descriptor(sub_vfs, prefix, state) };
+    let main_descriptor =
+        |state: &ConnectionState| unsafe { main_descriptor(sub_vfs, prefix, state) };
     let wal_main = wal_main.flatten().map(|(_, state)| state);
     let wal_fd = wal_main.as_ref().and(prefix).filter(|p| p.h >= 0).map(|p| {
         // SAFETY: `prefix` was checked to be the `unixFile` the wrapped xOpen just filled in;
         // `h` is its descriptor of the WAL, open until the WAL's x_close closes it — and x_close
-        // has the state let go of it, or own a dup of it, first (`DbState::wal_closing`).
+        // has the state let go of it, or own a dup of it, first (`ConnectionState::wal_closing`).
         // `ManuallyDrop`: the guard never closes it.
         ManuallyDrop::new(unsafe { File::from_raw_fd(p.h) })
     });
@@ -376,7 +377,7 @@ unsafe fn install(f: *mut ffi::sqlite3_file, table: FileTable) {
 /// # Safety
 /// `z_name` is the name SQLite passes to `xOpen` for a WAL (derived from its main file's, as
 /// `sqlite3_database_file_object` expects), during that `xOpen`.
-unsafe fn wal_main<'a>(z_name: ffi::sqlite3_filename) -> Option<(Live<'a>, Arc<DbState>)> {
+unsafe fn wal_main<'a>(z_name: ffi::sqlite3_filename) -> Option<(Live<'a>, Arc<ConnectionState>)> {
     // SAFETY: as the caller promises.
     let main = unsafe { ffi::sqlite3_database_file_object(z_name) };
     // SAFETY: `main` is NULL or the main database's file object, open while its WAL opens.
@@ -427,8 +428,9 @@ impl Drop for UnfinishedOpen {
 
 /// Whether the main database of the connection `db` is a file of the guard's, and if
 /// so whether its generation is retired — the flag the write path refuses by
-/// ([`DbState::is_retired`]), read as it stands: no check, no lock of the guard's, no system
-/// call, no SQL. `None`: not a guarded file (another VFS, a temporary or in-memory database).
+/// ([`ConnectionState::is_retired`]), read as it stands: no check, no lock of the guard's, no
+/// system call, no SQL. `None`: not a guarded file (another VFS, a temporary or in-memory
+/// database).
 ///
 /// # Safety
 /// `db` is an open connection that no other thread uses during the call.

@@ -51,7 +51,7 @@ use std::sync::Arc;
 use rusqlite::ffi;
 
 use super::boundary::ffi_guard;
-use super::state::{DbState, Gate};
+use super::state::{ConnectionState, Gate};
 
 /// Declares [`SubMethods`]: one field per io method (named after its slot), and
 /// `SubMethods::of`, which fills an absent slot with a stub returning `$missing` (nothing but a
@@ -130,12 +130,12 @@ pub(super) struct FileTable {
     /// its filename pointer can be repointed when it is held past SQLite's close.
     unix_prefix: bool,
     kind: Kind,
-    /// `state`'s `DbState` when `kind == Kind::Main`, else NULL; decided at open: the one test
-    /// the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
+    /// `state`'s `ConnectionState` when `kind == Kind::Main`, else NULL; decided at open: the one
+    /// test the watched paths of `xShmLock` and `xFileControl` make before anything else, and the
     /// state they use (one load, no `Option` to test). Points into `state`'s allocation, which
     /// lives as long as this table holds the `Arc`.
-    main_state: *const DbState,
-    state: Option<Arc<DbState>>,
+    main_state: *const ConnectionState,
+    state: Option<Arc<ConnectionState>>,
 }
 
 sub_methods! {
@@ -277,7 +277,7 @@ fn sub_object_for<const HEAP: bool>(
 /// they need no `catch_unwind`; only a full check or a refusal (`stat`, logging, allocation, a
 /// capture) runs inside `ffi_guard`.
 #[inline(always)]
-fn verdict(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict(state: &ConnectionState, gate: Gate, on_panic: c_int) -> c_int {
     if gate == Gate::Go {
         ffi::SQLITE_OK
     } else {
@@ -287,7 +287,7 @@ fn verdict(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
 
 /// `verdict` past `Go`: out of line, so the pass-through path of the callers stays short.
 #[inline(never)]
-fn verdict_past_go(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict_past_go(state: &ConnectionState, gate: Gate, on_panic: c_int) -> c_int {
     match gate {
         Gate::Check(site) if state.check_fast(site) => ffi::SQLITE_OK,
         _ => verdict_slow(state, gate, on_panic),
@@ -296,7 +296,7 @@ fn verdict_past_go(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
 
 #[cold]
 #[inline(never)]
-fn verdict_slow(state: &DbState, gate: Gate, on_panic: c_int) -> c_int {
+fn verdict_slow(state: &ConnectionState, gate: Gate, on_panic: c_int) -> c_int {
     ffi_guard(on_panic, || {
         let verdict = match gate {
             Gate::Go => Ok(()),

@@ -9,13 +9,13 @@ use std::sync::Arc;
 use rusqlite::ffi;
 
 use super::*;
-use crate::vfs::state::DbState;
+use crate::vfs::state::ConnectionState;
 
 /// The kind and state of a file the wrapped VFS just opened (`opened`); `Err`: SQLite's answer,
 /// the open failed.
 pub(super) fn kind_and_state(
     mut opened: Opened<'_>,
-) -> Result<(Kind, Option<Arc<DbState>>), c_int> {
+) -> Result<(Kind, Option<Arc<ConnectionState>>), c_int> {
     Ok(match opened.path.take() {
         Some(path) if opened.flags & ffi::SQLITE_OPEN_MAIN_DB != 0 => {
             (Kind::Main, Some(main_state(path, &opened)))
@@ -35,10 +35,10 @@ pub(super) fn kind_and_state(
 
 /// A main file's state: pinned to what SQLite opened, its main image and base reader, its
 /// shield armed on SQLite's descriptor.
-fn main_state(path: PathBuf, opened: &Opened<'_>) -> Arc<DbState> {
+fn main_state(path: PathBuf, opened: &Opened<'_>) -> Arc<ConnectionState> {
     let h = opened.prefix.map(|p| p.h).filter(|&h| h >= 0);
-    let state = DbState::new_pinned(path, h, inode_file_id(opened.prefix));
-    DbState::opened_here(&state);
+    let state = ConnectionState::new_pinned(path, h, inode_file_id(opened.prefix));
+    ConnectionState::opened_here(&state);
     state.set_main_image(Some(Box::new(MainImage(opened.sub))));
     state.set_base_reader(match h {
         Some(h) => Box::new(MainByDescriptor(h)),
@@ -53,7 +53,7 @@ fn main_state(path: PathBuf, opened: &Opened<'_>) -> Arc<DbState> {
 /// `main`, the main file whose WAL it is when it is one of the guard's, with its state; `path`,
 /// the WAL's.
 pub(super) fn stale_wal_gate(
-    main: Option<(Live<'_>, &Arc<DbState>)>,
+    main: Option<(Live<'_>, &Arc<ConnectionState>)>,
     path: Option<&Path>,
 ) -> c_int {
     let Some((main, state)) = main else {

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use super::reset_lock::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
 use crate::vfs::boundary::{compile_option_used, ffi_guard, ShmOut};
-use crate::vfs::state::{DbState, Gate, Site};
+use crate::vfs::state::{ConnectionState, Gate, Site};
 use crate::vfs::wal_index;
 
 /// `xShmMap` of a guarded main file (inside `ffi_guard`: see `layout::x_shm_map`).
@@ -67,7 +67,7 @@ pub(super) fn map(
 /// main lock.
 fn pinned_at_map(
     io: Io<'_>,
-    state: &DbState,
+    state: &ConnectionState,
     own: Option<(crate::identity::FileId, std::ffi::CString)>,
     addr: *const u8,
 ) {
@@ -93,7 +93,7 @@ fn pinned_at_map(
 #[cold]
 fn fresh_shm(
     io: Io<'_>,
-    state: &DbState,
+    state: &ConnectionState,
     region: c_int,
     size: c_int,
     extend: bool,
@@ -114,7 +114,7 @@ fn fresh_shm(
 /// Whether the connection maps the wal-index through the guard's own node: a unix-VFS main file
 /// in SQLite's buffer, on 64-bit Linux, in a build of SQLite that names the `-shm` `<db>-shm`
 /// ([`names_shm_beside_database`]).
-fn own_node_for(io: Io<'_>, state: &DbState) -> bool {
+fn own_node_for(io: Io<'_>, state: &ConnectionState) -> bool {
     wal_index::SUPPORTED
         && io.t.unix_prefix
         && io.t.heap.is_null()
@@ -127,7 +127,7 @@ fn own_node_for(io: Io<'_>, state: &DbState) -> bool {
 /// connection that maps — its `xShmMap` of region 0 without extending, the name read from the
 /// node, and its `xShmUnmap`. Undecided (SQLite's node for this connection, asked again at the
 /// next) when that map fails.
-fn names_shm_beside_database(io: Io<'_>, state: &DbState) -> bool {
+fn names_shm_beside_database(io: Io<'_>, state: &ConnectionState) -> bool {
     use std::sync::atomic::{AtomicU8, Ordering};
     static ANSWER: AtomicU8 = AtomicU8::new(0);
     const YES: u8 = 1;
@@ -169,7 +169,7 @@ fn names_shm_beside_database(io: Io<'_>, state: &DbState) -> bool {
 
 /// What the guard's node opens for this connection: `<db>-shm` with the main file's mode and
 /// owner, read-only where the URI says `readonly_shm`.
-fn shm_file(io: Io<'_>, state: &DbState) -> Result<wal_index::ShmFile, c_int> {
+fn shm_file(io: Io<'_>, state: &ConnectionState) -> Result<wal_index::ShmFile, c_int> {
     let path = std::ffi::CString::new(state.shm_path().as_os_str().as_bytes())
         .map_err(|_| ffi::SQLITE_CANTOPEN)?;
     // The wrapped file has the `unixFile` layout (checked at its open: `own_node_for`).
@@ -275,9 +275,9 @@ pub(super) extern "C" fn shm_lock_write_or_checkpoint_slot<const HEAP: bool>(
 /// checkpoint lock, which opens every checkpoint. The check (its fast path inlined here: atomics
 /// and one `epoll_wait`, panic-free; a full check or a refusal in `verdict_slow`, inside
 /// `ffi_guard`), the lock, and, once it is taken, the flags that say the transaction or the
-/// checkpoint was checked ([`DbState::write_lock`], [`DbState::checkpoint_lock`]). The hot path
-/// of the guard: every write transaction runs it (`OFST` is a constant: one function each, no
-/// test of it at run time).
+/// checkpoint was checked ([`ConnectionState::write_lock`], [`ConnectionState::checkpoint_lock`]).
+/// The hot path of the guard: every write transaction runs it (`OFST` is a constant: one function
+/// each, no test of it at run time).
 /// Only for a guarded main file (its table's `main_state` set; on any other file the lock passes
 /// down).
 #[inline(never)]
@@ -326,7 +326,7 @@ pub(super) extern "C" fn shm_lock_exclusive_checked<const HEAP: bool, const OFST
 /// its own beyond the registers it saves).
 #[cold]
 #[inline(never)]
-fn record_at_write_lock(rc: c_int, state: &DbState, io: Io<'_>) {
+fn record_at_write_lock(rc: c_int, state: &ConnectionState, io: Io<'_>) {
     state.stale_wal().at_write_lock(rc, state, &io.main_image());
 }
 

@@ -50,7 +50,7 @@ use crate::identity::{identity_of_fd, FileId};
 use crate::status::Backfill;
 use crate::vfs::boundary::cstr_text;
 use crate::vfs::shield;
-use crate::vfs::state::{DbState, WalIndex};
+use crate::vfs::state::{ConnectionState, WalIndex};
 
 /// Region 0 of a connection's shared-memory mapping: the wal-index header (two copies of 48
 /// bytes, `mxFrame` at offset 16 of the first) and the checkpoint info after them (`nBackfill` at
@@ -201,7 +201,7 @@ fn read_inode_file_id(p: &UnixFilePrefix) -> Option<FileId> {
 pub(super) unsafe fn main_descriptor(
     sub_vfs: *mut ffi::sqlite3_vfs,
     prefix: Option<&UnixFilePrefix>,
-    state: &DbState,
+    state: &ConnectionState,
 ) -> Result<c_int, ShieldOff> {
     if let Some(reason) = shield::platform_off_reason() {
         return Err(ShieldOff::Platform(reason));
@@ -424,8 +424,8 @@ pub(super) struct MainByDescriptor(pub(super) std::os::fd::RawFd);
 impl MainByDescriptor {
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
         // SAFETY: SQLite's descriptor of the main file, open while its file object is; the state
-        // drops this reader before the file is closed (`DbState::main_released`, and the WAL's
-        // writes that use it happen only while the connection has the main file open).
+        // drops this reader before the file is closed (`ConnectionState::main_released`, and the
+        // WAL's writes that use it happen only while the connection has the main file open).
         unsafe { std::os::fd::BorrowedFd::borrow_raw(self.0) }
     }
 }

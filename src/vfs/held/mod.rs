@@ -25,7 +25,7 @@ mod pending;
 pub(crate) use self::for_opener::{leave, settle_for_opener};
 pub(crate) use self::pending::{counts, hold};
 
-/// What the held lists need of a held main file's connection state (its `DbState`).
+/// What the held lists need of a held main file's connection state (its `ConnectionState`).
 pub(crate) trait HeldState: Send + Sync {
     fn db_path(&self) -> &Path;
     fn main_id(&self) -> Option<FileId>;

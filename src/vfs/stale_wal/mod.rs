@@ -2,7 +2,7 @@
 //! writer's WAL starts a generation (this file: the hooks and the wal-index reads), and the
 //! judgement of an existing WAL before SQLite opens it (`gate.rs`). `crate::wal_base` has the
 //! record's format, the rules and the capture. The room sits below the connection's state: it
-//! reaches the connection through [`Holder`], which `DbState` implements.
+//! reaches the connection through [`Holder`], which `ConnectionState` implements.
 //!
 //! When: a generation's record is written before its first frame — at the release of the read
 //! locks a reset takes (the new salts are in the wal-index then), or, for a generation begun on
@@ -36,8 +36,8 @@ use crate::wal_base::{
     encode_record, read_record, recorded_span, write_record, Mismatch, ENCODED_MAX, RECORDED_PAGES,
 };
 
-/// What the record's hooks and the gate need of the connection (its `DbState`, which holds the
-/// slot and hands itself to each hook): this room sits below the connection's state and names
+/// What the record's hooks and the gate need of the connection (its `ConnectionState`, which holds
+/// the slot and hands itself to each hook): this room sits below the connection's state and names
 /// none of its types.
 pub(crate) trait Holder {
     fn db_path(&self) -> &Path;
@@ -68,7 +68,7 @@ const DUE_TRIES: u8 = 4;
 
 /// One connection's part of the stale-WAL rule, that a WAL is replayed only onto the main file it
 /// was written on: the WAL-base records it writes, and what its open did with a stale WAL (held by
-/// its `DbState`).
+/// its `ConnectionState`).
 #[derive(Default)]
 pub(crate) struct StaleWalSlot {
     /// Region 0 of the connection's wal-index mapping while it is mapped (its header's reads).

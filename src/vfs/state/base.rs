@@ -17,13 +17,13 @@
 //! and `-shm` are made beside it: so an image whose file has more than one name when the capture
 //! reads it is never `own`.
 
-use super::DbState;
+use super::ConnectionState;
 use crate::capture::{BaseEntry, BaseVerdict};
 use crate::identity::{links_at, FileId};
 use crate::status::RetireReason;
 use crate::vfs::watch::Creations;
 
-impl DbState {
+impl ConnectionState {
     /// The creation counts of this database's names now (the watch's queue drained first).
     pub(super) fn creations_now(&self) -> Option<Creations> {
         let name = self.paths.db.file_name()?;

@@ -35,7 +35,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use super::DbState;
+use super::ConnectionState;
 use crate::capture::{BasePages, ImageSource};
 use crate::identity::FileId;
 
@@ -329,7 +329,7 @@ impl BaseStore {
     }
 }
 
-impl DbState {
+impl ConnectionState {
     /// A new frame's header is about to be written (or held): at the generation's first frame of
     /// a page the main file holds, the page is read from the main file and kept. Before the
     /// frame rule's check of the same write, which vouches for what was read.

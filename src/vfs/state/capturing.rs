@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{DbState, Inner};
+use super::{ConnectionState, Inner};
 use crate::capture::{self, fallback, CaptureError, CaptureInput, Captured, FailedCommit, Trigger};
 use crate::identity::PinnedWal;
 use crate::paths::DirHandle;
 use crate::permissions::Permissions;
 use crate::vfs::retry::{self, Attempt};
 
-/// Where a capture may go (`DbState::capture_dirs`).
+/// Where a capture may go (`ConnectionState::capture_dirs`).
 struct CaptureDirs {
     /// The database's directory, when it can be had.
     beside: Option<Arc<DirHandle>>,
@@ -23,7 +23,7 @@ struct CaptureDirs {
     orphan: Option<Arc<DirHandle>>,
 }
 
-impl DbState {
+impl ConnectionState {
     /// Counts a refusal, captures the generation if that has not happened yet (and its back-off
     /// allows), and returns the code to hand back to SQLite.
     pub(crate) fn refuse(&self) -> i32 {
@@ -47,7 +47,7 @@ impl DbState {
         self.capture_if(trigger, Attempt::Now)
     }
 
-    /// [`DbState::ensure_captured`] for a retry that runs by itself (a held generation, at
+    /// [`ConnectionState::ensure_captured`] for a retry that runs by itself (a held generation, at
     /// another database's open or close): only once the back-off has passed.
     pub(crate) fn retry_capture(&self) -> Result<Option<PathBuf>, CaptureError> {
         self.capture_if(Trigger::Close, Attempt::IfDue)
@@ -76,9 +76,9 @@ impl DbState {
     /// A full check where the connection lets go of its WAL (the WAL's close, the unmap of its
     /// shared memory), whatever SQLite asked before: a generation retired since the last check
     /// is captured now, from the descriptors still open, or kept for the retry (see
-    /// [`DbState::wal_closing`] and [`DbState::must_hold_main`]). Up to three `stat` calls, at
-    /// close only, and none while the directory watch vouches for the path. Nothing to check
-    /// without a pinned WAL (rollback mode, or already closed).
+    /// [`ConnectionState::wal_closing`] and [`ConnectionState::must_hold_main`]). Up to three
+    /// `stat` calls, at close only, and none while the directory watch vouches for the path.
+    /// Nothing to check without a pinned WAL (rollback mode, or already closed).
     pub(crate) fn check_at_close(&self) {
         if !self.wal_pinned() && !self.is_retired() {
             return;
@@ -117,8 +117,8 @@ impl DbState {
     }
 
     /// A commit frame is whole and the check after it must look at the files in full: until it
-    /// vouches ([`DbState::commit_vouched`]), the transaction that began with `failed` at its
-    /// first write is no part of the generation, so a capture the check triggers leaves its
+    /// vouches ([`ConnectionState::commit_vouched`]), the transaction that began with `failed` at
+    /// its first write is no part of the generation, so a capture the check triggers leaves its
     /// frames out (`capture/unacknowledged.rs`). Nothing without a pinned WAL.
     pub(crate) fn commit_in_doubt(&self, failed: FailedCommit) {
         if let Some(slot) = self.inner.lock().generation_slot() {

@@ -25,7 +25,7 @@ pub(super) struct Checks {
     /// - [`LOCK_CHECKED`]: the WAL write lock is held, its check passed and the generation is
     ///   not retired: every WAL write until its release follows the frame rule, checked again
     ///   before each frame and after each commit (`state/frames.rs`). Cleared at the release, at
-    ///   the commit and at the retirement (see [`super::DbState::write_lock`]).
+    ///   the commit and at the retirement (see [`super::ConnectionState::write_lock`]).
     /// - [`WAL_CHECKED`]: without the write lock (`locking_mode=EXCLUSIVE` takes no shm locks),
     ///   a check passed for the WAL writes of the current transaction.
     /// - [`MAIN_CHECKED`]: a check passed for the current checkpoint (main-file writes).
@@ -37,8 +37,8 @@ pub(super) struct Checks {
     /// earlier one is a new transaction after a rollback (or a rewrite within one, which only
     /// costs an extra check).
     pub(super) last_wal_offset: AtomicI64,
-    /// This connection may have written the main file since `Pins::main_stamp` was taken (set at the
-    /// gate of every checkpoint and main-file write, cleared by a full check that passes).
+    /// This connection may have written the main file since `Pins::main_stamp` was taken (set at
+    /// the gate of every checkpoint and main-file write, cleared by a full check that passes).
     pub(super) main_written: AtomicBool,
     /// A checkpoint took its lock; its first main-file write judges the main file first, for an
     /// overwrite in place (`state/overwrite.rs`).
@@ -66,7 +66,7 @@ impl Checks {
         self.retired.load(Ordering::Acquire)
     }
 
-    /// [`super::DbState::main_write_gate`].
+    /// [`super::ConnectionState::main_write_gate`].
     #[inline]
     pub(super) fn main_write_gate(&self) -> Gate {
         if self.is_retired() {
@@ -78,7 +78,7 @@ impl Checks {
         }
     }
 
-    /// [`super::DbState::main_write_goes`].
+    /// [`super::ConnectionState::main_write_goes`].
     #[inline(always)]
     pub(super) fn main_write_goes(&self) -> bool {
         !self.is_retired()
@@ -87,13 +87,13 @@ impl Checks {
             && !self.main_judge_due.load(Ordering::Relaxed)
     }
 
-    /// [`super::DbState::write_lock_held`].
+    /// [`super::ConnectionState::write_lock_held`].
     #[inline(always)]
     pub(super) fn write_lock_held(&self) -> bool {
         self.tx.load(Ordering::Acquire) & LOCK_CHECKED != 0
     }
 
-    /// [`super::DbState::wal_write_gate`].
+    /// [`super::ConnectionState::wal_write_gate`].
     #[inline]
     pub(super) fn wal_write_gate(&self, offset: i64) -> Gate {
         if self.is_retired() {

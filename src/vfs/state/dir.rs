@@ -24,7 +24,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::super::retry;
-use super::DbState;
+use super::ConnectionState;
 use crate::filesystem::Filesystem;
 use crate::identity::FileId;
 use crate::paths::DirHandle;
@@ -187,7 +187,7 @@ fn no_such_directory(e: &std::io::Error) -> bool {
     )
 }
 
-impl DbState {
+impl ConnectionState {
     /// The database's directory, found now if it was not needed before (and held from now on);
     /// `None` when it is gone or only reachable by path.
     pub(crate) fn dir(&self) -> Option<Arc<DirHandle>> {
@@ -226,13 +226,13 @@ mod tests {
 
     /// A database in a directory of its own under a temporary directory, opened (`File` standing
     /// in for SQLite's descriptor), and its state.
-    fn opened(base: &Path) -> (PathBuf, File, Arc<DbState>) {
+    fn opened(base: &Path) -> (PathBuf, File, Arc<ConnectionState>) {
         let dir = base.join("tenant");
         fs::create_dir(&dir).unwrap();
         let db = dir.join("state.db");
         fs::write(&db, b"main image").unwrap();
         let main = File::open(&db).unwrap();
-        let state = DbState::new(db, Some(main.as_raw_fd()));
+        let state = ConnectionState::new(db, Some(main.as_raw_fd()));
         (dir, main, state)
     }
 

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 
 use rusqlite::ffi;
 
-use super::{DbState, WalIndex};
+use super::{ConnectionState, WalIndex};
 use crate::walfile::{parse_wal_header, WAL_HEADER_SIZE};
 
 /// The checkpoint lock's slot and read lock 1's: held shared while the verdict is confirmed, no
@@ -18,7 +18,7 @@ const READ1: i32 = 4;
 const SHARED_LOCK: i32 = ffi::SQLITE_SHM_LOCK | ffi::SQLITE_SHM_SHARED;
 const SHARED_UNLOCK: i32 = ffi::SQLITE_SHM_UNLOCK | ffi::SQLITE_SHM_SHARED;
 
-impl DbState {
+impl ConnectionState {
     /// Whether the wal-index `index` (this connection's node's region 0) describes a WAL other
     /// than the one this connection pinned: frames in it, and the pinned WAL's header not of
     /// that generation (other salts, or no valid header at all). A WAL whose header has the
@@ -45,7 +45,7 @@ impl DbState {
     }
 
     /// The wal-index has frames, and the pinned WAL's header is not the generation's it
-    /// describes. No lock: see [`DbState::wal_index_describes_another_wal`].
+    /// describes. No lock: see [`ConnectionState::wal_index_describes_another_wal`].
     fn wal_header_differs(&self, index: &dyn WalIndex) -> bool {
         let (Some(backfill), Some(salts)) = (index.backfill(), index.salts()) else {
             return false;

@@ -14,9 +14,9 @@
 //! every base page is read (`state/base_pages.rs`).
 
 use super::base_pages::trunk_leaves;
-use super::DbState;
+use super::ConnectionState;
 
-impl DbState {
+impl ConnectionState {
     /// The page of page 1's frame, or of the freelist trunk's frame it announced, is about to be
     /// written: the pages this transaction freed are kept (see the module's docs).
     pub(crate) fn freelist_page_written(&self, pgno: u32, page: &[u8]) {

@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use super::{DbState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
+use super::{ConnectionState, Gate, Site, LOCK_CHECKED, MAIN_CHECKED, NEVER_VOUCHED, WAL_CHECKED};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
 use crate::status::{Backfill, RetireReason};
 
-impl DbState {
+impl ConnectionState {
     /// Whether a main-file write, truncate or size hint may go ahead: the shim carries the gate
     /// out with `file::verdict`. Panic-free (atomics only), so the
     /// shim calls it outside `catch_unwind`.
@@ -19,9 +19,9 @@ impl DbState {
     }
 
     /// Whether a main-file write goes ahead with nothing to do first, as `file::write_gated`
-    /// would decide it from [`DbState::main_write_gate`] (in WAL mode) and
-    /// [`DbState::main_judge_due`]: not retired, checked (or the file is not in WAL mode), no
-    /// judgement due. `false`: decide it in full. Panic-free (atomic loads only), so the shim
+    /// would decide it from [`ConnectionState::main_write_gate`] (in WAL mode) and
+    /// [`ConnectionState::main_judge_due`]: not retired, checked (or the file is not in WAL mode),
+    /// no judgement due. `false`: decide it in full. Panic-free (atomic loads only), so the shim
     /// calls it outside `catch_unwind`.
     #[inline(always)]
     pub(crate) fn main_write_goes(&self) -> bool {
@@ -43,14 +43,14 @@ impl DbState {
         self.checks.wal_write_gate(offset)
     }
 
-    /// [`DbState::check`]'s common case without its mutexes and without anything that can panic
-    /// (the shim calls it outside `catch_unwind`): not retired, and the directory watch vouches
-    /// with one `epoll_wait` that nothing on the path changed since the last full check that
-    /// passed. `false`: nothing was decided, run [`DbState::check`].
+    /// [`ConnectionState::check`]'s common case without its mutexes and without anything that can
+    /// panic (the shim calls it outside `catch_unwind`): not retired, and the directory watch
+    /// vouches with one `epoll_wait` that nothing on the path changed since the last full check
+    /// that passed. `false`: nothing was decided, run [`ConnectionState::check`].
     ///
     /// "Not retired" costs no test of its own: a retirement sets `verified_changes` to
     /// [`NEVER_VOUCHED`], which no change count equals, and a full check that records a count
-    /// re-reads `retired` after it (see [`DbState::check`]).
+    /// re-reads `retired` after it (see [`ConnectionState::check`]).
     #[inline]
     pub(crate) fn check_fast(&self, site: Site) -> bool {
         if self.vouched_fast() {
@@ -61,15 +61,15 @@ impl DbState {
         }
     }
 
-    /// [`DbState::check_fast`] without recording anything: for the watched locks, which record
-    /// what their check allows only once the lock is taken ([`DbState::write_lock`],
-    /// [`DbState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
+    /// [`ConnectionState::check_fast`] without recording anything: for the watched locks, which
+    /// record what their check allows only once the lock is taken ([`ConnectionState::write_lock`],
+    /// [`ConnectionState::checkpoint_lock`]). Panic-free: atomics and one `epoll_wait`.
     #[inline(always)]
     pub(crate) fn vouched_fast(&self) -> bool {
         self.watches.vouched_fast()
     }
 
-    /// [`DbState::vouched_fast`] as of the watch's last drain, with no system call (see
+    /// [`ConnectionState::vouched_fast`] as of the watch's last drain, with no system call (see
     /// `FastWatch::current_as_of_last_drain`).
     pub(crate) fn vouched_as_of_last_drain(&self) -> bool {
         self.watches.vouched_as_of_last_drain()
@@ -82,8 +82,8 @@ impl DbState {
 
     /// A transaction or checkpoint boundary: run the check now regardless of the flags.
     /// It skips the `stat` calls while the directory watch vouches that nothing on the path (nor
-    /// the mount table) changed since the last full check (the close-time checkpoint is still preceded by a full
-    /// check, through `SQLITE_FCNTL_HAS_MOVED`).
+    /// the mount table) changed since the last full check (the close-time checkpoint is still
+    /// preceded by a full check, through `SQLITE_FCNTL_HAS_MOVED`).
     pub(crate) fn check(&self, site: Site) -> Result<(), i32> {
         let (generation, changes) = self.watches.figures();
         let vouched = generation
@@ -139,12 +139,12 @@ impl DbState {
     /// The WAL write lock was taken after its check passed (`held`), or released.
     ///
     /// `LOCK_CHECKED` never stays set on a retired generation, so the WAL's closed write gate
-    /// (`wal_write_gate`) could even go by it alone (it tests `retired` first anyway): a retirement stores `retired` and then clears `LOCK_CHECKED`, and
-    /// this stores `LOCK_CHECKED` and then loads `retired`, all `SeqCst`. In their single total
-    /// order, either this load comes after the retirement's store (it sees `retired` and clears
-    /// the flag again) or the retirement's clear comes after this store; either way the flag
-    /// ends cleared. (Retirements run inside this connection's own calls, so this is belt and
-    /// braces.)
+    /// (`wal_write_gate`) could even go by it alone (it tests `retired` first anyway): a retirement
+    /// stores `retired` and then clears `LOCK_CHECKED`, and this stores `LOCK_CHECKED` and then
+    /// loads `retired`, all `SeqCst`. In their single total order, either this load comes after the
+    /// retirement's store (it sees `retired` and clears the flag again) or the retirement's clear
+    /// comes after this store; either way the flag ends cleared. (Retirements run inside this
+    /// connection's own calls, so this is belt and braces.)
     ///
     /// Taken, it records the check as the transaction's ([`WAL_CHECKED`] too, as a check at the
     /// WAL's first write would).

@@ -43,7 +43,7 @@ use rustix::fs::AtFlags;
 use super::heal_error::HealError;
 use super::heal_staging::{stage, Staged};
 use super::prefix::{committed_prefix, Prefix};
-use super::{DbState, Inner};
+use super::{ConnectionState, Inner};
 use crate::capture::fallback;
 use crate::capture::healed::{write_record, HealPhase, HealRecord, PutBack};
 use crate::identity::{identity_of_path, stamp_of_path, FileId, PinnedWal};
@@ -84,7 +84,7 @@ struct Healed {
     pages: u64,
 }
 
-impl DbState {
+impl ConnectionState {
     /// Whether a sync of the main file ends a checkpoint of this connection's whose result is
     /// not stamped yet (WAL mode, live generation). Atomics only.
     pub(crate) fn stamp_due(&self) -> bool {
@@ -289,7 +289,7 @@ struct Plan<'a> {
 /// (or, after 6, the main file complete): the heal reads as done, the rows are live. After a
 /// lost `-shm` the WAL never left the path: steps 1 and 3 fall away.
 fn put_back_and_checkpoint(
-    state: &DbState,
+    state: &ConnectionState,
     inner: &Inner,
     main: &dyn MainFile,
 ) -> Result<Healed, HealError> {
@@ -316,7 +316,7 @@ fn put_back_and_checkpoint(
 /// What the heal needs before it writes: the pinned WAL, the directory (none at all with a
 /// capture: the heal does not happen), the capture's directory to record in, the database's
 /// permissions and the WAL's committed prefix.
-fn plan<'a>(state: &DbState, inner: &'a Inner) -> Result<Plan<'a>, HealError> {
+fn plan<'a>(state: &ConnectionState, inner: &'a Inner) -> Result<Plan<'a>, HealError> {
     let wal = inner.pins.wal.as_ref().ok_or(HealError::NoPinnedWal)?;
     // Read-only, or `O_PATH` for a directory this process may write in but not list.
     // None at all (it could not be found, or is only reachable by a relative path): a generation
@@ -388,7 +388,7 @@ fn plan<'a>(state: &DbState, inner: &'a Inner) -> Result<Plan<'a>, HealError> {
 /// crash-safe copy already), or when nothing can be staged and no copy of the generation exists
 /// (healed in place, as stock SQLite's close does: not crash-safe, never worse).
 fn stage_prefix(
-    state: &DbState,
+    state: &ConnectionState,
     plan: &Plan<'_>,
     pinned: Option<FileId>,
 ) -> Result<Option<Staged>, HealError> {
@@ -433,7 +433,7 @@ fn stage_prefix(
 /// commit point). The WAL at the path afterwards: the one put there, or (nothing staged) the
 /// pinned one. A failure before the commit point rolls the heal back.
 fn record_start_and_place(
-    state: &DbState,
+    state: &ConnectionState,
     plan: &Plan<'_>,
     staged: Option<&Staged>,
     pinned: Option<FileId>,
@@ -514,7 +514,7 @@ fn copy_frames(plan: &Plan<'_>, main: &dyn MainFile) -> Result<u64, HealError> {
 }
 
 /// Steps 5 and 6: the `done` record, and the WAL at the path unlinked if it is still `placed`.
-fn finish(state: &DbState, plan: &mut Plan<'_>, placed: FileId) {
+fn finish(state: &ConnectionState, plan: &mut Plan<'_>, placed: FileId) {
     plan.record.phase = HealPhase::Done;
     plan.record.at = now();
     if let Some((capture, d)) = &plan.record_in {

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering;
 
-use super::{DbState, Inner};
+use super::{ConnectionState, Inner};
 use crate::capture::ImageSource;
 use crate::identity::{identity_of_path, FileId, PinnedWal};
 use crate::vfs::in_use;
@@ -35,12 +35,12 @@ pub(crate) enum LeftWal {
     TakenAway,
 }
 
-impl DbState {
+impl ConnectionState {
     /// At the WAL's close, with its committed frames past `nBackfill` (`frames_left`): whether
     /// this close leaves the WAL, pinned, for an opener of this process inside its open (its
     /// descriptor made the guard's own, kept with the main file object by the main file's
-    /// close, [`DbState::left_behind`]). Not when another guarded connection of the process has
-    /// the WAL open: that connection holds the generation.
+    /// close, [`ConnectionState::left_behind`]). Not when another guarded connection of the process
+    /// has the WAL open: that connection holds the generation.
     pub(super) fn leaves_wal_to_opener(&self, inner: &mut Inner, wal: FileId) -> bool {
         let Some(main) = inner.pins.main_id else {
             return false;

@@ -5,8 +5,8 @@
 //! closed, a new connection maps the `-shm` at the path afresh and works.
 //!
 //! The same list tells a closing connection whether another connection of this process
-//! still holds its generation ([`DbState::generation_held_by_sibling`]); its close then owes no
-//! check of its own (see there).
+//! still holds its generation ([`ConnectionState::generation_held_by_sibling`]); its close then
+//! owes no check of its own (see there).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,7 +16,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::super::watch::DirWatch;
-use super::DbState;
+use super::ConnectionState;
 use crate::filesystem::Filesystem;
 use crate::identity::FileId;
 
@@ -30,11 +30,11 @@ pub(super) struct Closing {
     pub(super) left_to_sibling: AtomicBool,
 }
 
-static OPEN: Mutex<Option<HashMap<FileId, Vec<Weak<DbState>>>>> = Mutex::new(None);
+static OPEN: Mutex<Option<HashMap<FileId, Vec<Weak<ConnectionState>>>>> = Mutex::new(None);
 
-impl DbState {
+impl ConnectionState {
     /// The main file of `state` was opened (one entry per connection).
-    pub(crate) fn opened_here(state: &Arc<DbState>) {
+    pub(crate) fn opened_here(state: &Arc<ConnectionState>) {
         let Some(id) = state.main_id() else {
             return;
         };
@@ -67,7 +67,7 @@ impl DbState {
         let Some(id) = self.main_id() else {
             return usize::from(self.is_retired());
         };
-        let states: Vec<Arc<DbState>> = OPEN
+        let states: Vec<Arc<ConnectionState>> = OPEN
             .lock()
             .as_ref()
             .and_then(|map| map.get(&id))
@@ -87,7 +87,7 @@ impl DbState {
         parent: &Path,
     ) -> Option<(FileId, Filesystem, DirWatch)> {
         let main = main_id?;
-        let states: Vec<Arc<DbState>> = OPEN
+        let states: Vec<Arc<ConnectionState>> = OPEN
             .lock()
             .as_ref()
             .and_then(|map| map.get(&main))
@@ -124,7 +124,7 @@ impl DbState {
         if changes.is_none() || self.watches.shm_elsewhere() {
             return;
         }
-        let pins = |s: &DbState| {
+        let pins = |s: &ConnectionState| {
             let inner = s.inner.lock();
             (
                 inner.pins.main_id,
@@ -163,7 +163,7 @@ impl DbState {
     }
 
     /// The other connections open in this process on this connection's main file.
-    pub(super) fn siblings(&self) -> Vec<Arc<DbState>> {
+    pub(super) fn siblings(&self) -> Vec<Arc<ConnectionState>> {
         match self.main_id() {
             Some(main) => self.siblings_on(main),
             None => Vec::new(),
@@ -172,7 +172,7 @@ impl DbState {
 
     /// The connections open in this process on the main file `main`, this one excepted (for a
     /// caller that holds this connection's `inner`).
-    pub(super) fn siblings_on(&self, main: FileId) -> Vec<Arc<DbState>> {
+    pub(super) fn siblings_on(&self, main: FileId) -> Vec<Arc<ConnectionState>> {
         OPEN.lock()
             .as_ref()
             .and_then(|map| map.get(&main))
@@ -186,18 +186,19 @@ impl DbState {
     }
 
     /// This connection starts to close (`SQLITE_FCNTL_HAS_MOVED`, else its WAL's close): from
-    /// now on it holds its generation for nobody ([`DbState::generation_held_by_sibling`]).
+    /// now on it holds its generation for nobody ([`ConnectionState::generation_held_by_sibling`]).
     pub(crate) fn close_starts(&self) {
         self.closing.started.store(true, Ordering::SeqCst);
     }
 
     /// Whether this closing connection leaves its close-time checks to another connection of the
-    /// process that holds its generation ([`DbState::generation_held_by_sibling`]) and whose last
-    /// full check the directory watch still vouches for (one `epoll_wait`: nothing on the paths of
-    /// the generation's files, nor the mount table, changed since that check, so nothing was taken
-    /// away since — a loss after this connection's last write and before its close is found here,
-    /// not left to a connection that may never write or close again). Decided once per close: the
-    /// checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose` follow the first one's answer.
+    /// process that holds its generation ([`ConnectionState::generation_held_by_sibling`]) and
+    /// whose last full check the directory watch still vouches for (one `epoll_wait`: nothing on
+    /// the paths of the generation's files, nor the mount table, changed since that check, so
+    /// nothing was taken away since — a loss after this connection's last write and before its
+    /// close is found here, not left to a connection that may never write or close again). Decided
+    /// once per close: the checks at `HAS_MOVED`, `xShmUnmap` and the WAL's `xClose` follow the
+    /// first one's answer.
     pub(crate) fn close_left_to_sibling(&self) -> bool {
         self.close_starts();
         if self.closing.left_to_sibling.load(Ordering::Acquire) {
@@ -223,15 +224,15 @@ impl DbState {
     ///   other connection finds at its next write or its own close, with the same descriptors
     ///   of the same generation, and captures.
     ///
-    /// Two connections closing at once each mark themselves closing ([`DbState::close_starts`],
-    /// sequentially consistent) before they look: at least one of them sees the other closing
-    /// and does the full checks. A sibling inherited from a parent process (a forked child's
-    /// copy) holds nothing here and is never counted.
+    /// Two connections closing at once each mark themselves closing
+    /// ([`ConnectionState::close_starts`], sequentially consistent) before they look: at least one
+    /// of them sees the other closing and does the full checks. A sibling inherited from a parent
+    /// process (a forked child's copy) holds nothing here and is never counted.
     pub(crate) fn generation_held_by_sibling(&self) -> bool {
         self.sibling_holding_generation().is_some()
     }
 
-    fn sibling_holding_generation(&self) -> Option<Arc<DbState>> {
+    fn sibling_holding_generation(&self) -> Option<Arc<ConnectionState>> {
         if self.is_retired() {
             return None;
         }

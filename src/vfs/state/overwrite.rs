@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use super::{DbState, Inner};
+use super::{ConnectionState, Inner};
 use crate::capture::ImageSource;
 use crate::status::RetireReason;
 use crate::wal_base::{
@@ -41,7 +41,7 @@ use crate::walfile::{parse_wal_header, WalHeader, WAL_FRAME_HEADER_SIZE, WAL_HEA
 static BUF: Mutex<Vec<u8>> = Mutex::new(Vec::new());
 const BUF_LEN: usize = 256 << 10;
 
-impl DbState {
+impl ConnectionState {
     /// A checkpoint took its lock since the last judgement: judge before its first main-file
     /// write (cleared). Panic-free: one atomic load, a swap when set.
     #[inline]

@@ -1,6 +1,6 @@
 //! The pins of a database's files and their lifecycle: the WAL pinned at its open and let go at
 //! its close, the WAL's write gate, the `-shm` pinned at its first mapping and let go at its
-//! unmap, and the main file's close (`DbState`'s own, split from `state.rs`).
+//! unmap, and the main file's close (`ConnectionState`'s own, split from `state.rs`).
 
 use std::fs::File;
 use std::mem::ManuallyDrop;
@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::super::in_use;
 use super::super::watch::DirWatch;
 use super::base_pages::BaseStore;
-use super::{healing, DbState, Inner, WalGate, WalIndex, JUST_CLOSED_WAL};
+use super::{healing, ConnectionState, Inner, WalGate, WalIndex, JUST_CLOSED_WAL};
 use crate::identity::{identity_of_path, FileId, FileStamp, PinnedWal};
 use crate::vfs::watch::Creations;
 
@@ -20,9 +20,10 @@ pub(super) struct Pins {
     pub(super) main_id: Option<FileId>,
     pub(super) wal: Option<PinnedWal>,
     pub(super) shm_id: Option<FileId>,
-    /// The `-shm`'s pathname when it is not `<db>-shm` ([`DbState::pin_shm`]).
+    /// The `-shm`'s pathname when it is not `<db>-shm` ([`ConnectionState::pin_shm`]).
     pub(super) shm_check_path: Option<PathBuf>,
-    /// What `<db>-wal` named just before SQLite opened it ([`DbState::wal_seen_before_open`]).
+    /// What `<db>-wal` named just before SQLite opened it
+    /// ([`ConnectionState::wal_seen_before_open`]).
     pub(super) wal_before_open: Option<FileId>,
     /// The `-shm` this connection maps, on the process's list while held (`in_use.rs`).
     pub(super) shm_here: Option<in_use::ShmHere>,
@@ -50,9 +51,9 @@ impl Pins {
     }
 }
 
-impl DbState {
+impl ConnectionState {
     /// What `<db>-wal` named just before SQLite opened it (the stale-WAL gate's look), for
-    /// [`DbState::pin_wal`].
+    /// [`ConnectionState::pin_wal`].
     pub(crate) fn wal_seen_before_open(&self, id: Option<FileId>) {
         self.inner.lock().pins.wal_before_open = id;
     }
@@ -233,7 +234,7 @@ impl DbState {
         inner.wal_index = Some(index);
     }
 
-    /// The pathname the pinned `-shm` is checked by (see [`DbState::pin_shm`]).
+    /// The pathname the pinned `-shm` is checked by (see [`ConnectionState::pin_shm`]).
     pub(super) fn shm_check_path<'a>(&'a self, inner: &'a Inner) -> &'a Path {
         inner.pins.shm_check_path(&self.paths.shm)
     }
@@ -266,7 +267,7 @@ impl DbState {
     }
 
     /// Called when the main file object is finally closed by SQLite's own close, on SQLite's
-    /// thread: [`DbState::main_released`], and this thread's just-closed WAL forgotten.
+    /// thread: [`ConnectionState::main_released`], and this thread's just-closed WAL forgotten.
     pub(crate) fn main_closed(&self) {
         self.main_released();
         JUST_CLOSED_WAL.with(|j| {

@@ -1,8 +1,8 @@
-//! `DbState`'s transitions, through its seams: a [`WalGate`] that records what it was told, a
-//! [`WalIndex`] that shows a chosen checkpoint progress and an in-memory [`ImageSource`]. The
-//! paths are real files in a temporary directory (`DbState::new` stats the database, `pin_wal`
-//! opens the WAL); a generation is retired the way it is in the field, by unlinking or replacing
-//! a file behind the state's back.
+//! `ConnectionState`'s transitions, through its seams: a [`WalGate`] that records what it was told,
+//! a [`WalIndex`] that shows a chosen checkpoint progress and an in-memory [`ImageSource`]. The
+//! paths are real files in a temporary directory (`ConnectionState::new` stats the database,
+//! `pin_wal` opens the WAL); a generation is retired the way it is in the field, by unlinking or
+//! replacing a file behind the state's back.
 
 use std::fs;
 use std::io;
@@ -71,7 +71,7 @@ impl ImageSource for MemImage {
 struct Fixture {
     _dir: tempfile::TempDir,
     db: PathBuf,
-    state: Arc<DbState>,
+    state: Arc<ConnectionState>,
 }
 
 impl Fixture {
@@ -83,7 +83,7 @@ impl Fixture {
         let db = dir.path().join("state.db");
         fs::write(&db, b"main image").expect("write db");
         fs::write(sidecar(&db, "-wal"), wal).expect("write wal");
-        let state = DbState::new(db.clone(), None);
+        let state = ConnectionState::new(db.clone(), None);
         state.pin_wal(&sidecar(&db, "-wal"), None).expect("pin wal");
         Fixture {
             _dir: dir,
@@ -174,7 +174,7 @@ fn without_a_pinned_wal_the_main_lock_level_leaves_the_gate_alone() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("rollback.db");
     fs::write(&db, b"x").expect("write");
-    let state = DbState::new(db, None);
+    let state = ConnectionState::new(db, None);
     let gate = RecordingGate::default();
     state.attach_wal_gate(Box::new(gate.clone()));
     state.main_lock_level(true);

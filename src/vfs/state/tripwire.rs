@@ -2,10 +2,10 @@
 //! connection's checkpoint (the rule itself and the connection's slot: `crate::wal_reset`; its
 //! `xShmLock` callbacks: `vfs/file/reset_lock.rs`).
 
-use super::DbState;
+use super::ConnectionState;
 use crate::wal_reset::slot::{shows_damage, WalResetSlot};
 
-impl DbState {
+impl ConnectionState {
     /// The WAL-reset rule's slot of this connection: on or off, and its counters.
     pub(crate) fn wal_reset(&self) -> &WalResetSlot {
         &self.wal_reset

@@ -4,9 +4,10 @@
 /// closes. Open, SQLite's WAL writes go straight to the wrapped file with nothing of the
 /// guard's in between: SQLite writes the WAL only under the WAL write lock (its sole writer),
 /// and every acquisition of that lock ran the guard's check first, in the same transaction.
-/// Closed, each WAL write goes through the guard's gate ([`super::DbState::wal_write_gate`]). It is
-/// closed from the retirement on (every write refused) and while the main file is locked above
-/// SHARED: `locking_mode=EXCLUSIVE` writes the WAL without taking the write lock.
+/// Closed, each WAL write goes through the guard's gate
+/// ([`super::ConnectionState::wal_write_gate`]). It is closed from the retirement on (every write
+/// refused) and while the main file is locked above SHARED: `locking_mode=EXCLUSIVE` writes the WAL
+/// without taking the write lock.
 ///
 /// The gate is only moved under the state's mutex and from inside the connection's own calls
 /// (a retirement, a lock of the main file), which SQLite serialises with the WAL writes it

@@ -15,8 +15,8 @@ pub(super) struct Watches {
     /// the mount table is the same, so a transaction start needs no `stat`.
     pub(super) dir: Option<DirWatch>,
     /// The watch of the directory that holds the `-shm`, when that is not the database's (an
-    /// `SQLITE_SHM_DIRECTORY` build, see [`super::DbState::pin_shm`]): its changes count too.
-    /// `Some(None)`: the `-shm` is elsewhere and unwatched, so no watch vouches for this path.
+    /// `SQLITE_SHM_DIRECTORY` build, see [`super::ConnectionState::pin_shm`]): its changes count
+    /// too. `Some(None)`: the `-shm` is elsewhere and unwatched, so no watch vouches for this path.
     pub(super) shm: Mutex<Option<Option<DirWatch>>>,
     /// `dir`'s lock-free half (NONE without a watch): what the fast check uses.
     pub(super) fast: FastWatch,
@@ -24,7 +24,8 @@ pub(super) struct Watches {
     pub(super) verified_generation: AtomicU64,
     /// The watcher-wide change count read at the start of the last full check that passed:
     /// while it stands, the fast path vouches with one `epoll_wait`. [`NEVER_VOUCHED`] before
-    /// the first full check and from the retirement on (see [`super::DbState::check_fast`]).
+    /// the first full check and from the retirement on (see
+    /// [`super::ConnectionState::check_fast`]).
     pub(super) verified_changes: AtomicU64,
 }
 

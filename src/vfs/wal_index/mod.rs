@@ -118,10 +118,11 @@ impl ShmSlot {
         }
     }
 
-    /// The connection's `-shm` describes another WAL (`DbState::wal_index_describes_another_wal`):
-    /// a fresh `-shm` is put at the path in place of the node's file (unless another guarded
-    /// connection did so first), the connection lets go of the old node and maps the file now
-    /// at the path, region `region` of it, as [`ShmSlot::map`] does.
+    /// The connection's `-shm` describes another WAL
+    /// (`ConnectionState::wal_index_describes_another_wal`): a fresh `-shm` is put at the path in
+    /// place of the node's file (unless another guarded connection did so first), the connection
+    /// lets go of the old node and maps the file now at the path, region `region` of it, as
+    /// [`ShmSlot::map`] does.
     pub(crate) fn map_fresh(
         &self,
         file: ShmFile,
