@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The loom models: DbState's lock-free protocol (src/vfs/loom_protocol.rs): every interleaving
+# The loom models: ConnectionState's lock-free protocol (src/vfs/loom_protocol.rs): every interleaving
 # of a retirement with a write lock, a full check and a transaction's end, up to
 # LOOM_MAX_PREEMPTIONS preemptions (default 3). Its own workspace (tests/loom) and target
 # directory, so neither loom nor `--cfg loom` touches the main build. About a minute from
