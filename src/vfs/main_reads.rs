@@ -96,6 +96,30 @@ impl Region0 {
     }
 }
 
+/// Region 0 of a connection's wal-index mapping, held by the connection's pin of its `-shm` (the
+/// state's wal-index view) from the `xShmMap` that returned it until the state drops the view,
+/// under its mutex, before the connection unmaps: the same promise as [`Region0`]'s.
+pub(crate) struct MappedIndex(NonNull<u8>);
+
+// SAFETY: the address is only read, through atomics, while the mapping is alive (see the type).
+unsafe impl Send for MappedIndex {}
+
+impl MappedIndex {
+    /// Region 0 as the connection's `xShmMap` just returned it (page-aligned); `None` for NULL.
+    pub(crate) fn new(addr: *const u8) -> Option<MappedIndex> {
+        NonNull::new(addr as *mut u8).map(MappedIndex)
+    }
+
+    /// The header, read while the view lives.
+    #[inline]
+    pub(crate) fn header(&self) -> MappedHeader<'_> {
+        MappedHeader {
+            p: self.0,
+            _region: PhantomData,
+        }
+    }
+}
+
 /// The wal-index header in region 0 of a live mapping (from [`Region0::header`]): its words read
 /// atomically (other processes write them concurrently).
 #[derive(Clone, Copy)]
@@ -105,7 +129,7 @@ pub(crate) struct MappedHeader<'a> {
 }
 
 impl MappedHeader<'_> {
-    /// The word at `offset` (a multiple of 4 below 136, inside the first page).
+    /// The word at `offset` (a multiple of 4 at most 128, inside the first page).
     #[inline]
     fn load_u32(self, offset: usize) -> u32 {
         // SAFETY: `p` is region 0 of a live mapping (see `Region0`: mapped while the borrow this
@@ -122,6 +146,23 @@ impl MappedHeader<'_> {
     /// `mxFrame` (offset 16).
     pub(crate) fn max_frame(self) -> u32 {
         self.load_u32(16)
+    }
+
+    /// `isInit` (byte 12): the header is initialised.
+    pub(crate) fn is_init(self) -> bool {
+        self.load_u32(12).to_ne_bytes()[0] != 0
+    }
+
+    /// The checkpoint progress: `mxFrame` (16), `nBackfill` (96), `nBackfillAttempted` (128).
+    pub(crate) fn backfill(self) -> (u32, u32, u32) {
+        (self.load_u32(16), self.load_u32(96), self.load_u32(128))
+    }
+
+    /// `aSalt` of the first header copy (offsets 32 and 36) as the WAL header gives them: the
+    /// WAL header's big-endian bytes are copied as they are.
+    pub(crate) fn salts(self) -> [u32; 2] {
+        let be = |w: u32| u32::from_be_bytes(w.to_ne_bytes());
+        [be(self.load_u32(32)), be(self.load_u32(36))]
     }
 
     /// `iChange` (offset 8).

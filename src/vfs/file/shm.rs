@@ -12,8 +12,10 @@ use std::path::PathBuf;
 
 use super::reset_lock::{checkpoint_unlock, wal_reset_lock, wal_reset_unlock, RESET_N, RESET_OFST};
 use super::*;
+use crate::status::Backfill;
 use crate::vfs::boundary::{compile_option_used, ffi_guard, ShmOut};
-use crate::vfs::state::{ConnectionState, Gate, Site};
+use crate::vfs::main_reads::MappedIndex;
+use crate::vfs::state::{ConnectionState, Gate, Site, WalIndex};
 use crate::vfs::wal_index;
 
 /// `xShmMap` of a guarded main file (inside `ffi_guard`: see `layout::x_shm_map`).
@@ -44,8 +46,8 @@ pub(super) fn map(
         let by_path = matches!(&file, Some(Ok(f)) if f.known.is_none());
         let (mut addr, mut rc) = slot.map(file, region, size, extend != 0);
         if by_path && rc == ffi::SQLITE_OK && region == 0 && addr != 0 {
-            let index = WalIndexView(addr as *const u8);
-            if state.wal_index_describes_another_wal(&index) {
+            let index = WalIndexView::at(addr as *const u8);
+            if index.is_some_and(|index| state.wal_index_describes_another_wal(&index)) {
                 (addr, rc) = fresh_shm(io, state, region, size, extend != 0);
             }
         }
@@ -60,6 +62,36 @@ pub(super) fn map(
         }
     }
     rc
+}
+
+/// Region 0 of the connection's mapping as its state reads it (the checkpoint progress and the
+/// salts), through the one home of the header's reads (`vfs/main_reads.rs`).
+struct WalIndexView(MappedIndex);
+
+impl WalIndexView {
+    /// The view of region 0 mapped at `addr` (just returned by this connection's `xShmMap`).
+    fn at(addr: *const u8) -> Option<WalIndexView> {
+        MappedIndex::new(addr).map(WalIndexView)
+    }
+}
+
+impl WalIndex for WalIndexView {
+    fn backfill(&self) -> Option<Backfill> {
+        let header = self.0.header();
+        header.is_init().then(|| {
+            let (frames, backfilled, attempted) = header.backfill();
+            Backfill {
+                frames,
+                backfilled,
+                attempted,
+            }
+        })
+    }
+
+    fn salts(&self) -> Option<[u32; 2]> {
+        let salts = self.0.header().salts();
+        self.backfill().map(|_| salts)
+    }
 }
 
 /// Region 0 is mapped: the `-shm` is pinned (the guard's node names it; SQLite's is read from its
@@ -81,7 +113,9 @@ fn pinned_at_map(
         }
         None => None,
     };
-    state.pin_shm(mapped, Box::new(WalIndexView(addr)));
+    if let Some(view) = WalIndexView::at(addr) {
+        state.pin_shm(mapped, Box::new(view));
+    }
     // The WAL-base record reads the generation's salts from this mapping.
     state.stale_wal().mapped(addr);
     state.shield().shm_mapped();

@@ -40,57 +40,16 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rusqlite::ffi;
 
 use super::Io;
 use crate::capture::ImageSource;
 use crate::identity::{identity_of_fd, FileId};
-use crate::status::Backfill;
 use crate::vfs::boundary::cstr_text;
 use crate::vfs::shield;
-use crate::vfs::state::{ConnectionState, WalIndex};
-
-/// Region 0 of a connection's shared-memory mapping: the wal-index header (two copies of 48
-/// bytes, `mxFrame` at offset 16 of the first) and the checkpoint info after them (`nBackfill` at
-/// 96, `nBackfillAttempted` at 128), native-endian `u32`s that other processes update in place.
-pub(super) struct WalIndexView(pub(super) *const u8);
-
-// SAFETY: the address is only read, through atomics, while the mapping is alive: the state drops
-// the view (under its mutex) before the connection unmaps.
-unsafe impl Send for WalIndexView {}
-
-impl WalIndexView {
-    fn u32_at(&self, offset: usize) -> u32 {
-        // SAFETY: region 0 is at least 32 KiB, mapped and 4-byte aligned at a page boundary, so
-        // `offset` (< 136, a multiple of 4) is inside it and aligned; other processes write it
-        // concurrently, hence the atomic load.
-        unsafe { (*(self.0.add(offset) as *const AtomicU32)).load(Ordering::Acquire) }
-    }
-}
-
-impl WalIndex for WalIndexView {
-    fn backfill(&self) -> Option<Backfill> {
-        const IS_INIT: usize = 12;
-        // SAFETY: as in `u32_at`; one byte inside the mapped header.
-        let initialised =
-            unsafe { (*(self.0.add(IS_INIT) as *const AtomicU8)).load(Ordering::Acquire) } != 0;
-        initialised.then(|| Backfill {
-            frames: self.u32_at(16),
-            backfilled: self.u32_at(96),
-            attempted: self.u32_at(128),
-        })
-    }
-
-    fn salts(&self) -> Option<[u32; 2]> {
-        // `aSalt` of the first header copy (offsets 32 and 36), the WAL header's big-endian
-        // bytes copied as they are.
-        let be = |w: u32| u32::from_be_bytes(w.to_ne_bytes());
-        let salts = [be(self.u32_at(32)), be(self.u32_at(36))];
-        self.backfill().map(|_| salts)
-    }
-}
+use crate::vfs::state::ConnectionState;
 
 /// The leading fields of the unix VFS's `unixFile` (sqlite3.c, `struct unixFile`), as far as the
 /// lock shield reads them: `h`, the descriptor, and `pShm`. The fields before them are checked
