@@ -157,22 +157,31 @@ pub(crate) fn directory_deleted(dir: &crate::paths::DirHandle) -> bool {
     rustix::fs::fstat(dir.fd()).is_ok_and(|st| st.st_nlink == 0)
 }
 
-/// The directory an orphan's capture goes into, opened (shared); `None` when none is set or it
-/// cannot be opened (said in the error).
+/// The orphan capture directory could not be opened.
+#[derive(Debug, thiserror::Error)]
+#[error("the orphan capture directory {} (for {}) cannot be opened: {source}", dir.display(), database.display())]
+pub(crate) struct OrphanDirError {
+    /// The directory set for orphans' captures.
+    dir: PathBuf,
+    /// The database whose capture was to go there.
+    database: PathBuf,
+    source: std::io::Error,
+}
+
+/// The directory an orphan's capture goes into, opened (shared); `None` when none is set, an
+/// error when it cannot be opened.
 pub(crate) fn open_orphan_dir(
     database: &Path,
-) -> Result<Option<std::sync::Arc<crate::paths::DirHandle>>, String> {
+) -> Result<Option<std::sync::Arc<crate::paths::DirHandle>>, OrphanDirError> {
     let Some(dir) = orphan_capture_dir() else {
         return Ok(None);
     };
     crate::paths::DirHandle::open_shared(&dir)
         .map(Some)
-        .map_err(|e| {
-            format!(
-                "the orphan capture directory {} (for {}) cannot be opened: {e}",
-                dir.display(),
-                database.display()
-            )
+        .map_err(|source| OrphanDirError {
+            dir,
+            database: database.to_path_buf(),
+            source,
         })
 }
 

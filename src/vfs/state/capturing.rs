@@ -432,9 +432,12 @@ fn open_fallback_dir(
              either: {why}"
         )),
     };
-    if let Some(orphan) = retry::open_orphan_dir(database)
-        .map_err(|why| fail(retry::orphan_capture_dir().unwrap_or_default(), why))?
-    {
+    if let Some(orphan) = retry::open_orphan_dir(database).map_err(|why| {
+        fail(
+            retry::orphan_capture_dir().unwrap_or_default(),
+            why.to_string(),
+        )
+    })? {
         return Ok(orphan);
     }
     let Some(dir) = fallback::default_dir() else {
