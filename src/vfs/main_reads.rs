@@ -69,7 +69,9 @@ struct Kept {
 pub(crate) struct Region0(AtomicPtr<u8>);
 
 impl Region0 {
-    /// Region 0 was just mapped at `addr` (4-byte aligned, the start of a page).
+    /// Region 0 was just mapped at `addr` (4-byte aligned, the start of a page). Only the
+    /// shim's `xShmMap` calls this, with the address it just returned: a safe function on that
+    /// promise (docs/decisions.md, "The house, counted").
     pub(crate) fn mapped(&self, addr: *const u8) {
         self.0.store(addr as *mut u8, Ordering::Release);
     }
@@ -106,6 +108,8 @@ unsafe impl Send for MappedIndex {}
 
 impl MappedIndex {
     /// Region 0 as the connection's `xShmMap` just returned it (page-aligned); `None` for NULL.
+    /// Only the shim's `xShmMap` calls this: a safe function on that promise, as
+    /// [`Region0::mapped`].
     pub(crate) fn new(addr: *const u8) -> Option<MappedIndex> {
         NonNull::new(addr as *mut u8).map(MappedIndex)
     }
