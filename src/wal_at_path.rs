@@ -1,7 +1,9 @@
 //! The stale-WAL judgement of what is at a database's path, read-only, for a person asking from
-//! outside (`hermes-guard status <db>`): the judgement a guarded open makes (one sequence,
-//! `wal_base/judge.rs`), from the WAL's record and the main file's pages now, without opening
-//! SQLite, without a lock, writing nothing. A writer may be at work meanwhile: the answer is of the moment it was read.
+//! outside (`hermes-guard status <db>`): the judgement a guarded open makes, in its order (one
+//! sequence, `wal_base/judge.rs`: the recorded pages first, the whole WAL only when they leave it
+//! in doubt), from the WAL's record and the main file's pages now, without opening SQLite,
+//! without a lock, writing nothing. A writer may be at work meanwhile: the answer is of the
+//! moment it was read.
 
 use std::fs::File;
 use std::io;

@@ -85,7 +85,6 @@ pub(super) unsafe fn cstr_path(p: *const c_char) -> Option<PathBuf> {
 
 /// SQLite's buffer of an `xRead`: `amt` writable bytes for the call.
 #[repr(C)]
-#[derive(Clone, Copy)]
 pub(in crate::vfs) struct ReadBuf<'a> {
     buf: *mut c_void,
     amt: c_int,
@@ -95,7 +94,7 @@ pub(in crate::vfs) struct ReadBuf<'a> {
 impl ReadBuf<'_> {
     /// The pointer and length, as SQLite passed them.
     #[inline(always)]
-    pub(in crate::vfs) fn raw(self) -> (*mut c_void, c_int) {
+    pub(in crate::vfs) fn raw(&self) -> (*mut c_void, c_int) {
         (self.buf, self.amt)
     }
 
@@ -111,7 +110,7 @@ impl ReadBuf<'_> {
     }
 
     #[inline(always)]
-    pub(in crate::vfs) fn amt(self) -> c_int {
+    pub(in crate::vfs) fn amt(&self) -> c_int {
         self.amt
     }
 }
@@ -191,7 +190,6 @@ impl ShmOut<'_> {
 /// SQLite's arguments of an `xFileControl`: the operation and its argument, whose type the
 /// operation decides.
 #[repr(C)]
-#[derive(Clone, Copy)]
 pub(in crate::vfs) struct Fcntl<'a> {
     op: c_int,
     arg: *mut c_void,
@@ -212,13 +210,13 @@ impl<'a> Fcntl<'a> {
     }
 
     #[inline(always)]
-    pub(in crate::vfs) fn op(self) -> c_int {
+    pub(in crate::vfs) fn op(&self) -> c_int {
         self.op
     }
 
     /// The argument as SQLite passed it, for the wrapped file's `xFileControl`.
     #[inline(always)]
-    pub(in crate::vfs) fn raw(self) -> *mut c_void {
+    pub(in crate::vfs) fn raw(&self) -> *mut c_void {
         self.arg
     }
 
@@ -263,7 +261,7 @@ impl<'a> Fcntl<'a> {
     }
 
     /// For `PRAGMA`, SQLite's `char *azArg[3]`; `None` for any other control.
-    pub(in crate::vfs) fn pragma(self) -> Option<PragmaArgs<'a>> {
+    pub(in crate::vfs) fn pragma(&self) -> Option<PragmaArgs<'a>> {
         (self.op == ffi::SQLITE_FCNTL_PRAGMA).then_some(PragmaArgs {
             az: self.arg as *mut *mut c_char,
             call: PhantomData,

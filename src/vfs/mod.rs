@@ -47,6 +47,7 @@ fn register_impl(make_default: bool) -> Result<(), GuardError> {
     if registered.is_none() {
         // Before any file is opened through the guard: a forked child must be told apart.
         fork::install();
+        watch::install_child_hook();
         // The SQL functions on every connection opened from now on (hosts without rusqlite's
         // types ask the guard through them).
         sql_functions::install_for_every_connection();

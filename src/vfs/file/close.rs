@@ -9,7 +9,7 @@ use super::*;
 use crate::vfs::held::{self, retry_pending_captures, Caller};
 use crate::vfs::state::{ConnectionState, MainFile};
 
-/// `xClose` (its C entry point is `layout::x_close`): the main file's shield and node let go of,
+/// `xClose` (its C entry point is `entry::x_close`): the main file's shield and node let go of,
 /// then the close the file's kind and state call for; at a main file's close, the pending
 /// captures retried.
 pub(super) fn close(c: Closing<'_>) -> c_int {

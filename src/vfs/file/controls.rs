@@ -32,7 +32,7 @@ pub(super) fn file_control_main<const HEAP: bool>(file: Live<'_>, fc: Fcntl<'_>)
         // Same arguments: a tail call.
         return file_control_answered(file, fc);
     }
-    file.io_for::<HEAP>().file_control(fc)
+    file.io_for::<HEAP>().file_control(&fc)
 }
 
 /// `xFileControl` of every other file: the controls in [`ANSWERED`] go to
@@ -44,7 +44,7 @@ pub(super) fn file_control(file: Live<'_>, fc: Fcntl<'_>) -> c_int {
         // Same arguments: a tail call.
         return file_control_answered(file, fc);
     }
-    file.io().file_control(fc)
+    file.io().file_control(&fc)
 }
 
 /// The file controls the guard answers or acts on, inside `ffi_guard`. `extern "C"` with the
@@ -57,7 +57,7 @@ pub(super) extern "C" fn file_control_answered(file: Live<'_>, fc: Fcntl<'_>) ->
     ffi_guard(ffi::SQLITE_ERROR, || {
         match (fc.op(), t.kind, &t.state) {
             (ffi::SQLITE_FCNTL_VFSNAME, _, _) => {
-                let rc = io.file_control(fc);
+                let rc = io.file_control(&fc);
                 fc.chain_vfs_name(crate::vfs::VFS_NAME, rc).unwrap_or(rc)
             }
             (ffi::SQLITE_FCNTL_SIZE_HINT, Kind::Main, Some(state))
@@ -68,10 +68,10 @@ pub(super) extern "C" fn file_control_answered(file: Live<'_>, fc: Fcntl<'_>) ->
                 if rc != ffi::SQLITE_OK {
                     return rc;
                 }
-                io.file_control(fc)
+                io.file_control(&fc)
             }
             (ffi::SQLITE_FCNTL_HAS_MOVED, Kind::Main, Some(state)) => {
-                let rc = io.file_control(fc);
+                let rc = io.file_control(&fc);
                 // Another connection of this process holds the same generation, so this close
                 // cannot checkpoint (its EXCLUSIVE is refused in-process), and the watch vouches
                 // for that connection's last full check: nothing was taken away
@@ -101,7 +101,7 @@ pub(super) extern "C" fn file_control_answered(file: Live<'_>, fc: Fcntl<'_>) ->
             (ffi::SQLITE_FCNTL_PRAGMA, Kind::Main, Some(state)) => {
                 match fc.pragma().and_then(|az| pragma(state, az)) {
                     Some(rc) => rc,
-                    None => io.file_control(fc),
+                    None => io.file_control(&fc),
                 }
             }
             (ffi::SQLITE_FCNTL_EXTERNAL_READER, Kind::Main, Some(state)) => {
@@ -115,10 +115,10 @@ pub(super) extern "C" fn file_control_answered(file: Live<'_>, fc: Fcntl<'_>) ->
                         ffi::SQLITE_OK
                     }
                     Some(Err(rc)) => rc,
-                    None => io.file_control(fc),
+                    None => io.file_control(&fc),
                 }
             }
-            _ => io.file_control(fc),
+            _ => io.file_control(&fc),
         }
     })
 }

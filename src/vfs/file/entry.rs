@@ -237,7 +237,7 @@ impl<'a> Io<'a> {
 
     /// `xFileControl` with SQLite's own arguments.
     #[inline(always)]
-    pub(super) fn file_control(self, fc: Fcntl<'_>) -> c_int {
+    pub(super) fn file_control(self, fc: &Fcntl<'_>) -> c_int {
         call!(self, xFileControl, fc.op(), fc.raw())
     }
 

@@ -31,8 +31,8 @@
 //!   [`Io`] (the wrapped file's methods, called safely), the C entry points. With `layout.rs` and
 //!   `sqlite_private.rs`, every `unsafe` of the io methods;
 //! - `sqlite_private.rs`: every read of a SQLite-private structure (`unixFile`, `unixShm`,
-//!   `unixShmNode`, the wal-index header), checked at run time and keyed to the SQLite versions
-//!   it was verified against;
+//!   `unixShmNode`), checked at run time and keyed to the SQLite versions it was verified
+//!   against;
 //! - `held.rs`: the connection's state and a held main file as entries of the process-wide
 //!   held lists (`vfs/held/`);
 //! - `open.rs` and `close.rs`: `xOpen`'s decisions and `xClose`;

@@ -18,7 +18,7 @@ use crate::vfs::main_reads::MappedIndex;
 use crate::vfs::state::{ConnectionState, Gate, Site, WalIndex};
 use crate::vfs::wal_index;
 
-/// `xShmMap` of a guarded main file (inside `ffi_guard`: see `layout::x_shm_map`).
+/// `xShmMap` of a guarded main file (inside `ffi_guard`: see `entry::x_shm_map`).
 pub(super) fn map(
     file: Live<'_>,
     region: c_int,

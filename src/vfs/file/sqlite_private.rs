@@ -1,5 +1,6 @@
 //! Every read of a SQLite-private structure: the leading fields of `unixFile`, `unixShm` and
-//! `unixShmNode` (os_unix.c), and the wal-index header in the `-shm` (wal.c). Each is checked at
+//! `unixShmNode` (os_unix.c); the wal-index header in the `-shm` (wal.c) is an on-disk format,
+//! read in `vfs/main_reads.rs`. Each is checked at
 //! run time before it is trusted (the fields that can be known independently, an `fstat` of a
 //! descriptor), and keyed to the SQLite versions it was verified against ([`VERIFIED`]).
 //!

@@ -38,6 +38,7 @@ mod watcher;
 
 pub(crate) use self::fast::FastWatch;
 pub(crate) use self::names::Creations;
+pub(in crate::vfs) use self::page::install_child_hook;
 
 use self::page::Shared;
 use self::watcher::Watcher;

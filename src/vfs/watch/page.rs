@@ -4,7 +4,6 @@
 use std::cell::UnsafeCell;
 use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Once;
 
 use rustix::event::epoll;
 
@@ -141,7 +140,7 @@ unsafe impl ZeroedPage for Shared {}
 /// The page of this process's current watcher, for [`wipe_in_child`].
 pub(super) static CURRENT_PAGE: PageRef<Shared> = PageRef::none();
 
-/// In a forked child (the atfork handler runs it, registered by [`new_page`]): wipes the current
+/// In a forked child (the atfork handler runs it, registered by [`install_child_hook`]): wipes the current
 /// watcher's page as `MADV_WIPEONFORK` would, so that nothing of the parent's watcher vouches or
 /// drains here. Atomics only (async-signal-safe); earlier pages were wiped in their own turn.
 fn wipe_in_child() {
@@ -169,9 +168,15 @@ pub(super) fn new_page() -> Option<WipeOnForkPage<Shared>> {
     Some(page)
 }
 
-/// The page becomes the current watcher's: the atfork handler wipes it in a child.
+/// The page becomes the current watcher's: the atfork handler wipes it in a child
+/// ([`install_child_hook`]).
 pub(super) fn make_current(page: &'static Shared) {
-    static HOOK: Once = Once::new();
-    HOOK.call_once(|| fork::on_child(wipe_in_child));
     CURRENT_PAGE.set(Some(page));
+}
+
+/// Registers the wipe of the current watcher's page in a forked child ([`wipe_in_child`]): once,
+/// at the guard's registration, before any watcher exists (not at the first watcher, where a
+/// fork from another thread could leave the child a registration stuck half-way).
+pub(in crate::vfs) fn install_child_hook() {
+    fork::on_child(wipe_in_child);
 }
